@@ -1,0 +1,189 @@
+package apply
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Result counts what applying changes did, in rows.
+type Result struct {
+	// Applied is the number of target rows written (inserted, updated or made tombstones).
+	Applied int64
+	// Suppressed is the number of staged rows not written because the target already held the
+	// same or a newer version, or the version was at or below a TRUNCATE fence: replays, retries
+	// and the losing side of a race between stream and backfill.
+	Suppressed int64
+	// Merged is the number of changes folded into a newer change of the same key in one batch.
+	Merged int64
+	// Truncates is the number of TRUNCATE fences applied.
+	Truncates int64
+}
+
+// Add accumulates o into r.
+func (r *Result) Add(o Result) {
+	r.Applied += o.Applied
+	r.Suppressed += o.Suppressed
+	r.Merged += o.Merged
+	r.Truncates += o.Truncates
+}
+
+// Applier writes change batches into the target over one connection, which it uses for its
+// staging tables. It is not safe for concurrent use; give each worker its own Applier.
+type Applier struct {
+	conn   *pgx.Conn
+	stages map[string]string // table (quoted) → staging table name, for committed staging tables
+	next   int
+}
+
+// New returns an Applier that writes over conn. The caller keeps ownership of conn.
+func New(conn *pgx.Conn) *Applier {
+	return &Applier{conn: conn, stages: map[string]string{}}
+}
+
+// Tx is one target transaction: any number of batches, then optionally the progress LSN, then
+// Commit. Nothing it wrote is visible or durable before Commit returns nil.
+type Tx struct {
+	a         *Applier
+	tx        pgx.Tx
+	newStages map[string]string
+	used      map[string]bool
+	buf       bytes.Buffer
+	// Result accumulates the counts of every Apply in this transaction.
+	Result Result
+}
+
+// Begin starts a target transaction.
+func (a *Applier) Begin(ctx context.Context) (*Tx, error) {
+	tx, err := a.conn.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin target transaction: %w", err)
+	}
+	return &Tx{a: a, tx: tx, newStages: map[string]string{}, used: map[string]bool{}}, nil
+}
+
+// Commit commits the transaction. Only after it returns nil may a producer confirm the positions
+// the transaction covers.
+func (t *Tx) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	for k, v := range t.newStages {
+		t.a.stages[k] = v
+	}
+	return nil
+}
+
+// Rollback abandons the transaction; it is safe to call after Commit.
+func (t *Tx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+// Conn returns the transaction for ledger writes that must commit with the data.
+func (t *Tx) Conn() pgx.Tx { return t.tx }
+
+// Apply writes one change batch with the version rule. Rows are taken in batch order; a truncate
+// row splits the batch: the rows before it are merged first, then the fence is raised, then the
+// rows after it. The batch stays owned by the caller.
+func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
+	var res Result
+	v, err := changebatch.NewView(rec)
+	if err != nil {
+		return res, err
+	}
+	start := 0
+	for i := 0; i <= v.Len(); i++ {
+		if i < v.Len() && v.Op(i) != changebatch.OpTruncate {
+			continue
+		}
+		if i > start {
+			r, err := t.merge(ctx, v, start, i)
+			if err != nil {
+				return res, err
+			}
+			res.Add(r)
+		}
+		if i < v.Len() {
+			if err := t.truncate(ctx, v.Table, v.Version(i)); err != nil {
+				return res, err
+			}
+			res.Truncates++
+		}
+		start = i + 1
+	}
+	t.Result.Add(res)
+	return res, nil
+}
+
+// merge stages rows [from, to) of v and upserts them into the target table.
+func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Result, error) {
+	rows, merged := collapse(v, from, to)
+	stage, err := t.stage(ctx, v.Table)
+	if err != nil {
+		return Result{}, err
+	}
+	t.buf.Reset()
+	encodeCopyText(&t.buf, v.Table, rows)
+	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, stage)); err != nil {
+		return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, err)
+	}
+	sql, args := upsertSQL(v.Table, stage)
+	tag, err := t.tx.Exec(ctx, sql, args...)
+	if err != nil {
+		return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, err)
+	}
+	applied := tag.RowsAffected()
+	return Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}, nil
+}
+
+// stage returns the name of the staging table for table tab, creating it in this session if needed
+// and emptying it if this transaction used it already.
+func (t *Tx) stage(ctx context.Context, tab changebatch.Table) (string, error) {
+	key := tab.String()
+	name, ok := t.a.stages[key]
+	if !ok {
+		name, ok = t.newStages[key]
+	}
+	if !ok {
+		t.a.next++
+		name = "pgconverge_stage_" + strconv.Itoa(t.a.next)
+		if _, err := t.tx.Exec(ctx, createStageSQL(tab, name)); err != nil {
+			return "", fmt.Errorf("create staging table for %s: %w", tab, err)
+		}
+		t.newStages[key] = name
+	}
+	if t.used[key] {
+		if _, err := t.tx.Exec(ctx, "truncate "+pgx.Identifier{"pg_temp", name}.Sanitize()); err != nil {
+			return "", fmt.Errorf("empty staging table for %s: %w", tab, err)
+		}
+	}
+	t.used[key] = true
+	return name, nil
+}
+
+// truncate raises the table's fence to ver and turns every older live row into a tombstone.
+func (t *Tx) truncate(ctx context.Context, tab changebatch.Table, ver changebatch.Version) error {
+	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
+		return fmt.Errorf("raise truncate fence of %s to %s: %w", tab, ver, err)
+	}
+	if _, err := t.tx.Exec(ctx, truncateSQL(tab), ver.LSN.String(), int64(ver.Seq)); err != nil {
+		return fmt.Errorf("truncate %s at %s: %w", tab, ver, err)
+	}
+	return nil
+}
+
+// SetProgress records that the target holds every change of the source up to lsn for slot, in
+// this transaction. It never lowers the stored position.
+func (t *Tx) SetProgress(ctx context.Context, slot string, lsn pglogrepl.LSN) error {
+	_, err := t.tx.Exec(ctx, `insert into pgconverge.progress as p (slot, applied_lsn) values ($1, $2::pg_lsn)
+on conflict (slot) do update set applied_lsn = excluded.applied_lsn, updated_at = now()
+where p.applied_lsn <= excluded.applied_lsn`, slot, lsn.String())
+	if err != nil {
+		return fmt.Errorf("record progress %s of slot %q: %w", lsn, slot, err)
+	}
+	return nil
+}

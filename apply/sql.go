@@ -1,0 +1,114 @@
+package apply
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Quoted metadata column names, for building SQL.
+var (
+	qLSN     = pgx.Identifier{changebatch.ColLSN}.Sanitize()
+	qSeq     = pgx.Identifier{changebatch.ColSeq}.Sanitize()
+	qDeleted = pgx.Identifier{changebatch.ColDeleted}.Sanitize()
+	qUnknown = pgx.Identifier{changebatch.ColUnknown}.Sanitize()
+)
+
+// createTableSQL returns the DDL of the target table for t: the source's columns and types, the
+// same key as primary key, every non-key column nullable (tombstones carry only the key), plus the
+// version and tombstone columns. It does nothing when the table exists.
+func createTableSQL(t changebatch.Table) string {
+	var b strings.Builder
+	b.WriteString("create table if not exists ")
+	b.WriteString(t.Quoted())
+	b.WriteString(" (")
+	var keys []string
+	for _, c := range t.Columns {
+		b.WriteString(pgx.Identifier{c.Name}.Sanitize())
+		b.WriteByte(' ')
+		b.WriteString(c.Type)
+		if c.Key {
+			b.WriteString(" not null")
+			keys = append(keys, pgx.Identifier{c.Name}.Sanitize())
+		}
+		b.WriteString(", ")
+	}
+	b.WriteString(qLSN + " pg_lsn not null, ")
+	b.WriteString(qSeq + " bigint not null, ")
+	b.WriteString(qDeleted + " boolean not null default false, ")
+	b.WriteString(qUnknown + " text[], ")
+	b.WriteString("primary key (" + strings.Join(keys, ", ") + "))")
+	return b.String()
+}
+
+// createStageSQL returns the DDL of the session's staging table for a target table.
+func createStageSQL(t changebatch.Table, stage string) string {
+	return "create temporary table " + pgx.Identifier{stage}.Sanitize() +
+		" (like " + t.Quoted() + ") on commit delete rows"
+}
+
+// copyColumns lists the staged columns in COPY order: the data columns, then the metadata.
+func copyColumns(t changebatch.Table) []string {
+	cols := make([]string, 0, len(t.Columns)+4)
+	for _, c := range t.Columns {
+		cols = append(cols, pgx.Identifier{c.Name}.Sanitize())
+	}
+	return append(cols, qLSN, qSeq, qDeleted, qUnknown)
+}
+
+// copySQL returns the COPY statement that fills the staging table.
+func copySQL(t changebatch.Table, stage string) string {
+	return "copy " + pgx.Identifier{"pg_temp", stage}.Sanitize() +
+		" (" + strings.Join(copyColumns(t), ", ") + ") from stdin"
+}
+
+// upsertSQL returns the guarded merge of the staging table into the target table and its
+// arguments. A staged row is written only when its version is above the table's TRUNCATE fence
+// and, for an existing key, above the stored version. A column named in the staged row's
+// _cdc_unknown keeps the target's value; it stays unknown only if it was unknown before too.
+func upsertSQL(t changebatch.Table, stage string) (string, []any) {
+	cols := strings.Join(copyColumns(t), ", ")
+	args := []any{t.Schema, t.Name}
+	var b strings.Builder
+	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
+	b.WriteString("select " + cols + " from " + pgx.Identifier{"pg_temp", stage}.Sanitize() + " as stg\n")
+	b.WriteString("where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
+		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n")
+	var keys, sets []string
+	for _, c := range t.Columns {
+		q := pgx.Identifier{c.Name}.Sanitize()
+		if c.Key {
+			keys = append(keys, q)
+			continue
+		}
+		args = append(args, c.Name)
+		p := "$" + strconv.Itoa(len(args)) + "::text"
+		sets = append(sets, q+" = case when "+p+" = any (excluded."+qUnknown+") then tgt."+q+" else excluded."+q+" end")
+	}
+	sets = append(sets,
+		qLSN+" = excluded."+qLSN,
+		qSeq+" = excluded."+qSeq,
+		qDeleted+" = excluded."+qDeleted,
+		qUnknown+" = case when excluded."+qUnknown+" is null then null when tgt."+qDeleted+" then excluded."+qUnknown+
+			" else nullif(array(select unnest(excluded."+qUnknown+") intersect select unnest(tgt."+qUnknown+")), '{}') end",
+	)
+	b.WriteString("on conflict (" + strings.Join(keys, ", ") + ") do update set\n  ")
+	b.WriteString(strings.Join(sets, ",\n  "))
+	b.WriteString("\nwhere (tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")")
+	return b.String(), args
+}
+
+// truncateSQL returns the statement that turns every live row older than the fence version
+// ($1 LSN, $2 seq) into a tombstone at that version.
+func truncateSQL(t changebatch.Table) string {
+	return "update " + t.Quoted() + " set " + qDeleted + " = true, " + qLSN + " = $1::pg_lsn, " + qSeq + " = $2, " +
+		qUnknown + " = null where not " + qDeleted + " and (" + qLSN + ", " + qSeq + ") < ($1::pg_lsn, $2)"
+}
+
+// fenceSQL raises a table's TRUNCATE fence to ($3 LSN, $4 seq); it never lowers it.
+const fenceSQL = `insert into pgconverge.tables as t (schema_name, table_name, fence_lsn, fence_seq)
+values ($1, $2, $3::pg_lsn, $4)
+on conflict (schema_name, table_name) do update set fence_lsn = excluded.fence_lsn, fence_seq = excluded.fence_seq
+where (t.fence_lsn, t.fence_seq) < (excluded.fence_lsn, excluded.fence_seq)`

@@ -1,0 +1,51 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+)
+
+// Snapshot names an exported snapshot and its exact LSN S.
+type Snapshot struct {
+	// Name is the exported snapshot's id, for SET TRANSACTION SNAPSHOT.
+	Name string
+	// LSN is S: the snapshot shows exactly the transactions whose commit LSN is below it.
+	LSN pglogrepl.LSN
+}
+
+// snapshotName matches the ids pg_export_snapshot and EXPORT_SNAPSHOT return, for example
+// 00000003-0000001B-1; it is spliced into SET TRANSACTION SNAPSHOT, which takes no parameters.
+var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f]+(-[0-9A-Fa-f]+)+$`)
+
+// Exported is a snapshot held open by a temporary slot on its own replication connection. The
+// snapshot stays importable until Close.
+type Exported struct {
+	Snapshot
+	conn *pgconn.PgConn
+}
+
+// Export creates a temporary logical slot with an exported snapshot on a new replication
+// connection to sourceURL. Close drops the slot and releases the snapshot.
+func Export(ctx context.Context, sourceURL string) (*Exported, error) {
+	conn, err := pgsession.ConnectReplication(ctx, sourceURL)
+	if err != nil {
+		return nil, err
+	}
+	name := "pgconverge_snap_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	slot, err := pgsession.CreateSlot(ctx, conn, name, true)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("export snapshot: %w", err)
+	}
+	return &Exported{Snapshot: Snapshot{Name: slot.SnapshotName, LSN: slot.ConsistentPoint}, conn: conn}, nil
+}
+
+// Close ends the replication connection, which drops the temporary slot and the snapshot.
+func (e *Exported) Close(ctx context.Context) error { return e.conn.Close(ctx) }

@@ -1,0 +1,292 @@
+package cdc
+
+import (
+	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// relation maps one pgoutput Relation to a replicated table: cols[i] is the table column of the
+// relation's column i. A nil builder means the table is not replicated and its changes are skipped.
+type relation struct {
+	table   changebatch.Table
+	cols    []int
+	builder *changebatch.Builder
+}
+
+// assembler turns decoded pgoutput messages into per-table change batches. It accumulates whole
+// transactions (a group) until the stream takes them; the open transaction's changes may be taken
+// too when it grows past the memory bound, and then end stays at the last whole transaction.
+type assembler struct {
+	mem      memory.Allocator
+	tables   map[string]changebatch.Table // replicated tables by quoted name
+	rels     map[uint32]*relation
+	builders map[string]*changebatch.Builder
+	order    []string // builder keys in order of first use
+
+	inTxn     bool
+	finalLSN  pglogrepl.LSN // commit LSN of the open transaction (Begin.FinalLSN)
+	seq       uint64        // ordinal of the last change of the open transaction
+	txns      int           // whole transactions in the group
+	end       pglogrepl.LSN // end LSN of the last whole transaction in the group
+	committed int64         // whole transactions seen, ever
+	changes   int64         // row changes appended, ever
+}
+
+func newAssembler(mem memory.Allocator, tables []changebatch.Table) *assembler {
+	a := &assembler{mem: mem, tables: map[string]changebatch.Table{}, rels: map[uint32]*relation{}, builders: map[string]*changebatch.Builder{}}
+	for _, t := range tables {
+		a.tables[t.String()] = t
+	}
+	return a
+}
+
+// pending returns the rows and approximate bytes held for the next group.
+func (a *assembler) pending() (rows, bytes int) {
+	for _, b := range a.builders {
+		rows += b.Rows()
+		bytes += b.Bytes()
+	}
+	return rows, bytes
+}
+
+// handle applies one decoded message. It returns true when the message completed a transaction.
+func (a *assembler) handle(m pglogrepl.Message) (bool, error) {
+	switch m := m.(type) {
+	case *pglogrepl.BeginMessage:
+		if a.inTxn {
+			return false, fmt.Errorf("pgoutput: Begin of transaction %d at %s inside transaction at %s", m.Xid, m.FinalLSN, a.finalLSN)
+		}
+		a.inTxn, a.finalLSN, a.seq = true, m.FinalLSN, 0
+	case *pglogrepl.CommitMessage:
+		if !a.inTxn || m.CommitLSN != a.finalLSN {
+			return false, fmt.Errorf("pgoutput: Commit at %s does not match the open transaction (Begin final LSN %s)", m.CommitLSN, a.finalLSN)
+		}
+		a.inTxn = false
+		a.txns++
+		a.committed++
+		a.end = m.TransactionEndLSN
+		return true, nil
+	case *pglogrepl.RelationMessage:
+		return false, a.relation(m)
+	case *pglogrepl.InsertMessage:
+		return false, a.insert(m)
+	case *pglogrepl.UpdateMessage:
+		return false, a.update(m)
+	case *pglogrepl.DeleteMessage:
+		return false, a.delete(m)
+	case *pglogrepl.TruncateMessage:
+		return false, a.truncate(m)
+	}
+	// Type, Origin and logical decoding messages carry nothing to apply.
+	return false, nil
+}
+
+// relation records how the relation's columns map onto the replicated table. A column the table
+// does not have is a schema change pgconverge cannot follow yet: it stops rather than drop values.
+func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
+	name := TableName{m.Namespace, m.RelationName}
+	t, ok := a.tables[name.String()]
+	if !ok {
+		a.rels[m.RelationID] = &relation{}
+		return nil
+	}
+	r := &relation{table: t, cols: make([]int, len(m.Columns))}
+	for i, c := range m.Columns {
+		r.cols[i] = -1
+		for j, tc := range t.Columns {
+			if tc.Name == c.Name {
+				r.cols[i] = j
+			}
+		}
+		if r.cols[i] < 0 {
+			return fmt.Errorf("source table %s has column %q that the replicated table lacks (a column was added or renamed while streaming): pgconverge cannot follow schema changes yet; add the column to the target table %s and restart", t, c.Name, t)
+		}
+	}
+	b, ok := a.builders[name.String()]
+	if !ok {
+		b = changebatch.NewBuilder(a.mem, t)
+		a.builders[name.String()] = b
+		a.order = append(a.order, name.String())
+	}
+	r.builder = b
+	a.rels[m.RelationID] = r
+	return nil
+}
+
+func (a *assembler) rel(id uint32) (*relation, error) {
+	r, ok := a.rels[id]
+	if !ok {
+		return nil, fmt.Errorf("pgoutput: change for relation %d before its Relation message", id)
+	}
+	if !a.inTxn {
+		return nil, fmt.Errorf("pgoutput: change for relation %d outside a transaction", id)
+	}
+	a.seq++
+	return r, nil
+}
+
+// values converts a tuple into values aligned with the table's columns. Columns the relation does
+// not carry are marked unchanged (unknown), never NULL.
+func (r *relation) values(tup *pglogrepl.TupleData) ([]changebatch.Value, error) {
+	vals := make([]changebatch.Value, len(r.table.Columns))
+	for i := range vals {
+		vals[i].Unchanged = true
+	}
+	if tup == nil || len(tup.Columns) != len(r.cols) {
+		return nil, fmt.Errorf("pgoutput: tuple of %s has the wrong number of columns", r.table)
+	}
+	for i, c := range tup.Columns {
+		v := &vals[r.cols[i]]
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			*v = changebatch.Value{Null: true}
+		case pglogrepl.TupleDataTypeToast:
+			*v = changebatch.Value{Unchanged: true}
+		case pglogrepl.TupleDataTypeText:
+			*v = changebatch.Value{Text: string(c.Data)}
+		default:
+			return nil, fmt.Errorf("pgoutput: column %q of %s has tuple data type %q; pgconverge requests text values", r.table.Columns[r.cols[i]].Name, r.table, c.DataType)
+		}
+	}
+	return vals, nil
+}
+
+func (a *assembler) version() changebatch.Version {
+	return changebatch.Version{LSN: a.finalLSN, Seq: a.seq}
+}
+
+func (a *assembler) add(r *relation, c changebatch.Change) {
+	r.builder.Append(c)
+	a.changes++
+}
+
+func (a *assembler) insert(m *pglogrepl.InsertMessage) error {
+	r, err := a.rel(m.RelationID)
+	if err != nil || r.builder == nil {
+		return err
+	}
+	vals, err := r.values(m.Tuple)
+	if err != nil {
+		return err
+	}
+	a.add(r, changebatch.Change{Op: changebatch.OpUpsert, Version: a.version(), Values: vals})
+	return nil
+}
+
+// update emits the new row image; when the key changed (the old key is sent), it first emits a
+// tombstone for the old key at the same version.
+func (a *assembler) update(m *pglogrepl.UpdateMessage) error {
+	r, err := a.rel(m.RelationID)
+	if err != nil || r.builder == nil {
+		return err
+	}
+	vals, err := r.values(m.NewTuple)
+	if err != nil {
+		return err
+	}
+	var old []changebatch.Value
+	if m.OldTuple != nil {
+		if old, err = r.values(m.OldTuple); err != nil {
+			return err
+		}
+	}
+	keyChanged := false
+	for _, k := range r.table.KeyIndexes() {
+		if vals[k].Unchanged {
+			if old == nil || old[k].Unchanged {
+				return fmt.Errorf("pgoutput: update of %s at %s did not send key column %q", r.table, a.finalLSN, r.table.Columns[k].Name)
+			}
+			vals[k] = old[k]
+		}
+		if old != nil && !old[k].Unchanged && (old[k].Null != vals[k].Null || old[k].Text != vals[k].Text) {
+			keyChanged = true
+		}
+	}
+	if keyChanged {
+		a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: keyOnly(r.table, old)})
+	}
+	a.add(r, changebatch.Change{Op: changebatch.OpUpsert, Version: a.version(), Values: vals})
+	return nil
+}
+
+func (a *assembler) delete(m *pglogrepl.DeleteMessage) error {
+	r, err := a.rel(m.RelationID)
+	if err != nil || r.builder == nil {
+		return err
+	}
+	old, err := r.values(m.OldTuple)
+	if err != nil {
+		return err
+	}
+	for _, k := range r.table.KeyIndexes() {
+		if old[k].Unchanged || old[k].Null {
+			return fmt.Errorf("pgoutput: delete from %s at %s did not send key column %q", r.table, a.finalLSN, r.table.Columns[k].Name)
+		}
+	}
+	a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: keyOnly(r.table, old)})
+	return nil
+}
+
+func (a *assembler) truncate(m *pglogrepl.TruncateMessage) error {
+	if !a.inTxn {
+		return fmt.Errorf("pgoutput: Truncate outside a transaction")
+	}
+	a.seq++
+	for _, id := range m.RelationIDs {
+		r, ok := a.rels[id]
+		if !ok {
+			return fmt.Errorf("pgoutput: Truncate of relation %d before its Relation message", id)
+		}
+		if r.builder == nil {
+			continue
+		}
+		vals := make([]changebatch.Value, len(r.table.Columns))
+		for i := range vals {
+			vals[i].Null = true
+		}
+		a.add(r, changebatch.Change{Op: changebatch.OpTruncate, Version: a.version(), Values: vals})
+	}
+	return nil
+}
+
+// keyOnly keeps the key columns of vals and makes the rest NULL, the shape of a tombstone.
+func keyOnly(t changebatch.Table, vals []changebatch.Value) []changebatch.Value {
+	out := make([]changebatch.Value, len(vals))
+	for i, c := range t.Columns {
+		if c.Key {
+			out[i] = vals[i]
+		} else {
+			out[i] = changebatch.Value{Null: true}
+		}
+	}
+	return out
+}
+
+// take returns the held changes as batches, one per table with changes, and the end LSN of the
+// last whole transaction among them (0 when none is whole). The caller owns and releases the
+// batches.
+func (a *assembler) take() ([]arrow.RecordBatch, pglogrepl.LSN) {
+	var out []arrow.RecordBatch
+	for _, k := range a.order {
+		if b := a.builders[k]; b.Rows() > 0 {
+			out = append(out, b.NewBatch())
+		}
+	}
+	end := a.end
+	if a.txns == 0 {
+		end = 0
+	}
+	a.txns, a.end = 0, 0
+	return out, end
+}
+
+// release frees the builders.
+func (a *assembler) release() {
+	for _, b := range a.builders {
+		b.Release()
+	}
+}

@@ -1,0 +1,12 @@
+// Package cdc reads changes from a source PostgreSQL with logical replication: it checks the
+// source, manages the publication and the slot, decodes pgoutput (protocol version 1, text
+// values) and assembles whole transactions into change batches (package changebatch).
+//
+// Invariant: the flush position reported to the server never exceeds what the consumer's ApplyFunc
+// returned as committed, so the slot never releases WAL the target does not hold; every change
+// gets the version (commit LSN of its transaction, ordinal 1..n in it).
+//
+// PostgreSQL docs: §55.4 "Streaming Replication Protocol" (START_REPLICATION, CREATE_REPLICATION_SLOT,
+// Primary keepalive, Standby status update), §55.5 "Logical Replication Message Formats",
+// §31 "Logical Replication" (publications, replica identity).
+package cdc

@@ -1,0 +1,249 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Lag thresholds (bytes of WAL between the source's WAL end and the flushed position) for the
+// "caught up" log line: logged when lag falls to caughtUpLag after having exceeded behindLag.
+const (
+	caughtUpLag = 1 << 20
+	behindLag   = 16 << 20
+	// idleProgressEvery throttles progress writes to the target while only keepalives arrive.
+	idleProgressEvery = time.Second
+	// statusAfterFlushEvery throttles status updates sent right after a group was applied.
+	statusAfterFlushEvery = 200 * time.Millisecond
+)
+
+// loop is the state of one Run: the single goroutine that owns the replication connection.
+type loop struct {
+	s                *Streamer
+	conn             *pgconn.PgConn
+	asm              *assembler
+	nextStatus       time.Time
+	lastStatus       time.Time
+	groupStart       time.Time
+	lastIdleProgress time.Time
+	behind           bool
+	lastLog          time.Time
+	lastLogChanges   int64
+}
+
+func (l *loop) run(ctx, applyCtx context.Context) error {
+	cfg := &l.s.cfg
+	l.behind = true
+	l.lastLog = time.Now()
+	for {
+		_, bytes := l.asm.pending()
+		groupDue := !l.asm.inTxn && l.asm.txns > 0 && time.Since(l.groupStart) >= cfg.GroupDelay
+		if groupDue || bytes >= cfg.MaxPendingBytes {
+			if err := l.flush(applyCtx); err != nil {
+				return err
+			}
+		}
+		now := time.Now()
+		if !now.Before(l.nextStatus) {
+			if err := l.sendStatus(ctx, false); err != nil {
+				return err
+			}
+			l.logProgress(now)
+		}
+		rctx, cancel := context.WithDeadline(ctx, l.receiveDeadline())
+		msg, err := l.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)
+		}
+		if err := l.handle(ctx, applyCtx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+// handle processes one message from the server.
+func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage) error {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return errors.New("empty CopyData from the source")
+		}
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
+			}
+			return l.keepalive(ctx, applyCtx, ka)
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse XLogData: %w", err)
+			}
+			return l.xlogData(applyCtx, xld)
+		}
+		return nil
+	case *pgproto3.ErrorResponse:
+		return fmt.Errorf("source ended replication on slot %q: %w", l.s.cfg.Slot, pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return fmt.Errorf("source ended replication on slot %q (CopyDone)", l.s.cfg.Slot)
+	}
+	return nil
+}
+
+func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error {
+	end := xld.WALStart + pglogrepl.LSN(len(xld.WALData))
+	if uint64(end) > l.s.received.Load() {
+		l.s.received.Store(uint64(end))
+	}
+	l.noteServerEnd(xld.ServerWALEnd)
+	m, err := pglogrepl.Parse(xld.WALData)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message at %s: %w", xld.WALStart, err)
+	}
+	if k := l.s.cfg.Knobs.OnMessage; k != nil {
+		k(m)
+	}
+	committed, err := l.asm.handle(m)
+	if err != nil {
+		return err
+	}
+	if !committed {
+		return nil
+	}
+	l.s.transactions.Store(l.asm.committed)
+	l.s.changes.Store(l.asm.changes)
+	if l.asm.txns == 1 {
+		l.groupStart = time.Now()
+	}
+	rows, _ := l.asm.pending()
+	if rows >= l.s.cfg.GroupRows || time.Since(l.groupStart) >= l.s.cfg.GroupDelay {
+		return l.flush(applyCtx)
+	}
+	return nil
+}
+
+// keepalive answers a keepalive and, when nothing is held, moves the flushed position to the
+// server's WAL end: every change before it was sent and applied, so an idle source does not keep
+// WAL for the slot. The move is recorded in the target before it is reported.
+func (l *loop) keepalive(ctx, applyCtx context.Context, ka pglogrepl.PrimaryKeepaliveMessage) error {
+	l.noteServerEnd(ka.ServerWALEnd)
+	rows, _ := l.asm.pending()
+	idle := !l.asm.inTxn && rows == 0
+	flushed := pglogrepl.LSN(l.s.flushed.Load())
+	if idle && ka.ServerWALEnd > flushed && time.Since(l.lastIdleProgress) >= idleProgressEvery {
+		if err := l.s.cfg.Apply(applyCtx, nil, ka.ServerWALEnd); err != nil {
+			return err
+		}
+		l.lastIdleProgress = time.Now()
+		l.s.flushed.Store(uint64(ka.ServerWALEnd))
+		l.checkCaughtUp()
+		return l.sendStatus(ctx, false)
+	}
+	if idle && ka.ServerWALEnd <= flushed {
+		l.checkCaughtUp()
+	}
+	if ka.ReplyRequested {
+		return l.sendStatus(ctx, false)
+	}
+	return nil
+}
+
+// flush applies the held group and reports the new flushed position.
+func (l *loop) flush(applyCtx context.Context) error {
+	batches, end := l.asm.take()
+	defer func() {
+		for _, b := range batches {
+			b.Release()
+		}
+	}()
+	flushed := pglogrepl.LSN(l.s.flushed.Load())
+	progress := flushed
+	if end > progress {
+		progress = end
+	}
+	if len(batches) == 0 && progress == flushed {
+		return nil
+	}
+	if err := l.s.cfg.Apply(applyCtx, batches, progress); err != nil {
+		return err
+	}
+	if k := l.s.cfg.Knobs.AfterApply; k != nil {
+		k(progress)
+	}
+	l.s.flushed.Store(uint64(progress))
+	l.checkCaughtUp()
+	if time.Since(l.lastStatus) >= statusAfterFlushEvery {
+		return l.sendStatus(applyCtx, false)
+	}
+	return nil
+}
+
+func (l *loop) noteServerEnd(lsn pglogrepl.LSN) {
+	if uint64(lsn) > l.s.serverEnd.Load() {
+		l.s.serverEnd.Store(uint64(lsn))
+	}
+}
+
+// sendStatus reports the positions: written = received, flushed = applied = what the target
+// committed (never more).
+func (l *loop) sendStatus(ctx context.Context, reply bool) error {
+	st := l.s.Stats()
+	write := st.Received
+	if write < st.Flushed {
+		write = st.Flushed
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, l.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write, WALFlushPosition: st.Flushed, WALApplyPosition: st.Flushed, ReplyRequested: reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update on slot %q: %w", l.s.cfg.Slot, err)
+	}
+	l.lastStatus = time.Now()
+	l.nextStatus = l.lastStatus.Add(l.s.cfg.StatusInterval)
+	return nil
+}
+
+func (l *loop) checkCaughtUp() {
+	st := l.s.Stats()
+	lag := lagBytes(st)
+	if l.behind && lag <= caughtUpLag {
+		l.behind = false
+		l.s.cfg.Logger.Info("caught up", "slot", l.s.cfg.Slot, "flushed_lsn", st.Flushed.String(),
+			"server_lsn", st.ServerWALEnd.String(), "lag_bytes", lag, "transactions", st.Transactions, "changes", st.Changes)
+	} else if !l.behind && lag > behindLag {
+		l.behind = true
+	}
+}
+
+func (l *loop) logProgress(now time.Time) {
+	st := l.s.Stats()
+	secs := now.Sub(l.lastLog).Seconds()
+	rate := 0.0
+	if secs > 0 {
+		rate = float64(st.Changes-l.lastLogChanges) / secs
+	}
+	l.lastLog, l.lastLogChanges = now, st.Changes
+	l.s.cfg.Logger.Info("stream progress", "slot", l.s.cfg.Slot, "flushed_lsn", st.Flushed.String(),
+		"server_lsn", st.ServerWALEnd.String(), "lag_bytes", lagBytes(st), "transactions", st.Transactions,
+		"changes", st.Changes, "changes_per_s", int64(rate))
+}
+
+func lagBytes(st Stats) int64 {
+	if st.ServerWALEnd <= st.Flushed {
+		return 0
+	}
+	return int64(st.ServerWALEnd - st.Flushed)
+}

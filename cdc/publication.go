@@ -1,0 +1,68 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
+	var exists bool
+	err := conn.QueryRow(ctx, `select exists (select 1 from pg_publication where pubname = $1)`, name).Scan(&exists)
+	if err != nil {
+		return false, fmt.Errorf("look up publication %q: %w", name, err)
+	}
+	return exists, nil
+}
+
+// EnsurePublication creates publication name for tables, or adds to an existing publication the
+// tables it lacks. It returns the tables it added (all of them when it created the publication).
+// Creating or altering a publication needs ownership of the tables (PostgreSQL docs, CREATE
+// PUBLICATION).
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName) ([]TableName, error) {
+	if err := ValidatePublicationName(name); err != nil {
+		return nil, err
+	}
+	var allTables bool
+	err := conn.QueryRow(ctx, `select puballtables from pg_publication where pubname = $1`, name).Scan(&allTables)
+	exists := err == nil
+	if err != nil && err != pgx.ErrNoRows {
+		return nil, fmt.Errorf("look up publication %q: %w", name, err)
+	}
+	if exists && allTables {
+		return nil, nil
+	}
+	var missing []TableName
+	for _, t := range tables {
+		var in bool
+		if exists {
+			err := conn.QueryRow(ctx, `select exists (select 1 from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3)`,
+				name, t.Schema, t.Name).Scan(&in)
+			if err != nil {
+				return nil, fmt.Errorf("look up publication %q: %w", name, err)
+			}
+		}
+		if !in {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	list := ""
+	for i, t := range missing {
+		if i > 0 {
+			list += ", "
+		}
+		list += t.Quoted()
+	}
+	sql := "create publication " + pgx.Identifier{name}.Sanitize() + " for table " + list
+	if exists {
+		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
+	}
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return nil, fmt.Errorf("publish %s in publication %q (the role must own the tables): %w", list, name, err)
+	}
+	return missing, nil
+}

@@ -1,0 +1,71 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// SlotInfo is what the source says of a replication slot (pg_replication_slots).
+type SlotInfo struct {
+	Exists   bool
+	Plugin   string
+	Database string
+	// ConfirmedFlush is the position up to which the consumer confirmed it holds every change.
+	ConfirmedFlush pglogrepl.LSN
+	// WALStatus is reserved, extended, unreserved or lost (PostgreSQL docs, pg_replication_slots).
+	WALStatus string
+	// ActivePID is the pid of the walsender using the slot, or 0.
+	ActivePID int32
+}
+
+// ReadSlot returns what the source says of slot name; Exists is false when there is none.
+func ReadSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, error) {
+	var s SlotInfo
+	var flush *string
+	var plugin, db, status *string
+	var pid *int32
+	err := conn.QueryRow(ctx, `select plugin::text, database::text, confirmed_flush_lsn::text, wal_status, active_pid
+from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("read replication slot %q: %w", name, err)
+	}
+	s.Exists = true
+	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(db), deref(status)
+	if pid != nil {
+		s.ActivePID = *pid
+	}
+	if flush != nil {
+		if s.ConfirmedFlush, err = pglogrepl.ParseLSN(*flush); err != nil {
+			return s, fmt.Errorf("read replication slot %q: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+// Usable returns an error naming the problem and the fix when the existing slot cannot be streamed
+// from database db: another plugin, another database, WAL already removed.
+func (s SlotInfo) Usable(name, db string) error {
+	switch {
+	case s.Plugin != "pgoutput":
+		return fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: choose another --slot or drop it with SELECT pg_drop_replication_slot('%s')", name, s.Plugin, name)
+	case s.Database != db:
+		return fmt.Errorf("replication slot %q belongs to database %q, not %q: choose another --slot", name, s.Database, db)
+	case s.WALStatus == "lost":
+		return fmt.Errorf("replication slot %q is invalidated (wal_status lost): the source removed WAL it still needed, so changes were lost; drop it with SELECT pg_drop_replication_slot('%s') and restart to reload the tables", name, name)
+	}
+	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,167 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// CheckSource reports every reason the source cannot be streamed from, joined: wal_level is not
+// logical, the role may not replicate, no replication slot is free. Each error names the setting
+// and the fix.
+func CheckSource(ctx context.Context, conn *pgx.Conn) error {
+	var walLevel string
+	var canReplicate bool
+	var maxSlots, usedSlots int
+	err := conn.QueryRow(ctx, `select current_setting('wal_level'),
+  (select rolreplication or rolsuper from pg_roles where rolname = current_user),
+  current_setting('max_replication_slots')::int,
+  (select count(*) from pg_replication_slots)::int`).Scan(&walLevel, &canReplicate, &maxSlots, &usedSlots)
+	if err != nil {
+		return fmt.Errorf("read source settings: %w", err)
+	}
+	var errs []error
+	if walLevel != "logical" {
+		errs = append(errs, fmt.Errorf("source wal_level is %q, logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical and restart the source", walLevel))
+	}
+	if !canReplicate {
+		errs = append(errs, errors.New("source role may not replicate: run ALTER ROLE <role> REPLICATION (or connect as a role that has it)"))
+	}
+	if maxSlots == 0 {
+		errs = append(errs, errors.New("source max_replication_slots is 0: set it to at least 2 and restart the source"))
+	}
+	return errors.Join(errs...)
+}
+
+// DescribeTable reads table schema.name from the source catalog: its columns in attribute order
+// (without generated columns, which pgoutput in PostgreSQL 15 does not send) and its replica
+// identity key. It returns an error naming the table and the fix when the table is missing, is not
+// an ordinary or partitioned table, or has no usable key.
+func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (changebatch.Table, error) {
+	t := changebatch.Table{Schema: schema, Name: name}
+	var oid uint32
+	var kind, ident string
+	err := conn.QueryRow(ctx, `select c.oid, c.relkind::text, c.relreplident::text from pg_class c
+join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`, schema, name).Scan(&oid, &kind, &ident)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, fmt.Errorf("source table %s does not exist: check --tables (names are schema.table)", t)
+	}
+	if err != nil {
+		return t, fmt.Errorf("read source table %s: %w", t, err)
+	}
+	if kind != "r" {
+		return t, fmt.Errorf("source relation %s is not an ordinary table (relkind %q): only tables can be replicated", t, kind)
+	}
+	if ident == "n" {
+		return t, fmt.Errorf("source table %s has REPLICA IDENTITY NOTHING: updates and deletes cannot be matched; run ALTER TABLE %s REPLICA IDENTITY DEFAULT and give it a primary key", t, t.Quoted())
+	}
+	keys, err := keyColumns(ctx, conn, oid, ident)
+	if err != nil {
+		return t, fmt.Errorf("read key of source table %s: %w", t, err)
+	}
+	rows, err := conn.Query(ctx, `select attname, format_type(atttypid, atttypmod), attnum from pg_attribute
+where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, oid)
+	if err != nil {
+		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c changebatch.Column
+		var num int16
+		if err := rows.Scan(&c.Name, &c.Type, &num); err != nil {
+			return t, fmt.Errorf("read columns of source table %s: %w", t, err)
+		}
+		c.Key = keys[num]
+		t.Columns = append(t.Columns, c)
+	}
+	if err := rows.Err(); err != nil {
+		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
+	}
+	return t, t.Validate()
+}
+
+// keyColumns returns the attribute numbers of the replica identity key: the index marked as
+// replica identity for REPLICA IDENTITY USING INDEX, else the primary key.
+func keyColumns(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (map[int16]bool, error) {
+	cond := "indisprimary"
+	if ident == "i" {
+		cond = "indisreplident"
+	}
+	rows, err := conn.Query(ctx, `select unnest(indkey[0:indnkeyatts-1]) from pg_index where indrelid = $1 and `+cond, oid)
+	if err != nil {
+		return nil, err
+	}
+	nums, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	if err != nil {
+		return nil, err
+	}
+	keys := map[int16]bool{}
+	for _, n := range nums {
+		keys[n] = true
+	}
+	return keys, nil
+}
+
+// TableName is a schema-qualified table name, unquoted.
+type TableName struct{ Schema, Name string }
+
+// String returns the name for logs and map keys (changebatch.QualifiedName).
+func (n TableName) String() string { return changebatch.QualifiedName(n.Schema, n.Name) }
+
+// Quoted returns the name quoted for SQL.
+func (n TableName) Quoted() string { return pgx.Identifier{n.Schema, n.Name}.Sanitize() }
+
+// SkippedTable is a table left out of the default selection, with the reason.
+type SkippedTable struct {
+	Table  TableName
+	Reason string
+}
+
+// DefaultTables chooses the tables to replicate when none are named: every ordinary table of the
+// publication when it exists, else every user table that has a primary key or a replica identity
+// index. Tables left out are returned with the reason.
+func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]TableName, []SkippedTable, error) {
+	exists, err := publicationExists(ctx, conn, publication)
+	if err != nil {
+		return nil, nil, err
+	}
+	if exists {
+		rows, err := conn.Query(ctx, `select schemaname::text, tablename::text from pg_publication_tables where pubname = $1 order by 1, 2`, publication)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[TableName])
+		if err != nil {
+			return nil, nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
+		}
+		return names, nil, nil
+	}
+	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
+  exists (select 1 from pg_index i where i.indrelid = c.oid and (i.indisprimary or i.indisreplident)) and c.relreplident <> 'n'
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.relkind = 'r' and not c.relispartition and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
+  and n.nspname not like 'pg\_%'
+order by 1, 2`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list source tables: %w", err)
+	}
+	defer rows.Close()
+	var names []TableName
+	var skipped []SkippedTable
+	for rows.Next() {
+		var n TableName
+		var keyed bool
+		if err := rows.Scan(&n.Schema, &n.Name, &keyed); err != nil {
+			return nil, nil, fmt.Errorf("list source tables: %w", err)
+		}
+		if keyed {
+			names = append(names, n)
+		} else {
+			skipped = append(skipped, SkippedTable{n, "no primary key or replica identity index"})
+		}
+	}
+	return names, skipped, rows.Err()
+}

@@ -1,0 +1,173 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// ApplyFunc writes batches to the target and records end as the position up to which the target
+// holds every change, all in one target transaction, and returns only after it committed. end is
+// the end LSN of the last whole source transaction in the batches; batches may be empty (an idle
+// source moved on). The batches belong to the caller of ApplyFunc, who releases them after it
+// returns.
+type ApplyFunc func(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error
+
+// Knobs are fault-injection hooks for tests; nil hooks do nothing.
+type Knobs struct {
+	// OnMessage runs before each decoded pgoutput message is handled.
+	OnMessage func(m pglogrepl.Message)
+	// AfterApply runs after ApplyFunc returned (the target committed end) and before the flush
+	// position is reported to the source.
+	AfterApply func(end pglogrepl.LSN)
+}
+
+// StreamConfig configures a Streamer.
+type StreamConfig struct {
+	Slot        string
+	Publication string
+	// Start is the position up to which the target holds every change; streaming resumes there.
+	Start pglogrepl.LSN
+	// Tables are the replicated tables; changes of other published tables are skipped.
+	Tables []changebatch.Table
+	Apply  ApplyFunc
+	// GroupRows ends a group of whole transactions once it holds this many changes (default 10,000).
+	GroupRows int
+	// GroupDelay ends a group once its first transaction waited this long (default 100 ms).
+	GroupDelay time.Duration
+	// MaxPendingBytes bounds the memory held for one group (default 64 MiB); a transaction larger
+	// than that is applied in parts, and the progress LSN stays before it until its commit.
+	MaxPendingBytes int
+	// StatusInterval is the period of standby status updates and progress log lines (default 10 s).
+	StatusInterval time.Duration
+	Logger         *slog.Logger
+	Knobs          Knobs
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *StreamConfig) Validate() error {
+	var errs []error
+	if err := ValidateSlotName(c.Slot); err != nil {
+		errs = append(errs, err)
+	}
+	if err := ValidatePublicationName(c.Publication); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Start == 0 {
+		errs = append(errs, errors.New("stream start LSN is 0/0"))
+	}
+	if c.Apply == nil {
+		errs = append(errs, errors.New("stream has no ApplyFunc"))
+	}
+	if c.Logger == nil {
+		errs = append(errs, errors.New("stream has no logger"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *StreamConfig) defaults() {
+	if c.GroupRows <= 0 {
+		c.GroupRows = 10_000
+	}
+	if c.GroupDelay <= 0 {
+		c.GroupDelay = 100 * time.Millisecond
+	}
+	if c.MaxPendingBytes <= 0 {
+		c.MaxPendingBytes = 64 << 20
+	}
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = 10 * time.Second
+	}
+}
+
+// Stats is a snapshot of a Streamer's positions (LSNs) and counters.
+type Stats struct {
+	// Received is the end of the last WAL data received.
+	Received pglogrepl.LSN
+	// Flushed is the position reported to the source as flushed: the target committed it.
+	Flushed pglogrepl.LSN
+	// ServerWALEnd is the source's WAL end as last reported by the server.
+	ServerWALEnd pglogrepl.LSN
+	// Transactions and Changes count whole transactions and row changes received.
+	Transactions, Changes int64
+}
+
+// Streamer streams one slot into an ApplyFunc. Create it with NewStreamer; Stats may be read from
+// any goroutine while Run runs.
+type Streamer struct {
+	cfg                          StreamConfig
+	received, flushed, serverEnd atomic.Uint64
+	transactions, changes        atomic.Int64
+}
+
+// NewStreamer validates cfg and returns a Streamer.
+func NewStreamer(cfg StreamConfig) (*Streamer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.defaults()
+	s := &Streamer{cfg: cfg}
+	s.flushed.Store(uint64(cfg.Start))
+	s.received.Store(uint64(cfg.Start))
+	return s, nil
+}
+
+// Stats returns the current positions and counters.
+func (s *Streamer) Stats() Stats {
+	return Stats{
+		Received: pglogrepl.LSN(s.received.Load()), Flushed: pglogrepl.LSN(s.flushed.Load()),
+		ServerWALEnd: pglogrepl.LSN(s.serverEnd.Load()),
+		Transactions: s.transactions.Load(), Changes: s.changes.Load(),
+	}
+}
+
+// Run starts replication on conn (a replication connection that Run then owns until it returns)
+// and applies transactions until ctx ends or an error occurs. On ctx's end it lets an apply in
+// progress finish, reports the final flush position and returns nil. Errors from the source, the
+// target or decoding are returned wrapped; the caller reconnects.
+func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
+	cfg := s.cfg
+	err := pglogrepl.StartReplication(ctx, conn, cfg.Slot, cfg.Start, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'"},
+	})
+	if err != nil {
+		return fmt.Errorf("start replication on slot %q at %s: %w", cfg.Slot, cfg.Start, err)
+	}
+	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String())
+	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables)}
+	defer l.asm.release()
+	// An apply that started finishes even when ctx ends, within a grace period.
+	applyCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
+	defer stop()
+	err = l.run(ctx, applyCtx)
+	if ctx.Err() != nil {
+		final, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancelFinal()
+		if serr := l.sendStatus(final, false); serr != nil {
+			cfg.Logger.Warn("final standby status update", "err", serr)
+		}
+		cfg.Logger.Info("stream stopped", "slot", cfg.Slot, "flushed_lsn", s.Stats().Flushed.String())
+		return nil
+	}
+	return err
+}
+
+// receiveDeadline is the time until which loop.run waits for the next message.
+func (l *loop) receiveDeadline() time.Time {
+	d := l.nextStatus
+	if l.asm.txns > 0 && !l.asm.inTxn && l.groupStart.Add(l.s.cfg.GroupDelay).Before(d) {
+		d = l.groupStart.Add(l.s.cfg.GroupDelay)
+	}
+	return d
+}

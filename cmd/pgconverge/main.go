@@ -1,0 +1,45 @@
+// Command pgconverge keeps tables in a target PostgreSQL converged with a source PostgreSQL:
+// `pgconverge run` streams changes with logical replication after an initial load from an exact
+// snapshot. See README.md for the CLI contract.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgconverge:", err)
+		os.Exit(1)
+	}
+}
+
+// run executes the command line args; it is main without the process: tests call it directly.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := &cobra.Command{
+		Use:           "pgconverge",
+		Short:         "Keep tables in a target PostgreSQL converged with a source PostgreSQL",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	root.AddCommand(newRunCmd(stderr))
+	err := root.ExecuteContext(ctx)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// permanentError marks a failure that retrying cannot fix (bad configuration, an unusable source
+// or target); the daemon stops with it.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+func permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// retryable reports whether err is a transient failure of the source or target (a lost or refused
+// connection, a server shutting down or starting, lack of resources such as a full disk, a
+// serialization failure, a slot still held by a dead session) after which the daemon reconnects.
+func retryable(err error) bool {
+	var perm permanentError
+	if errors.As(err, &perm) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "57", "58":
+			return true
+		}
+		return pgErr.Code == "55006" // object in use: a replication slot still active
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed)
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/spf13/cobra"
+)
+
+// daemonConfig configures `pgconverge run`.
+type daemonConfig struct {
+	Source, Target string
+	// Tables are "schema.table" names; empty means the default selection (cdc.DefaultTables).
+	Tables      []string
+	Slot        string
+	Publication string
+	// LoadBatchRows is the number of rows per target transaction during an initial load.
+	LoadBatchRows int
+	Logger        *slog.Logger
+	Knobs         daemonKnobs
+}
+
+// daemonKnobs are fault-injection hooks for tests; nil hooks do nothing.
+type daemonKnobs struct {
+	Stream cdc.Knobs
+	// AfterLoadBatch runs after each committed batch of an initial load, with the rows loaded so far.
+	AfterLoadBatch func(table string, rows int64)
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *daemonConfig) Validate() error {
+	var errs []error
+	if c.Source == "" {
+		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
+	}
+	if c.Target == "" {
+		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
+	}
+	if c.Source != "" && c.Source == c.Target {
+		errs = append(errs, errors.New("source and target are the same URL: replicate into another database"))
+	}
+	if err := cdc.ValidateSlotName(c.Slot); err != nil {
+		errs = append(errs, err)
+	}
+	if err := cdc.ValidatePublicationName(c.Publication); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LoadBatchRows <= 0 {
+		errs = append(errs, errors.New("--load-batch-rows must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+func newRunCmd(stderr io.Writer) *cobra.Command {
+	cfg := daemonConfig{}
+	var logFormat, logLevel string
+	cmd := &cobra.Command{
+		Use:   "run --source URL --target URL [--tables s.t,s.u] [--slot pgconverge] [--publication pgconverge]",
+		Short: "Stream changes from the source into the target continuously (loads tables first when needed)",
+		Long: `run checks the source, creates the publication and the logical replication slot when missing,
+creates missing target tables, loads every table that has no completed load from an exact snapshot,
+then streams changes until SIGINT or SIGTERM. URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(stderr, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			return runDaemon(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Source, "source", os.Getenv("PGCONVERGE_SOURCE"), "source PostgreSQL URL ($PGCONVERGE_SOURCE)")
+	f.StringVar(&cfg.Target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
+	f.StringSliceVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated (default: the publication's tables, else every table with a primary key)")
+	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
+	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
+	f.IntVar(&cfg.LoadBatchRows, "load-batch-rows", 20_000, "rows per target transaction during an initial load")
+	f.StringVar(&logFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// runDaemon runs sessions until ctx ends, reconnecting with exponential backoff after transient
+// failures of the source or the target; it returns the first permanent failure.
+func runDaemon(ctx context.Context, cfg daemonConfig) error {
+	b := backoff.NewExponentialBackOff()
+	b.MaxInterval = 30 * time.Second
+	for {
+		started := time.Now()
+		err := runSession(ctx, cfg)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil || !retryable(err) {
+			return err
+		}
+		if time.Since(started) > time.Minute {
+			b.Reset()
+		}
+		wait := b.NextBackOff()
+		cfg.Logger.Error("session failed, reconnecting", "err", err, "retry_in", wait.String())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/migrations"
+)
+
+// session is one connected attempt of the daemon: checks, preparation, loads, then streaming.
+type session struct {
+	cfg    daemonConfig
+	src    *pgx.Conn
+	tgt    *pgx.Conn
+	repl   *pgconn.PgConn
+	ap     *apply.Applier
+	tables []changebatch.Table
+}
+
+// runSession connects to both sides and streams until ctx ends or something fails.
+func runSession(ctx context.Context, cfg daemonConfig) error {
+	s := &session{cfg: cfg}
+	defer s.close()
+	var err error
+	if s.src, err = pgsession.Connect(ctx, cfg.Source, "source"); err != nil {
+		return err
+	}
+	if s.tgt, err = pgsession.Connect(ctx, cfg.Target, "target"); err != nil {
+		return err
+	}
+	s.ap = apply.New(s.tgt)
+	if err := cdc.CheckSource(ctx, s.src); err != nil {
+		return permanent(err)
+	}
+	names, err := s.selectTables(ctx)
+	if err != nil {
+		return err
+	}
+	if err := migrations.Apply(ctx, s.tgt); err != nil {
+		return err
+	}
+	for _, t := range s.tables {
+		if err := apply.EnsureTable(ctx, s.tgt, t); err != nil {
+			return err
+		}
+	}
+	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names)
+	if err != nil {
+		return err
+	}
+	for _, t := range added {
+		cfg.Logger.Info("published table", "publication", cfg.Publication, "table", t.String())
+	}
+	if s.repl, err = pgsession.ConnectReplication(ctx, cfg.Source); err != nil {
+		return err
+	}
+	start, err := s.prepareSlot(ctx, added)
+	if err != nil {
+		return err
+	}
+	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
+		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables,
+		Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
+	})
+	if err != nil {
+		return permanent(err)
+	}
+	return streamer.Run(ctx, s.repl)
+}
+
+func (s *session) close() {
+	ctx := context.Background()
+	for _, c := range []*pgx.Conn{s.src, s.tgt} {
+		if c != nil {
+			c.Close(ctx)
+		}
+	}
+	if s.repl != nil {
+		s.repl.Close(ctx)
+	}
+}
+
+// selectTables resolves the replicated tables and describes them; problems are permanent and
+// reported all at once.
+func (s *session) selectTables(ctx context.Context) ([]cdc.TableName, error) {
+	var names []cdc.TableName
+	if len(s.cfg.Tables) > 0 {
+		for _, n := range s.cfg.Tables {
+			schema, name, err := changebatch.ParseTableName(strings.TrimSpace(n))
+			if err != nil {
+				return nil, permanent(fmt.Errorf("--tables: %w", err))
+			}
+			names = append(names, cdc.TableName{Schema: schema, Name: name})
+		}
+	} else {
+		var skipped []cdc.SkippedTable
+		var err error
+		if names, skipped, err = cdc.DefaultTables(ctx, s.src, s.cfg.Publication); err != nil {
+			return nil, err
+		}
+		for _, sk := range skipped {
+			s.cfg.Logger.Warn("skipping table", "table", sk.Table.String(), "reason", sk.Reason)
+		}
+		if len(names) == 0 {
+			return nil, permanent(errors.New("no table to replicate: the source has no table with a primary key; name tables with --tables"))
+		}
+	}
+	var errs []error
+	for _, n := range names {
+		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.tables = append(s.tables, t)
+	}
+	if len(errs) > 0 {
+		return nil, permanent(errors.Join(errs...))
+	}
+	return names, nil
+}
+
+// applyStream is the stream's ApplyFunc: one target transaction with the batches and the progress.
+func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error {
+	tx, err := s.ap.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	for _, b := range batches {
+		if _, err := tx.Apply(ctx, b); err != nil {
+			return err
+		}
+	}
+	if err := tx.SetProgress(ctx, s.cfg.Slot, end); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if len(batches) > 0 {
+		s.cfg.Logger.Debug("applied", "lsn", end.String(), "applied", tx.Result.Applied,
+			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)
+	}
+	return nil
+}

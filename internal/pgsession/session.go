@@ -1,0 +1,91 @@
+// Package pgsession opens the connections every part of pgconverge uses, with the session settings
+// that make text values exact and independent of server defaults, and holds the replication
+// calls both producers need: opening a replication connection and creating a logical slot that
+// exports its snapshot (PostgreSQL docs §55.4 "Streaming Replication Protocol",
+// CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT).
+package pgsession
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// params are the session settings of every connection: values travel as text between source and
+// target, so both sides print and parse them the same way whatever the servers' defaults are
+// (PostgreSQL docs §20.11 "Client Connection Defaults").
+var params = map[string]string{
+	"application_name":   "pgconverge",
+	"DateStyle":          "ISO, YMD",
+	"IntervalStyle":      "postgres",
+	"TimeZone":           "UTC",
+	"extra_float_digits": "3",
+	"bytea_output":       "hex",
+}
+
+func setParams(cfg *pgconn.Config) {
+	for k, v := range params {
+		cfg.RuntimeParams[k] = v
+	}
+}
+
+// Connect opens an ordinary SQL connection to url with pgconverge's session settings. role names
+// the side ("source" or "target") in errors.
+func Connect(ctx context.Context, url, role string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s URL: %w", role, err)
+	}
+	setParams(&cfg.Config)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s %s:%d/%s: %w", role, cfg.Host, cfg.Port, cfg.Database, err)
+	}
+	return conn, nil
+}
+
+// ConnectReplication opens a logical replication connection (replication=database) to the database of url.
+func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse source URL: %w", err)
+	}
+	setParams(cfg)
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open replication connection to %s:%d (the role needs the REPLICATION attribute and a pg_hba.conf entry that allows it): %w",
+			cfg.Host, cfg.Port, err)
+	}
+	return conn, nil
+}
+
+// Slot is a logical slot just created with an exported snapshot.
+type Slot struct {
+	Name string
+	// ConsistentPoint is the snapshot LSN S: the exported snapshot shows exactly the
+	// transactions whose commit LSN is below it, and the slot streams every later one.
+	ConsistentPoint pglogrepl.LSN
+	// SnapshotName can be imported with SET TRANSACTION SNAPSHOT while the creating connection
+	// stays open and runs no other command.
+	SnapshotName string
+}
+
+// CreateSlot creates logical slot name (plugin pgoutput) on the replication connection conn and
+// exports its snapshot. A temporary slot disappears when conn closes. name must already be valid.
+func CreateSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary bool) (Slot, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Temporary: temporary, SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication,
+	})
+	if err != nil {
+		return Slot{}, fmt.Errorf("create replication slot %q: %w", name, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return Slot{}, fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
+	}
+	return Slot{Name: res.SlotName, ConsistentPoint: lsn, SnapshotName: res.SnapshotName}, nil
+}

@@ -1,0 +1,40 @@
+// Package migrations holds the SQL of the target's pgconverge metadata schema, numbered files
+// embedded in the binary and applied with tern (github.com/jackc/tern/v2/migrate).
+//
+// Invariant: the schema only moves forward; Apply is safe to call from several processes at once
+// (tern serialises them with an advisory lock) and is a no-op when the schema is current.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/tern/v2/migrate"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Schema is the name of the target schema that holds pgconverge's metadata.
+const Schema = "pgconverge"
+
+// Apply brings the target's pgconverge schema to the newest version. It returns an error naming
+// the migration that failed, or a privilege problem (the role needs CREATE on the database).
+func Apply(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{Schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s on the target (the role needs CREATE on the database): %w", Schema, err)
+	}
+	m, err := migrate.NewMigrator(ctx, conn, Schema+".schema_version")
+	if err != nil {
+		return fmt.Errorf("prepare migrations: %w", err)
+	}
+	if err := m.LoadMigrations(files); err != nil {
+		return fmt.Errorf("load embedded migrations: %w", err)
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrate target schema %s: %w", Schema, err)
+	}
+	return nil
+}
