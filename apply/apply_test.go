@@ -1,0 +1,180 @@
+package apply_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+	"github.com/pgconverge/pgconverge/migrations"
+)
+
+var acc = changebatch.Table{Schema: "public", Name: "acc", Columns: []changebatch.Column{
+	{Name: "id", Type: "integer", Key: true},
+	{Name: "note", Type: "text"},
+	{Name: "bal", Type: "integer"},
+}}
+
+type row struct {
+	op   changebatch.Op
+	lsn  uint64
+	seq  uint64
+	id   string
+	note *string // nil: unchanged (TOAST)
+	bal  string
+}
+
+func s(v string) *string { return &v }
+
+// batch builds a change batch of acc from rows.
+func batch(t *testing.T, rows ...row) arrow.RecordBatch {
+	t.Helper()
+	b := changebatch.NewBuilder(memory.NewGoAllocator(), acc)
+	defer b.Release()
+	for _, r := range rows {
+		note := changebatch.Value{Unchanged: true}
+		if r.note != nil {
+			note = changebatch.Value{Text: *r.note}
+		}
+		bal := changebatch.Value{Text: r.bal}
+		if r.op != changebatch.OpUpsert {
+			note, bal = changebatch.Value{Null: true}, changebatch.Value{Null: true}
+		}
+		id := changebatch.Value{Text: r.id}
+		if r.op == changebatch.OpTruncate {
+			id = changebatch.Value{Null: true}
+		}
+		b.Append(changebatch.Change{Op: r.op, Version: changebatch.Version{LSN: pglogrepl.LSN(r.lsn), Seq: r.seq},
+			Values: []changebatch.Value{id, note, bal}})
+	}
+	rec := b.NewBatch()
+	t.Cleanup(rec.Release)
+	return rec
+}
+
+type fixture struct {
+	env *pgtest.Env
+	ap  *apply.Applier
+}
+
+func setup(t *testing.T) fixture {
+	env := pgtest.New(t)
+	ctx := context.Background()
+	if err := migrations.Apply(ctx, env.Target); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply.EnsureTable(ctx, env.Target, acc); err != nil {
+		t.Fatal(err)
+	}
+	return fixture{env: env, ap: apply.New(env.Target)}
+}
+
+func (f fixture) apply(t *testing.T, rec arrow.RecordBatch) apply.Result {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.ap.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	res, err := tx.Apply(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func (f fixture) expect(t *testing.T, want ...string) {
+	t.Helper()
+	got := pgtest.Rows(t, f.env.Target, `select format('%s|%s|%s|%s#%s|%s|%s', id, note, bal, _cdc_lsn, _cdc_seq, _cdc_deleted, _cdc_unknown) from acc order by id`)
+	if d := pgtest.Diff(want, got); d != "" {
+		t.Fatalf("target rows differ: %s\nwant %q\n got %q", d, want, got)
+	}
+}
+
+func TestReplayedBatchIsSuppressed(t *testing.T) {
+	f := setup(t)
+	rec := batch(t,
+		row{changebatch.OpUpsert, 100, 1, "1", s("a"), "10"},
+		row{changebatch.OpUpsert, 100, 2, "2", s("b"), "20"},
+		row{changebatch.OpDelete, 100, 3, "3", nil, ""},
+	)
+	if got := f.apply(t, rec); got != (apply.Result{Applied: 3}) {
+		t.Fatalf("first apply = %+v, want 3 applied", got)
+	}
+	if got := f.apply(t, rec); got != (apply.Result{Suppressed: 3}) {
+		t.Fatalf("replay = %+v, want 3 suppressed", got)
+	}
+	f.expect(t, "1|a|10|0/64#1|f|", "2|b|20|0/64#2|f|", "3|||0/64#3|t|")
+}
+
+// The three worked cases of DESIGN.md, watermark 5,000,000 and backfill snapshot 4,995,000.
+func TestVersionRuleWorkedCases(t *testing.T) {
+	f := setup(t)
+	// 1. The stream applied a change at 4,994,500; the backfill carries its result and wins.
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 4_994_500, 1, "1", s("x"), "1"}))
+	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 4_995_000, 0, "1", s("x"), "1"})); got.Applied != 1 {
+		t.Fatalf("case 1: backfill = %+v, want applied", got)
+	}
+	// 2. The backfill applied first; the lagging stream's older change is a no-op.
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 4_995_000, 0, "2", s("y"), "2"}))
+	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 4_994_800, 1, "2", s("old"), "0"})); got.Suppressed != 1 {
+		t.Fatalf("case 2: stream = %+v, want suppressed", got)
+	}
+	// 3. A change after the snapshot: only the stream has it, and it wins.
+	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 4_995_500, 1, "2", s("new"), "3"})); got.Applied != 1 {
+		t.Fatalf("case 3: stream = %+v, want applied", got)
+	}
+	f.expect(t, "1|x|1|0/4C37B8#0|f|", "2|new|3|0/4C39AC#1|f|")
+}
+
+func TestTruncateFence(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t,
+		row{changebatch.OpUpsert, 100, 0, "1", s("a"), "1"},
+		row{changebatch.OpUpsert, 300, 1, "2", s("b"), "2"},
+	))
+	got := f.apply(t, batch(t,
+		row{changebatch.OpTruncate, 200, 1, "", nil, ""},
+		row{changebatch.OpUpsert, 150, 1, "3", s("below fence"), "3"},
+		row{changebatch.OpUpsert, 200, 2, "4", s("after truncate"), "4"},
+	))
+	if got != (apply.Result{Applied: 1, Suppressed: 1, Truncates: 1}) {
+		t.Fatalf("apply = %+v", got)
+	}
+	// Row 1 (older than the fence) is a tombstone; row 2 is newer than the fence and stays.
+	f.expect(t, "1|a|1|0/C8#1|t|", "2|b|2|0/12C#1|f|", "4|after truncate|4|0/C8#2|f|")
+	// A later-arriving version below the fence is refused even for a key the target never held.
+	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 199, 9, "5", s("late"), "5"})); got.Suppressed != 1 {
+		t.Fatalf("late row = %+v, want suppressed", got)
+	}
+}
+
+func TestUnchangedToastKeepsTargetValue(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 100, 0, "1", s("big value"), "1"}))
+	f.apply(t, batch(t,
+		row{changebatch.OpUpsert, 200, 1, "1", nil, "2"}, // existing row: keep the note
+		row{changebatch.OpUpsert, 200, 2, "2", nil, "7"}, // unknown row: NULL, recorded as unknown
+	))
+	f.expect(t, "1|big value|2|0/C8#1|f|", "2||7|0/C8#2|f|{note}")
+	// A later change that carries the value makes it known again.
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 300, 1, "2", s("known"), "8"}))
+	f.expect(t, "1|big value|2|0/C8#1|f|", "2|known|8|0/12C#1|f|")
+}
+
+func TestTombstoneRefusesOlderInsert(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t, row{changebatch.OpDelete, 500, 1, "1", nil, ""}))
+	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 400, 0, "1", s("resurrected"), "1"})); got.Suppressed != 1 {
+		t.Fatalf("older insert = %+v, want suppressed", got)
+	}
+	f.expect(t, "1|||0/1F4#1|t|")
+}
