@@ -109,7 +109,7 @@ func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error 
 		l.s.received.Store(uint64(end))
 	}
 	l.noteServerEnd(xld.ServerWALEnd)
-	m, err := pglogrepl.Parse(xld.WALData)
+	m, err := decode(xld.WALData)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message at %s: %w", xld.WALStart, err)
 	}
