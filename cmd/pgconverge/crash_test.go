@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Crash tests run the daemon in a child process (this test binary, re-executed) whose Knobs kill
+// it with SIGKILL at a chosen boundary, then restart the daemon and check that no row was lost or
+// doubled. The child reads its instructions from these environment variables; only TestMain reads
+// them, the daemon itself only sees Knobs.
+const (
+	envCrashPoint = "PGCONVERGE_CRASH_POINT"
+	envCrashAt    = "PGCONVERGE_CRASH_AT"
+	envCrashSrc   = "PGCONVERGE_CRASH_SOURCE"
+	envCrashTgt   = "PGCONVERGE_CRASH_TARGET"
+	envCrashSlot  = "PGCONVERGE_CRASH_SLOT"
+)
+
+func TestMain(m *testing.M) {
+	if point := os.Getenv(envCrashPoint); point != "" {
+		os.Exit(crashChild(point))
+	}
+	os.Exit(m.Run())
+}
+
+func kill() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
+
+// crashKnobs returns knobs that SIGKILL this process at the at-th occurrence of point.
+func crashKnobs(point string, at int) (daemonKnobs, error) {
+	var k daemonKnobs
+	var mu sync.Mutex
+	count := 0
+	hit := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if count++; count == at {
+			kill()
+		}
+	}
+	switch point {
+	case "after-begin": // Begin received, nothing of the transaction applied
+		k.Stream.OnMessage = func(m pglogrepl.Message) {
+			if _, ok := m.(*pglogrepl.BeginMessage); ok {
+				hit()
+			}
+		}
+	case "mid-transaction": // the third change of a transaction received
+		changes := 0
+		k.Stream.OnMessage = func(m pglogrepl.Message) {
+			switch m.(type) {
+			case *pglogrepl.BeginMessage:
+				changes = 0
+			case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage:
+				if changes++; changes == 3 {
+					hit()
+				}
+			}
+		}
+	case "after-commit": // the target committed a group, the source was not told
+		k.Stream.AfterApply = func(pglogrepl.LSN) { hit() }
+	case "during-load": // a batch of the initial load committed
+		k.AfterLoadBatch = func(string, int64) { hit() }
+	default:
+		return k, fmt.Errorf("unknown crash point %q", point)
+	}
+	return k, nil
+}
+
+// crashChild runs the daemon until its knob kills it; reaching the end is a failure (exit 3).
+func crashChild(point string) int {
+	at, _ := strconv.Atoi(os.Getenv(envCrashAt))
+	knobs, err := crashKnobs(point, at)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg := daemonConfig{
+		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt),
+		Slot: os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), LoadBatchRows: 1000,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = runDaemon(ctx, cfg)
+	fmt.Fprintf(os.Stderr, "crash child reached the end without crashing at %s #%d: %v\n", point, at, err)
+	return 3
+}
+
+// workload runs transactions of several changes on the source until the returned stop function is
+// called: two balance updates, five ledger inserts and one ledger delete each.
+func workload(t *testing.T, env *pgtest.Env) (stop func()) {
+	conn := pgtest.Connect(t, env.SourceURL)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ctx := context.Background()
+		for i := 1; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			tx, err := conn.Begin(ctx)
+			if err == nil {
+				_, err = tx.Exec(ctx, `update acct set bal = bal + 1 where id = $1`, i*7%2000+1)
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, `update acct set bal = bal - 1 where id = $1`, i*13%2000+1)
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, `insert into ledger (txn, k) select $1, g from generate_series(1, 5) g`, i)
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, `delete from ledger where id = (select min(id) from ledger where k = 3)`)
+			}
+			if err == nil {
+				err = tx.Commit(ctx)
+			}
+			if err != nil {
+				t.Errorf("workload transaction %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func TestCrashAndRestartLosesNothing(t *testing.T) {
+	cases := []struct {
+		point string
+		at    int
+	}{
+		{"after-begin", 20},
+		{"mid-transaction", 15},
+		{"after-commit", 5},
+		{"during-load", 3},
+	}
+	for _, c := range cases {
+		t.Run(c.point, func(t *testing.T) {
+			env := pgtest.New(t)
+			pgtest.Exec(t, env.Source,
+				`create table acct (id int primary key, bal int not null)`,
+				`insert into acct select g, 0 from generate_series(1, 2000) g`,
+				`create table ledger (id bigserial primary key, txn int, k int)`,
+				`insert into ledger (txn, k) select 0, g % 5 from generate_series(1, 8000) g`)
+			stopWorkload := workload(t, env)
+
+			child := exec.Command(os.Args[0], "-test.run=^$")
+			child.Env = append(os.Environ(), envCrashPoint+"="+c.point, envCrashAt+"="+strconv.Itoa(c.at),
+				envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL, envCrashSlot+"="+env.Name)
+			out, err := child.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("child was not killed at %s: %v\n%s", c.point, err, out)
+			}
+			// The restarted daemon catches up while the workload goes on, then everything settles.
+			restartedAt := scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
+			startDaemon(t, testConfig(t, env))
+			pgtest.Eventually(t, 60*time.Second, "restarted daemon streams live changes", func() (bool, string) {
+				var n int64
+				err := env.Target.QueryRow(context.Background(), `select coalesce(max(txn), 0) from ledger`).Scan(&n)
+				return err == nil && n > restartedAt+20, fmt.Sprintf("target at transaction %d, restarted at %d (%v)", n, restartedAt, err)
+			})
+			stopWorkload()
+			waitConverged(t, env, "acct", "id")
+			waitConverged(t, env, "ledger", "id")
+			waitSlotCaughtUp(t, env)
+			if c.point == "during-load" {
+				got := pgtest.Rows(t, env.Target, `select table_name || ' ' || status from pgconverge.backfills order by id`)
+				want := []string{"acct completed", "ledger failed", "ledger completed"}
+				if d := pgtest.Diff(want, got); d != "" {
+					t.Errorf("backfill ledger = %v, want %v", got, want)
+				}
+			}
+		})
+	}
+}
