@@ -32,13 +32,15 @@ type loop struct {
 	groupStart       time.Time
 	lastIdleProgress time.Time
 	behind           bool
+	behindSince      time.Time // when the stream started or last fell behindLag behind
+	behindChanges    int64     // changes received by then
 	lastLog          time.Time
 	lastLogChanges   int64
 }
 
 func (l *loop) run(ctx, applyCtx context.Context) error {
 	cfg := &l.s.cfg
-	l.behind = true
+	l.behind, l.behindSince = true, time.Now()
 	l.lastLog = time.Now()
 	for {
 		_, bytes := l.asm.pending()
@@ -221,10 +223,13 @@ func (l *loop) checkCaughtUp() {
 	lag := lagBytes(st)
 	if l.behind && lag <= caughtUpLag {
 		l.behind = false
+		secs := time.Since(l.behindSince).Seconds()
+		caughtUp := st.Changes - l.behindChanges
 		l.s.cfg.Logger.Info("caught up", "slot", l.s.cfg.Slot, "flushed_lsn", st.Flushed.String(),
-			"server_lsn", st.ServerWALEnd.String(), "lag_bytes", lag, "transactions", st.Transactions, "changes", st.Changes)
+			"server_lsn", st.ServerWALEnd.String(), "lag_bytes", lag, "catch_up_changes", caughtUp,
+			"catch_up_seconds", fmt.Sprintf("%.1f", secs), "catch_up_changes_per_s", int64(float64(caughtUp)/max(secs, 0.001)))
 	} else if !l.behind && lag > behindLag {
-		l.behind = true
+		l.behind, l.behindSince, l.behindChanges = true, time.Now(), st.Changes
 	}
 }
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# test.sh — pgconverge's test entry point (the README's second command; CI runs it via .ci/run).
+#
+#   scripts/test.sh [go test flags...]      e.g. scripts/test.sh -run TestApply -v
+#
+# 1. checks formatting (`gofmt -l .` must list nothing) and runs `go vet ./...`;
+# 2. starts two private PostgreSQL 15 clusters with scripts/pgcluster.sh under ROOT:
+#    `source` on 127.0.0.1:54341 (wal_level=logical) and `target` on 127.0.0.1:54342;
+# 3. runs `go test -count=1 -p 1 -timeout 30m ./... "$@"` against them, with these variables exported:
+#      PGCONVERGE_TEST_SOURCE          URL of the source cluster
+#      PGCONVERGE_TEST_TARGET          URL of the target cluster
+#      PGCONVERGE_TEST_RESTART_TARGET  shell command that restarts the target cluster
+#      PGCONVERGE_REQUIRE_INTEGRATION  1: integration tests fail (never skip) without the URLs
+# and exits with go test's status. The clusters are stopped and ROOT removed on exit.
+#
+# Environment:
+#   PGCONVERGE_KEEP=1  keep the clusters' folder ROOT (data and logs) after the run; the servers
+#                      are still stopped
+#   PGBIN              PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+	export PATH="/usr/local/go/bin:$PATH"
+fi
+
+ROOT=/tmp/pgconverge-test
+PGCLUSTER=$REPO/scripts/pgcluster.sh
+SOURCE_PORT=54341
+TARGET_PORT=54342
+
+echo "== gofmt -l ."
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+	echo "these files are not gofmt-formatted (run: gofmt -w .):" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go vet ./..."
+go vet ./...
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+	local rc=$?
+	set +e
+	"$PGCLUSTER" stop source "$ROOT"
+	"$PGCLUSTER" stop target "$ROOT"
+	if [ "${PGCONVERGE_KEEP:-}" = 1 ]; then
+		echo "PGCONVERGE_KEEP=1: keeping $ROOT (cluster data and logs)" >&2
+	else
+		rm -rf "$ROOT"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "== starting PostgreSQL clusters under $ROOT"
+"$PGCLUSTER" start source "$SOURCE_PORT" "$ROOT" logical
+"$PGCLUSTER" start target "$TARGET_PORT" "$ROOT"
+
+PGCONVERGE_TEST_SOURCE=$("$PGCLUSTER" url source "$SOURCE_PORT")
+PGCONVERGE_TEST_TARGET=$("$PGCLUSTER" url target "$TARGET_PORT")
+PGCONVERGE_TEST_RESTART_TARGET=$(printf '%q restart target %q' "$PGCLUSTER" "$ROOT")
+PGCONVERGE_REQUIRE_INTEGRATION=1
+export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_TARGET PGCONVERGE_REQUIRE_INTEGRATION
+
+# -p 1: packages run one at a time, because some tests restart the shared target cluster.
+echo "== go test -count=1 -p 1 -timeout 30m ./... $*"
+status=0
+go test -count=1 -p 1 -timeout 30m ./... "$@" || status=$?
+if [ "$status" -ne 0 ]; then
+	echo "go test failed (exit $status); server logs: $ROOT/source.log, $ROOT/target.log" \
+		"(set PGCONVERGE_KEEP=1 to keep them)" >&2
+fi
+exit "$status"
