@@ -9,6 +9,7 @@
 # 3. runs `go test -count=1 -p 1 -timeout 30m ./... "$@"` against them, with these variables exported:
 #      PGCONVERGE_TEST_SOURCE          URL of the source cluster
 #      PGCONVERGE_TEST_TARGET          URL of the target cluster
+#      PGCONVERGE_TEST_RESTART_SOURCE  shell command that restarts the source cluster
 #      PGCONVERGE_TEST_RESTART_TARGET  shell command that restarts the target cluster
 #      PGCONVERGE_REQUIRE_INTEGRATION  1: integration tests fail (never skip) without the URLs
 # and exits with go test's status. The clusters are stopped and ROOT removed on exit.
@@ -64,9 +65,10 @@ echo "== starting PostgreSQL clusters under $ROOT"
 
 PGCONVERGE_TEST_SOURCE=$("$PGCLUSTER" url source "$SOURCE_PORT")
 PGCONVERGE_TEST_TARGET=$("$PGCLUSTER" url target "$TARGET_PORT")
+PGCONVERGE_TEST_RESTART_SOURCE=$(printf '%q restart source %q' "$PGCLUSTER" "$ROOT")
 PGCONVERGE_TEST_RESTART_TARGET=$(printf '%q restart target %q' "$PGCLUSTER" "$ROOT")
 PGCONVERGE_REQUIRE_INTEGRATION=1
-export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_TARGET PGCONVERGE_REQUIRE_INTEGRATION
+export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_SOURCE PGCONVERGE_TEST_RESTART_TARGET PGCONVERGE_REQUIRE_INTEGRATION
 
 # -p 1: packages run one at a time, because some tests restart the shared target cluster.
 echo "== go test -count=1 -p 1 -timeout 30m ./... $*"

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
@@ -73,13 +75,14 @@ func crashKnobs(point string, at int) (daemonKnobs, error) {
 		k.Stream.AfterApply = func(pglogrepl.LSN) { hit() }
 	case "during-load": // a batch of the initial load committed
 		k.AfterLoadBatch = func(string, int64) { hit() }
+	case "none": // the parent kills the child at a moment of its choosing
 	default:
 		return k, fmt.Errorf("unknown crash point %q", point)
 	}
 	return k, nil
 }
 
-// crashChild runs the daemon until its knob kills it; reaching the end is a failure (exit 3).
+// crashChild runs the daemon until it is killed; reaching the end is a failure (exit 3).
 func crashChild(point string) int {
 	at, _ := strconv.Atoi(os.Getenv(envCrashAt))
 	knobs, err := crashKnobs(point, at)
@@ -143,6 +146,49 @@ func workload(t *testing.T, env *pgtest.Env) (stop func()) {
 	return stop
 }
 
+// setupCrashTables creates the tables the workload writes to, with rows for the initial load.
+func setupCrashTables(t *testing.T, env *pgtest.Env) {
+	pgtest.Exec(t, env.Source,
+		`create table acct (id int primary key, bal int not null)`,
+		`insert into acct select g, 0 from generate_series(1, 2000) g`,
+		`create table ledger (id bigserial primary key, txn int, k int)`,
+		`insert into ledger (txn, k) select 0, g % 5 from generate_series(1, 8000) g`)
+}
+
+// crashChildCmd returns the command that runs the daemon in a child process killed at point.
+func crashChildCmd(env *pgtest.Env, point string, at int) *exec.Cmd {
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), envCrashPoint+"="+point, envCrashAt+"="+strconv.Itoa(at),
+		envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL, envCrashSlot+"="+env.Name)
+	return child
+}
+
+// requireKilled fails the test unless err says the child died of SIGKILL.
+func requireKilled(t *testing.T, err error, out []byte) {
+	t.Helper()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("child was not killed by SIGKILL: %v\n%s", err, out)
+	}
+}
+
+// finishAfterRestart restarts the daemon in the test process while the workload goes on, waits
+// until it streams live changes, stops the workload and requires both tables equal and the slot
+// caught up.
+func finishAfterRestart(t *testing.T, env *pgtest.Env, stopWorkload func()) {
+	restartedAt := scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
+	startDaemon(t, testConfig(t, env))
+	pgtest.Eventually(t, 60*time.Second, "restarted daemon streams live changes", func() (bool, string) {
+		var n int64
+		err := env.Target.QueryRow(context.Background(), `select coalesce(max(txn), 0) from ledger`).Scan(&n)
+		return err == nil && n > restartedAt+20, fmt.Sprintf("target at transaction %d, restarted at %d (%v)", n, restartedAt, err)
+	})
+	stopWorkload()
+	waitConverged(t, env, "acct", "id")
+	waitConverged(t, env, "ledger", "id")
+	waitSlotCaughtUp(t, env)
+}
+
 func TestCrashAndRestartLosesNothing(t *testing.T) {
 	cases := []struct {
 		point string
@@ -156,33 +202,11 @@ func TestCrashAndRestartLosesNothing(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.point, func(t *testing.T) {
 			env := pgtest.New(t)
-			pgtest.Exec(t, env.Source,
-				`create table acct (id int primary key, bal int not null)`,
-				`insert into acct select g, 0 from generate_series(1, 2000) g`,
-				`create table ledger (id bigserial primary key, txn int, k int)`,
-				`insert into ledger (txn, k) select 0, g % 5 from generate_series(1, 8000) g`)
+			setupCrashTables(t, env)
 			stopWorkload := workload(t, env)
-
-			child := exec.Command(os.Args[0], "-test.run=^$")
-			child.Env = append(os.Environ(), envCrashPoint+"="+c.point, envCrashAt+"="+strconv.Itoa(c.at),
-				envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL, envCrashSlot+"="+env.Name)
-			out, err := child.CombinedOutput()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-				t.Fatalf("child was not killed at %s: %v\n%s", c.point, err, out)
-			}
-			// The restarted daemon catches up while the workload goes on, then everything settles.
-			restartedAt := scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
-			startDaemon(t, testConfig(t, env))
-			pgtest.Eventually(t, 60*time.Second, "restarted daemon streams live changes", func() (bool, string) {
-				var n int64
-				err := env.Target.QueryRow(context.Background(), `select coalesce(max(txn), 0) from ledger`).Scan(&n)
-				return err == nil && n > restartedAt+20, fmt.Sprintf("target at transaction %d, restarted at %d (%v)", n, restartedAt, err)
-			})
-			stopWorkload()
-			waitConverged(t, env, "acct", "id")
-			waitConverged(t, env, "ledger", "id")
-			waitSlotCaughtUp(t, env)
+			out, err := crashChildCmd(env, c.point, c.at).CombinedOutput()
+			requireKilled(t, err, out)
+			finishAfterRestart(t, env, stopWorkload)
 			if c.point == "during-load" {
 				got := pgtest.Rows(t, env.Target, `select table_name || ' ' || status from pgconverge.backfills order by id`)
 				want := []string{"acct completed", "ledger failed", "ledger completed"}
@@ -192,4 +216,29 @@ func TestCrashAndRestartLosesNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRandomKillsUnderLoad kills the daemon with SIGKILL at random moments while the workload
+// runs, restarts it each time, and finally requires the target to equal the source.
+func TestRandomKillsUnderLoad(t *testing.T) {
+	env := pgtest.New(t)
+	setupCrashTables(t, env)
+	stopWorkload := workload(t, env)
+	seed := time.Now().UnixNano()
+	t.Logf("random seed %d", seed)
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0))
+	for round := 0; round < 6; round++ {
+		child := crashChildCmd(env, "none", 0)
+		var out bytes.Buffer
+		child.Stdout, child.Stderr = &out, &out
+		if err := child.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(200+rnd.IntN(2800)) * time.Millisecond) // the moment of the kill is the point
+		if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		requireKilled(t, child.Wait(), out.Bytes())
+	}
+	finishAfterRestart(t, env, stopWorkload)
 }

@@ -154,19 +154,25 @@ func TestIdleSourceAdvancesConfirmedFlush(t *testing.T) {
 	}
 }
 
-func TestTargetRestartMidStream(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table items (id int primary key, n int)`)
-	d := startDaemon(t, testConfig(t, env))
-	waitConverged(t, env, "items", "id")
-	pgtest.Exec(t, env.Source, `insert into items select g, g from generate_series(1, 1000) g`)
-	pgtest.RestartTarget(t)
-	pgtest.Exec(t, env.Source,
-		`update items set n = n + 1 where id % 3 = 0`,
-		`insert into items select g, g from generate_series(1001, 2000) g`)
-	env.Target = pgtest.Connect(t, env.TargetURL)
-	waitConverged(t, env, "items", "id")
-	d.requireRunning(t)
+func TestClusterRestartMidStream(t *testing.T) {
+	for _, side := range []string{"target", "source"} {
+		t.Run(side, func(t *testing.T) {
+			env := pgtest.New(t)
+			pgtest.Exec(t, env.Source, `create table items (id int primary key, n int)`)
+			d := startDaemon(t, testConfig(t, env))
+			waitStreaming(t, env)
+			pgtest.Exec(t, env.Source, `insert into items select g, g from generate_series(1, 1000) g`)
+			pgtest.Restart(t, side)
+			env.Source = pgtest.Connect(t, env.SourceURL)
+			env.Target = pgtest.Connect(t, env.TargetURL)
+			pgtest.Exec(t, env.Source,
+				`update items set n = n + 1 where id % 3 = 0`,
+				`insert into items select g, g from generate_series(1001, 2000) g`)
+			waitConverged(t, env, "items", "id")
+			waitSlotCaughtUp(t, env)
+			d.requireRunning(t)
+		})
+	}
 }
 
 func TestSlotAheadOfTargetIsRefused(t *testing.T) {

@@ -150,16 +150,18 @@ func Eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 	}
 }
 
-// RestartTarget restarts the target cluster with the command in PGCONVERGE_TEST_RESTART_TARGET.
-func RestartTarget(t *testing.T) {
+// Restart restarts the "source" or "target" cluster (a fast shutdown, then start) with the command
+// in PGCONVERGE_TEST_RESTART_SOURCE or PGCONVERGE_TEST_RESTART_TARGET. Connections to it break.
+func Restart(t *testing.T, side string) {
 	t.Helper()
-	cmd := os.Getenv("PGCONVERGE_TEST_RESTART_TARGET")
+	name := "PGCONVERGE_TEST_RESTART_" + strings.ToUpper(side)
+	cmd := os.Getenv(name)
 	if cmd == "" {
-		t.Fatal("PGCONVERGE_TEST_RESTART_TARGET is not set: run the tests with scripts/test.sh")
+		t.Fatalf("%s is not set: run the tests with scripts/test.sh", name)
 	}
 	out, err := exec.Command("sh", "-c", cmd).CombinedOutput()
 	if err != nil {
-		t.Fatalf("restart target: %v\n%s", err, out)
+		t.Fatalf("restart %s: %v\n%s", side, err, out)
 	}
 }
 
