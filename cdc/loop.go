@@ -55,6 +55,8 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			if err := l.sendStatus(ctx, false); err != nil {
 				return err
 			}
+		}
+		if now.Sub(l.lastLog) >= cfg.StatusInterval {
 			l.logProgress(now)
 		}
 		rctx, cancel := context.WithDeadline(ctx, l.receiveDeadline())
@@ -110,7 +112,6 @@ func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error 
 	if uint64(end) > l.s.received.Load() {
 		l.s.received.Store(uint64(end))
 	}
-	l.noteServerEnd(xld.ServerWALEnd)
 	m, err := decode(xld.WALData)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message at %s: %w", xld.WALStart, err)
@@ -190,6 +191,10 @@ func (l *loop) flush(applyCtx context.Context) error {
 	if time.Since(l.lastStatus) >= statusAfterFlushEvery {
 		return l.sendStatus(applyCtx, false)
 	}
+	// Report the new position soon, not only at the next regular status update.
+	if soon := l.lastStatus.Add(statusAfterFlushEvery); soon.Before(l.nextStatus) {
+		l.nextStatus = soon
+	}
 	return nil
 }
 
@@ -220,13 +225,13 @@ func (l *loop) sendStatus(ctx context.Context, reply bool) error {
 
 func (l *loop) checkCaughtUp() {
 	st := l.s.Stats()
-	lag := lagBytes(st)
+	lag := st.Lag()
 	if l.behind && lag <= caughtUpLag {
 		l.behind = false
 		secs := time.Since(l.behindSince).Seconds()
 		caughtUp := st.Changes - l.behindChanges
 		l.s.cfg.Logger.Info("caught up", "slot", l.s.cfg.Slot, "flushed_lsn", st.Flushed.String(),
-			"server_lsn", st.ServerWALEnd.String(), "lag_bytes", lag, "catch_up_changes", caughtUp,
+			"source_lsn", st.SourceWALEnd.String(), "lag_bytes", lag, "catch_up_changes", caughtUp,
 			"catch_up_seconds", fmt.Sprintf("%.1f", secs), "catch_up_changes_per_s", int64(float64(caughtUp)/max(secs, 0.001)))
 	} else if !l.behind && lag > behindLag {
 		l.behind, l.behindSince, l.behindChanges = true, time.Now(), st.Changes
@@ -242,13 +247,6 @@ func (l *loop) logProgress(now time.Time) {
 	}
 	l.lastLog, l.lastLogChanges = now, st.Changes
 	l.s.cfg.Logger.Info("stream progress", "slot", l.s.cfg.Slot, "flushed_lsn", st.Flushed.String(),
-		"server_lsn", st.ServerWALEnd.String(), "lag_bytes", lagBytes(st), "transactions", st.Transactions,
+		"source_lsn", st.SourceWALEnd.String(), "lag_bytes", st.Lag(), "transactions", st.Transactions,
 		"changes", st.Changes, "changes_per_s", int64(rate))
-}
-
-func lagBytes(st Stats) int64 {
-	if st.ServerWALEnd <= st.Flushed {
-		return 0
-	}
-	return int64(st.ServerWALEnd - st.Flushed)
 }

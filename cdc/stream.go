@@ -47,6 +47,10 @@ type StreamConfig struct {
 	// MaxPendingBytes bounds the memory held for one group (default 64 MiB); a transaction larger
 	// than that is applied in parts, and the progress LSN stays before it until its commit.
 	MaxPendingBytes int
+	// SourceWALEnd returns the source's current WAL position as last sampled (pg_current_wal_lsn);
+	// it measures lag for logs. Optional: without it, lag is measured against the walsender's
+	// sent position, which understates it while the stream is behind.
+	SourceWALEnd func() pglogrepl.LSN
 	// StatusInterval is the period of standby status updates and progress log lines (default 10 s).
 	StatusInterval time.Duration
 	Logger         *slog.Logger
@@ -95,8 +99,11 @@ type Stats struct {
 	Received pglogrepl.LSN
 	// Flushed is the position reported to the source as flushed: the target committed it.
 	Flushed pglogrepl.LSN
-	// ServerWALEnd is the source's WAL end as last reported by the server.
-	ServerWALEnd pglogrepl.LSN
+	// ServerSent is the position up to which the walsender decoded and sent, from its keepalives.
+	ServerSent pglogrepl.LSN
+	// SourceWALEnd is the source's pg_current_wal_lsn() as last sampled through
+	// StreamConfig.SourceWALEnd, or 0 without a sampler.
+	SourceWALEnd pglogrepl.LSN
 	// Transactions and Changes count whole transactions and row changes received.
 	Transactions, Changes int64
 }
@@ -107,6 +114,26 @@ type Streamer struct {
 	cfg                          StreamConfig
 	received, flushed, serverEnd atomic.Uint64
 	transactions, changes        atomic.Int64
+}
+
+func (s *Streamer) sourceWALEnd() pglogrepl.LSN {
+	if s.cfg.SourceWALEnd == nil {
+		return 0
+	}
+	return s.cfg.SourceWALEnd()
+}
+
+// Lag returns how many bytes of WAL the target is behind: the source's sampled WAL end (or, without
+// a sampler, the walsender's sent position) minus the flushed position; never negative.
+func (st Stats) Lag() int64 {
+	end := st.SourceWALEnd
+	if end == 0 {
+		end = st.ServerSent
+	}
+	if end <= st.Flushed {
+		return 0
+	}
+	return int64(end - st.Flushed)
 }
 
 // NewStreamer validates cfg and returns a Streamer.
@@ -125,7 +152,7 @@ func NewStreamer(cfg StreamConfig) (*Streamer, error) {
 func (s *Streamer) Stats() Stats {
 	return Stats{
 		Received: pglogrepl.LSN(s.received.Load()), Flushed: pglogrepl.LSN(s.flushed.Load()),
-		ServerWALEnd: pglogrepl.LSN(s.serverEnd.Load()),
+		ServerSent: pglogrepl.LSN(s.serverEnd.Load()), SourceWALEnd: s.sourceWALEnd(),
 		Transactions: s.transactions.Load(), Changes: s.changes.Load(),
 	}
 }

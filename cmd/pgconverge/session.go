@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
@@ -68,14 +70,48 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if err != nil {
 		return err
 	}
+	walEnd, stopSampling := s.sampleWALEnd(ctx)
+	defer stopSampling()
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables,
-		Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
+		Apply: s.applyStream, SourceWALEnd: walEnd, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
 	})
 	if err != nil {
 		return permanent(err)
 	}
 	return streamer.Run(ctx, s.repl)
+}
+
+// sampleWALEnd reads the source's pg_current_wal_lsn() now and then every second on the source
+// connection, which is otherwise idle while streaming, until stop is called. The returned function
+// gives the last value read; errors leave it unchanged (the stream reports a failed source).
+func (s *session) sampleWALEnd(ctx context.Context) (last func() pglogrepl.LSN, stop func()) {
+	var lsn atomic.Uint64
+	read := func(ctx context.Context) {
+		var v string
+		if err := s.src.QueryRow(ctx, "select pg_current_wal_lsn()::text").Scan(&v); err == nil {
+			if l, err := pglogrepl.ParseLSN(v); err == nil {
+				lsn.Store(uint64(l))
+			}
+		}
+	}
+	read(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				read(ctx)
+			}
+		}
+	}()
+	return func() pglogrepl.LSN { return pglogrepl.LSN(lsn.Load()) }, func() { cancel(); <-done }
 }
 
 func (s *session) close() {
