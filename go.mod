@@ -9,6 +9,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/tern/v2 v2.3.4
 	github.com/spf13/cobra v1.8.0
+	golang.org/x/sync v0.22.0
 	golang.org/x/term v0.45.0
 )
 

@@ -12,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"golang.org/x/sync/errgroup"
 )
 
 // prepareSlot makes sure the slot exists and every table is loaded, and returns the LSN to start
@@ -123,28 +124,7 @@ func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backf
 	}
 	log.Info("loading table")
 	began := time.Now()
-	var total apply.Result
-	var loaded int64
-	n, err := backfill.ReadTable(ctx, s.src, snap, t, s.cfg.LoadBatchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
-		tx, err := s.ap.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		res, err := tx.Apply(ctx, rec)
-		if err != nil {
-			return err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
-		}
-		total.Add(res)
-		loaded += rec.NumRows()
-		if k := s.cfg.Knobs.AfterLoadBatch; k != nil {
-			k(t.String(), loaded)
-		}
-		return nil
-	})
+	n, total, err := s.copyTable(ctx, t, snap)
 	if err != nil {
 		return fmt.Errorf("load %s: %w", t, err)
 	}
@@ -163,4 +143,60 @@ func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backf
 	log.Info("loaded table", "rows", n, "applied", total.Applied, "suppressed", total.Suppressed,
 		"seconds", fmt.Sprintf("%.1f", secs), "rows_per_s", int64(float64(n)/max(secs, 0.001)))
 	return nil
+}
+
+// copyTable reads t at snap and applies its rows, one target transaction per batch. Reading and
+// applying overlap: the reader runs at most two batches ahead of the apply step.
+func (s *session) copyTable(ctx context.Context, t changebatch.Table, snap backfill.Snapshot) (int64, apply.Result, error) {
+	var total apply.Result
+	var read int64
+	batches := make(chan arrow.RecordBatch, 2)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		defer close(batches)
+		var err error
+		read, err = backfill.ReadTable(gctx, s.src, snap, t, s.cfg.LoadBatchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+			rec.Retain()
+			select {
+			case batches <- rec:
+				return nil
+			case <-ctx.Done():
+				rec.Release()
+				return ctx.Err()
+			}
+		})
+		return err
+	})
+	g.Go(func() error {
+		var applied int64
+		for rec := range batches {
+			res, err := s.applyBatch(gctx, rec)
+			applied += rec.NumRows()
+			rec.Release()
+			if err != nil {
+				return err
+			}
+			total.Add(res)
+			if k := s.cfg.Knobs.AfterLoadBatch; k != nil {
+				k(t.String(), applied)
+			}
+		}
+		return nil
+	})
+	err := g.Wait()
+	return read, total, err
+}
+
+// applyBatch applies one batch in its own target transaction.
+func (s *session) applyBatch(ctx context.Context, rec arrow.RecordBatch) (apply.Result, error) {
+	tx, err := s.ap.Begin(ctx)
+	if err != nil {
+		return apply.Result{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	res, err := tx.Apply(ctx, rec)
+	if err != nil {
+		return res, err
+	}
+	return res, tx.Commit(ctx)
 }
