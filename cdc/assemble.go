@@ -103,7 +103,7 @@ func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 			}
 		}
 		if r.cols[i] < 0 {
-			return fmt.Errorf("source table %s has column %q that the replicated table lacks (a column was added or renamed while streaming): pgconverge cannot follow schema changes yet; add the column to the target table %s and restart", t, c.Name, t)
+			return fmt.Errorf("source table %s has column %q that the replicated table lacks (a column was added or renamed while streaming): pgconverge cannot follow schema changes yet; drop the target table (DROP TABLE %s on the target) and restart: pgconverge recreates it with the new columns and reloads it from a new snapshot", t, c.Name, t.Quoted())
 		}
 	}
 	b, ok := a.builders[name.String()]

@@ -123,11 +123,11 @@ func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error 
 	if err != nil {
 		return err
 	}
+	l.s.changes.Store(l.asm.changes)
 	if !committed {
 		return nil
 	}
 	l.s.transactions.Store(l.asm.committed)
-	l.s.changes.Store(l.asm.changes)
 	if l.asm.txns == 1 {
 		l.groupStart = time.Now()
 	}

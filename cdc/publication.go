@@ -62,7 +62,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
 	}
 	if _, err := conn.Exec(ctx, sql); err != nil {
-		return nil, fmt.Errorf("publish %s in publication %q (the role must own the tables): %w", list, name, err)
+		return nil, fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
 	}
 	return missing, nil
 }

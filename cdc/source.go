@@ -13,13 +13,12 @@ import (
 // logical, the role may not replicate, no replication slot is free. Each error names the setting
 // and the fix.
 func CheckSource(ctx context.Context, conn *pgx.Conn) error {
-	var walLevel string
+	var walLevel, role string
 	var canReplicate bool
-	var maxSlots, usedSlots int
-	err := conn.QueryRow(ctx, `select current_setting('wal_level'),
+	var maxSlots int
+	err := conn.QueryRow(ctx, `select current_setting('wal_level'), current_user::text,
   (select rolreplication or rolsuper from pg_roles where rolname = current_user),
-  current_setting('max_replication_slots')::int,
-  (select count(*) from pg_replication_slots)::int`).Scan(&walLevel, &canReplicate, &maxSlots, &usedSlots)
+  current_setting('max_replication_slots')::int`).Scan(&walLevel, &role, &canReplicate, &maxSlots)
 	if err != nil {
 		return fmt.Errorf("read source settings: %w", err)
 	}
@@ -28,7 +27,7 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 		errs = append(errs, fmt.Errorf("source wal_level is %q, logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical and restart the source", walLevel))
 	}
 	if !canReplicate {
-		errs = append(errs, errors.New("source role may not replicate: run ALTER ROLE <role> REPLICATION (or connect as a role that has it)"))
+		errs = append(errs, fmt.Errorf("source role %q may not replicate: run ALTER ROLE %s REPLICATION on the source (or connect as a role that has it)", role, pgx.Identifier{role}.Sanitize()))
 	}
 	if maxSlots == 0 {
 		errs = append(errs, errors.New("source max_replication_slots is 0: set it to at least 2 and restart the source"))
@@ -44,8 +43,11 @@ func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (ch
 	t := changebatch.Table{Schema: schema, Name: name}
 	var oid uint32
 	var kind, ident string
-	err := conn.QueryRow(ctx, `select c.oid, c.relkind::text, c.relreplident::text from pg_class c
-join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`, schema, name).Scan(&oid, &kind, &ident)
+	var usage, sel bool
+	err := conn.QueryRow(ctx, `select c.oid, c.relkind::text, c.relreplident::text,
+  has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT')
+from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`,
+		schema, name).Scan(&oid, &kind, &ident, &usage, &sel)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, fmt.Errorf("source table %s does not exist: check --tables (names are schema.table)", t)
 	}
@@ -54,6 +56,10 @@ join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname
 	}
 	if kind != "r" {
 		return t, fmt.Errorf("source relation %s is not an ordinary table (relkind %q): only tables can be replicated", t, kind)
+	}
+	if !usage || !sel {
+		return t, fmt.Errorf("source role may not read table %s: run GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role> on the source",
+			t, pgx.Identifier{schema}.Sanitize(), t.Quoted())
 	}
 	if ident == "n" {
 		return t, fmt.Errorf("source table %s has REPLICA IDENTITY NOTHING: updates and deletes cannot be matched; run ALTER TABLE %s REPLICA IDENTITY DEFAULT and give it a primary key", t, t.Quoted())
@@ -129,15 +135,8 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]T
 		return nil, nil, err
 	}
 	if exists {
-		rows, err := conn.Query(ctx, `select schemaname::text, tablename::text from pg_publication_tables where pubname = $1 order by 1, 2`, publication)
-		if err != nil {
-			return nil, nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[TableName])
-		if err != nil {
-			return nil, nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
-		}
-		return names, nil, nil
+		names, err := PublishedTables(ctx, conn, publication)
+		return names, nil, err
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
   exists (select 1 from pg_index i where i.indrelid = c.oid and (i.indisprimary or i.indisreplident)) and c.relreplident <> 'n'
@@ -164,4 +163,17 @@ order by 1, 2`)
 		}
 	}
 	return names, skipped, rows.Err()
+}
+
+// PublishedTables lists the tables of publication (none when it does not exist).
+func PublishedTables(ctx context.Context, conn *pgx.Conn, publication string) ([]TableName, error) {
+	rows, err := conn.Query(ctx, `select schemaname::text, tablename::text from pg_publication_tables where pubname = $1 order by 1, 2`, publication)
+	if err != nil {
+		return nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[TableName])
+	if err != nil {
+		return nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
+	}
+	return names, nil
 }

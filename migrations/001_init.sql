@@ -13,7 +13,10 @@ create table pgconverge.progress (
 );
 
 -- tables: every replicated table. fence_* is the TRUNCATE fence: no version at or below it is
--- ever written. loaded_lsn is the snapshot LSN S of the last completed initial load or backfill.
+-- ever written. loaded_lsn is the snapshot LSN S of the last completed initial load or backfill
+-- and slot the slot whose stream has carried the table's changes without a break since then; both
+-- are cleared when that no longer holds (the table left the selection, the target table was
+-- dropped), so the table is loaded again.
 create table pgconverge.tables (
     schema_name  text not null,
     table_name   text not null,
@@ -21,6 +24,7 @@ create table pgconverge.tables (
     fence_seq    bigint not null default 0,
     loaded_lsn   pg_lsn,
     loaded_at    timestamptz,
+    slot         text,
     primary key (schema_name, table_name)
 );
 
@@ -30,6 +34,7 @@ create table pgconverge.backfills (
     schema_name   text not null,
     table_name    text not null,
     snapshot_lsn  pg_lsn not null,
+    slot          text,
     status        text not null check (status in ('running', 'completed', 'failed')),
     rows          bigint not null default 0,
     started_at    timestamptz not null default now(),

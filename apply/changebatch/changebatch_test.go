@@ -111,3 +111,11 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitTableList(t *testing.T) {
+	got := SplitTableList(`public.a, "My, Schema"."T", b`)
+	want := []string{"public.a", `"My, Schema"."T"`, "b"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("SplitTableList = %q, want %q", got, want)
+	}
+}

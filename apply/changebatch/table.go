@@ -88,7 +88,7 @@ func (t Table) Validate() error {
 		errs = append(errs, fmt.Errorf("table %q: schema and name must be set", t.String()))
 	}
 	if len(t.KeyIndexes()) == 0 {
-		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)) or leave the table out", t, t.Quoted()))
+		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or leave the table out (name the others with --tables, or drop it from the publication)", t, t.Quoted()))
 	}
 	seen := map[string]bool{}
 	for _, c := range t.Columns {
@@ -119,6 +119,25 @@ func ParseTableName(s string) (schema, name string, err error) {
 		return parts[0], parts[1], nil
 	}
 	return "", "", fmt.Errorf("table name %q: want schema.table", s)
+}
+
+// SplitTableList splits a comma-separated list of table names, keeping commas inside double
+// quotes: `a.b,"x,y".z` is ["a.b", `"x,y".z`]. Parse each element with ParseTableName.
+func SplitTableList(s string) []string {
+	var out []string
+	quoted, start := false, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			quoted = !quoted
+		case ',':
+			if !quoted {
+				out = append(out, strings.TrimSpace(s[start:i]))
+				start = i + 1
+			}
+		}
+	}
+	return append(out, strings.TrimSpace(s[start:]))
 }
 
 func splitQualified(s string) ([]string, error) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -32,6 +33,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Short:         "Keep tables in a target PostgreSQL converged with a source PostgreSQL",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	if info, ok := debug.ReadBuildInfo(); ok {
+		root.Version = info.Main.Version
+		for _, kv := range info.Settings {
+			if kv.Key == "vcs.revision" {
+				root.Version += " (" + kv.Value + ")"
+			}
+		}
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -52,7 +53,7 @@ func (s *session) prepareSlot(ctx context.Context, added []cdc.TableName) (pglog
 	if err != nil {
 		return 0, err
 	}
-	loaded, err := apply.LoadedTables(ctx, s.tgt)
+	loaded, err := apply.LoadedTables(ctx, s.tgt, cfg.Slot)
 	if err != nil {
 		return 0, err
 	}
@@ -115,17 +116,20 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, sn
 
 func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backfill.Snapshot) error {
 	log := s.cfg.Logger.With("table", t.String(), "snapshot_lsn", snap.LSN.String())
-	if err := apply.AbandonBackfills(ctx, s.tgt, t); err != nil {
+	if err := apply.AbandonBackfills(ctx, s.tgt, t, s.cfg.Slot); err != nil {
 		return err
 	}
-	id, err := apply.StartBackfill(ctx, s.tgt, t, snap.LSN)
+	id, err := apply.StartBackfill(ctx, s.tgt, t, snap.LSN, s.cfg.Slot)
 	if err != nil {
 		return err
 	}
 	log.Info("loading table")
 	began := time.Now()
-	n, total, err := s.copyTable(ctx, t, snap)
+	n, total, err := s.copyTable(ctx, t, snap, log)
 	if err != nil {
+		if ferr := apply.FailBackfill(context.WithoutCancel(ctx), s.tgt, id, total.Applied+total.Suppressed); ferr == nil && ctx.Err() != nil {
+			log.Warn("initial load interrupted: the table is loaded again from a new snapshot at the next start", "rows", total.Applied+total.Suppressed)
+		}
 		return fmt.Errorf("load %s: %w", t, err)
 	}
 	tx, err := s.ap.Begin(ctx)
@@ -147,7 +151,7 @@ func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backf
 
 // copyTable reads t at snap and applies its rows, one target transaction per batch. Reading and
 // applying overlap: the reader runs at most two batches ahead of the apply step.
-func (s *session) copyTable(ctx context.Context, t changebatch.Table, snap backfill.Snapshot) (int64, apply.Result, error) {
+func (s *session) copyTable(ctx context.Context, t changebatch.Table, snap backfill.Snapshot, log *slog.Logger) (int64, apply.Result, error) {
 	var total apply.Result
 	var read int64
 	batches := make(chan arrow.RecordBatch, 2)
@@ -169,7 +173,12 @@ func (s *session) copyTable(ctx context.Context, t changebatch.Table, snap backf
 	})
 	g.Go(func() error {
 		var applied int64
+		began, lastLog := time.Now(), time.Now()
 		for rec := range batches {
+			if time.Since(lastLog) >= 10*time.Second {
+				lastLog = time.Now()
+				log.Info("loading table", "rows", applied, "rows_per_s", int64(float64(applied)/time.Since(began).Seconds()))
+			}
 			res, err := s.applyBatch(gctx, rec)
 			applied += rec.NumRows()
 			rec.Release()

@@ -16,7 +16,8 @@ import (
 // daemonConfig configures `pgconverge run`.
 type daemonConfig struct {
 	Source, Target string
-	// Tables are "schema.table" names; empty means the default selection (cdc.DefaultTables).
+	// Tables are comma-separated lists of "schema.table" names (changebatch.SplitTableList); empty
+	// means the default selection (cdc.DefaultTables).
 	Tables      []string
 	Slot        string
 	Publication string
@@ -65,7 +66,11 @@ func newRunCmd(stderr io.Writer) *cobra.Command {
 		Short: "Stream changes from the source into the target continuously (loads tables first when needed)",
 		Long: `run checks the source, creates the publication and the logical replication slot when missing,
 creates missing target tables, loads every table that has no completed load from an exact snapshot,
-then streams changes until SIGINT or SIGTERM. URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
+then streams changes until SIGINT or SIGTERM. URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
+
+The source needs wal_level = logical, a role with the REPLICATION attribute that may read the tables
+and create the publication, and a primary key (or replica identity index) on every table. Changes of
+published tables that are not selected are skipped: such a table is loaded again when it is selected.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(stderr, logFormat, logLevel)
@@ -82,7 +87,7 @@ then streams changes until SIGINT or SIGTERM. URLs default to $PGCONVERGE_SOURCE
 	f := cmd.Flags()
 	f.StringVar(&cfg.Source, "source", os.Getenv("PGCONVERGE_SOURCE"), "source PostgreSQL URL ($PGCONVERGE_SOURCE)")
 	f.StringVar(&cfg.Target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
-	f.StringSliceVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated (default: the publication's tables, else every table with a primary key)")
+	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"' (default: the publication's tables, else every table with a primary key)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	f.IntVar(&cfg.LoadBatchRows, "load-batch-rows", 20_000, "rows per target transaction during an initial load")
@@ -109,7 +114,11 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 			b.Reset()
 		}
 		wait := b.NextBackOff()
-		cfg.Logger.Error("session failed, reconnecting", "err", err, "retry_in", wait.String())
+		attrs := []any{"err", err, "retry_in", wait.String()}
+		if h := hint(err); h != "" {
+			attrs = append(attrs, "hint", h)
+		}
+		cfg.Logger.Error("session failed, reconnecting", attrs...)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +40,9 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		return err
 	}
 	s.ap = apply.New(s.tgt)
+	if err := s.checkDistinct(ctx); err != nil {
+		return err
+	}
 	if err := cdc.CheckSource(ctx, s.src); err != nil {
 		return permanent(err)
 	}
@@ -56,12 +58,23 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 			return err
 		}
 	}
+	forgotten, err := apply.ForgetTables(ctx, s.tgt, cfg.Slot, s.tables)
+	if err != nil {
+		return err
+	}
+	for _, t := range forgotten {
+		cfg.Logger.Warn("table no longer replicated: its target copy stops following the source and is loaded again if it is selected again",
+			"table", t, "slot", cfg.Slot)
+	}
 	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names)
 	if err != nil {
 		return err
 	}
 	for _, t := range added {
 		cfg.Logger.Info("published table", "publication", cfg.Publication, "table", t.String())
+	}
+	if err := s.warnUnselected(ctx, names); err != nil {
+		return err
 	}
 	if s.repl, err = pgsession.ConnectReplication(ctx, cfg.Source); err != nil {
 		return err
@@ -131,12 +144,14 @@ func (s *session) close() {
 func (s *session) selectTables(ctx context.Context) ([]cdc.TableName, error) {
 	var names []cdc.TableName
 	if len(s.cfg.Tables) > 0 {
-		for _, n := range s.cfg.Tables {
-			schema, name, err := changebatch.ParseTableName(strings.TrimSpace(n))
-			if err != nil {
-				return nil, permanent(fmt.Errorf("--tables: %w", err))
+		for _, list := range s.cfg.Tables {
+			for _, n := range changebatch.SplitTableList(list) {
+				schema, name, err := changebatch.ParseTableName(n)
+				if err != nil {
+					return nil, permanent(fmt.Errorf("--tables: %w", err))
+				}
+				names = append(names, cdc.TableName{Schema: schema, Name: name})
 			}
-			names = append(names, cdc.TableName{Schema: schema, Name: name})
 		}
 	} else {
 		var skipped []cdc.SkippedTable
@@ -164,6 +179,43 @@ func (s *session) selectTables(ctx context.Context) ([]cdc.TableName, error) {
 		return nil, permanent(errors.Join(errs...))
 	}
 	return names, nil
+}
+
+// checkDistinct refuses a target that is the source database under another URL (another host
+// name for the same server, say): the server's start time and the database's oid identify it.
+func (s *session) checkDistinct(ctx context.Context) error {
+	const q = `select pg_postmaster_start_time()::text || '/' || (select oid from pg_database where datname = current_database())::text`
+	var src, tgt string
+	if err := s.src.QueryRow(ctx, q).Scan(&src); err != nil {
+		return fmt.Errorf("identify source database: %w", err)
+	}
+	if err := s.tgt.QueryRow(ctx, q).Scan(&tgt); err != nil {
+		return fmt.Errorf("identify target database: %w", err)
+	}
+	if src == tgt {
+		return permanent(errors.New("source and target URLs reach the same database: replicate into another database"))
+	}
+	return nil
+}
+
+// warnUnselected logs each table of the publication that is not replicated: the slot passes over
+// its changes, so its target copy (if any) stops following the source.
+func (s *session) warnUnselected(ctx context.Context, selected []cdc.TableName) error {
+	published, err := cdc.PublishedTables(ctx, s.src, s.cfg.Publication)
+	if err != nil {
+		return err
+	}
+	sel := map[cdc.TableName]bool{}
+	for _, n := range selected {
+		sel[n] = true
+	}
+	for _, n := range published {
+		if !sel[n] {
+			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",
+				"table", n.String(), "publication", s.cfg.Publication)
+		}
+	}
+	return nil
 }
 
 // applyStream is the stream's ApplyFunc: one target transaction with the batches and the progress.

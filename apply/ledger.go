@@ -1,0 +1,136 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// ReadProgress returns the position up to which the target holds every change for slot, and
+// false when nothing was recorded yet.
+func ReadProgress(ctx context.Context, conn *pgx.Conn, slot string) (pglogrepl.LSN, bool, error) {
+	var s string
+	err := conn.QueryRow(ctx, `select applied_lsn::text from pgconverge.progress where slot = $1`, slot).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read progress of slot %q: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	return lsn, true, err
+}
+
+// StartSlot records a new incarnation of slot created at its consistent point: the progress moves
+// to that point (history before it comes from the initial load) in one transaction with the
+// caller's other writes.
+func StartSlot(ctx context.Context, tx pgx.Tx, slot string, consistentPoint pglogrepl.LSN) error {
+	_, err := tx.Exec(ctx, `insert into pgconverge.progress (slot, applied_lsn, slot_created_lsn) values ($1, $2::pg_lsn, $2::pg_lsn)
+on conflict (slot) do update set applied_lsn = excluded.applied_lsn, slot_created_lsn = excluded.slot_created_lsn, updated_at = now()`,
+		slot, consistentPoint.String())
+	if err != nil {
+		return fmt.Errorf("record new slot %q at %s: %w", slot, consistentPoint, err)
+	}
+	return nil
+}
+
+// LoadedTables returns the tables whose last completed load or backfill was followed without a
+// break by slot's stream, with that load's snapshot LSN S, keyed by changebatch.QualifiedName.
+func LoadedTables(ctx context.Context, conn *pgx.Conn, slot string) (map[string]pglogrepl.LSN, error) {
+	rows, err := conn.Query(ctx, `select schema_name, table_name, loaded_lsn::text from pgconverge.tables
+where loaded_lsn is not null and slot = $1`, slot)
+	if err != nil {
+		return nil, fmt.Errorf("read loaded tables: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]pglogrepl.LSN{}
+	for rows.Next() {
+		var s, n, l string
+		if err := rows.Scan(&s, &n, &l); err != nil {
+			return nil, fmt.Errorf("read loaded tables: %w", err)
+		}
+		lsn, err := pglogrepl.ParseLSN(l)
+		if err != nil {
+			return nil, fmt.Errorf("read loaded tables: %w", err)
+		}
+		out[changebatch.QualifiedName(s, n)] = lsn
+	}
+	return out, rows.Err()
+}
+
+// ForgetTables clears the loaded state of every table slot's stream carried so far but that is not
+// among keep: from now on its changes are not applied, so it must be loaded again if it is
+// selected again. It returns the names of the tables it forgot.
+func ForgetTables(ctx context.Context, conn *pgx.Conn, slot string, keep []changebatch.Table) ([]string, error) {
+	schemas, names := make([]string, len(keep)), make([]string, len(keep))
+	for i, t := range keep {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	rows, err := conn.Query(ctx, `update pgconverge.tables t set loaded_lsn = null, loaded_at = null, slot = null
+where slot = $1 and (schema_name, table_name) not in (select * from unnest($2::text[], $3::text[]))
+returning schema_name, table_name`, slot, schemas, names)
+	if err != nil {
+		return nil, fmt.Errorf("forget tables no longer replicated by slot %q: %w", slot, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s, n string
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, fmt.Errorf("forget tables no longer replicated by slot %q: %w", slot, err)
+		}
+		out = append(out, changebatch.QualifiedName(s, n))
+	}
+	return out, rows.Err()
+}
+
+// StartBackfill records a running backfill of table t from snapshot LSN s, whose later changes
+// slot's stream carries, and returns its id.
+func StartBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table, s pglogrepl.LSN, slot string) (int64, error) {
+	var id int64
+	err := conn.QueryRow(ctx, `insert into pgconverge.backfills (schema_name, table_name, snapshot_lsn, slot, status)
+values ($1, $2, $3::pg_lsn, $4, 'running') returning id`, t.Schema, t.Name, s.String(), slot).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
+	}
+	return id, nil
+}
+
+// FinishBackfill marks backfill id completed with its row count (rows), and its table loaded at
+// its snapshot LSN and followed by its slot, in tx so it commits with the caller's other writes.
+func FinishBackfill(ctx context.Context, tx pgx.Tx, id int64, rows int64) error {
+	_, err := tx.Exec(ctx, `with b as (
+  update pgconverge.backfills set status = 'completed', rows = $2, finished_at = now() where id = $1
+  returning schema_name, table_name, snapshot_lsn, slot)
+update pgconverge.tables t set loaded_lsn = b.snapshot_lsn, loaded_at = now(), slot = b.slot
+from b where t.schema_name = b.schema_name and t.table_name = b.table_name`, id, rows)
+	if err != nil {
+		return fmt.Errorf("complete backfill %d: %w", id, err)
+	}
+	return nil
+}
+
+// FailBackfill marks backfill id failed after rows rows.
+func FailBackfill(ctx context.Context, conn *pgx.Conn, id int64, rows int64) error {
+	_, err := conn.Exec(ctx, `update pgconverge.backfills set status = 'failed', rows = $2, finished_at = now()
+where id = $1 and status = 'running'`, id, rows)
+	if err != nil {
+		return fmt.Errorf("record failed backfill %d: %w", id, err)
+	}
+	return nil
+}
+
+// AbandonBackfills marks every backfill of table t by slot still recorded as running as failed: a
+// process that died mid-run leaves such rows behind.
+func AbandonBackfills(ctx context.Context, conn *pgx.Conn, t changebatch.Table, slot string) error {
+	_, err := conn.Exec(ctx, `update pgconverge.backfills set status = 'failed', finished_at = now()
+where schema_name = $1 and table_name = $2 and slot = $3 and status = 'running'`, t.Schema, t.Name, slot)
+	if err != nil {
+		return fmt.Errorf("close abandoned backfills of %s: %w", t, err)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// A table left out of --tables for a while misses changes; selected again, it is loaded again.
+func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
+		`insert into a values (1, 'a1')`, `insert into b values (1, 'b1')`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitConverged(t, env, "b", "id")
+	d.stop(t)
+
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.a"}
+	d = startDaemon(t, cfg)
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `insert into a values (2, 'a2')`, `insert into b values (2, 'missed while left out')`)
+	waitConverged(t, env, "a", "id")
+	waitSlotCaughtUp(t, env)
+	d.stop(t)
+
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "b", "id")
+	waitConverged(t, env, "a", "id")
+}
+
+// A target table dropped by hand is recreated and loaded again, never left empty.
+func TestDroppedTargetTableIsReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
+		`insert into a select g, 'v' || g from generate_series(1, 100) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	d.stop(t)
+	pgtest.Exec(t, env.Target, `drop table a`)
+	pgtest.Exec(t, env.Source, `update a set v = 'changed' where id <= 10`)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+}
+
+func TestRefusesTargetThatIsTheSourceUnderAnotherName(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`)
+	u, err := url.Parse(env.SourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = strings.Replace(u.Host, "127.0.0.1", "localhost", 1)
+	cfg := testConfig(t, env)
+	cfg.Target = u.String()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = runDaemon(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "same database") {
+		t.Fatalf("err = %v, want a refusal naming the same database", err)
+	}
+	if n := scalar[int64](t, env.Source, `select count(*) from pg_namespace where nspname = 'pgconverge'`); n != 0 {
+		t.Error("pgconverge wrote its metadata schema into the source")
+	}
+}
+
+func TestRefusesRoleThatCannotReadTheTable(t *testing.T) {
+	env := pgtest.New(t)
+	role := env.Name + "_weak"
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`,
+		`create role `+role+` login replication`,
+		`grant create on database `+env.Name+` to `+role)
+	t.Cleanup(func() {
+		pgtest.Exec(t, env.Source, `drop owned by `+role, `drop role `+role)
+	})
+	u, err := url.Parse(env.SourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	cfg := testConfig(t, env)
+	cfg.Source = u.String()
+	cfg.Tables = []string{"a"}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = runDaemon(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "may not read table public.a") || !strings.Contains(err.Error(), "GRANT SELECT") {
+		t.Fatalf("err = %v, want a refusal naming the table and the GRANT", err)
+	}
+	if n := scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, env.Name); n != 0 {
+		t.Error("a slot was created despite the refusal")
+	}
+}
