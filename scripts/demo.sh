@@ -16,6 +16,8 @@
 # removed on exit, also on Ctrl-C. Running it twice in a row is safe.
 #
 # Environment:
+#   PGCONVERGE_DEMO_ROOT  the demo's folder (default /tmp/pgconverge-demo); wiped at start and end
+#   PGCONVERGE_DEMO_PORT  source port (default 54331); the target uses the next one
 #   PGCONVERGE_KEEP=1  keep ROOT (daemon.log, pgbench.log, cluster data and logs) after the run;
 #                      the servers and the daemon are still stopped
 #   PGBIN              PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
@@ -29,7 +31,9 @@ fi
 
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 export PGBIN
-ROOT=/tmp/pgconverge-demo
+ROOT=${PGCONVERGE_DEMO_ROOT:-/tmp/pgconverge-demo}
+SOURCE_PORT=${PGCONVERGE_DEMO_PORT:-54331}
+TARGET_PORT=$((SOURCE_PORT + 1))
 BIN=$ROOT/bin/pgconverge
 PGCLUSTER=$REPO/scripts/pgcluster.sh
 DAEMON_LOG=$ROOT/daemon.log
@@ -190,10 +194,10 @@ mkdir -p "$ROOT/bin"
 go build -o "$BIN" ./cmd/pgconverge
 
 step "starting PostgreSQL clusters under $ROOT"
-"$PGCLUSTER" start source 54331 "$ROOT" logical
-"$PGCLUSTER" start target 54332 "$ROOT"
-SRC=$("$PGCLUSTER" url source 54331)
-TGT=$("$PGCLUSTER" url target 54332)
+"$PGCLUSTER" start source "$SOURCE_PORT" "$ROOT" logical
+"$PGCLUSTER" start target "$TARGET_PORT" "$ROOT"
+SRC=$("$PGCLUSTER" url source "$SOURCE_PORT")
+TGT=$("$PGCLUSTER" url target "$TARGET_PORT")
 echo "source: $SRC"
 echo "target: $TGT"
 

@@ -16,6 +16,9 @@
 # and exits with go test's status. The clusters are stopped and ROOT removed on exit.
 #
 # Environment:
+#   PGCONVERGE_TEST_ROOT  clusters' folder (default /tmp/pgconverge-test); a running cluster there
+#                         is stopped and wiped, so give concurrent runs their own ROOT and port
+#   PGCONVERGE_TEST_PORT  source port (default 54341); the target uses the next one
 #   PGCONVERGE_KEEP=1  keep the clusters' folder ROOT (data and logs) after the run; the servers
 #                      are still stopped
 #   PGBIN              PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
@@ -27,10 +30,10 @@ if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
 	export PATH="/usr/local/go/bin:$PATH"
 fi
 
-ROOT=/tmp/pgconverge-test
+ROOT=${PGCONVERGE_TEST_ROOT:-/tmp/pgconverge-test}
 PGCLUSTER=$REPO/scripts/pgcluster.sh
-SOURCE_PORT=54341
-TARGET_PORT=54342
+SOURCE_PORT=${PGCONVERGE_TEST_PORT:-54341}
+TARGET_PORT=$((SOURCE_PORT + 1))
 
 echo "== gofmt -l ."
 unformatted=$(gofmt -l .)
