@@ -3,7 +3,9 @@ package apply
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -122,6 +124,15 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 // merge stages rows [from, to) of v and upserts them into the target table.
 func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Result, error) {
 	rows, merged := collapse(v, from, to)
+	movedUnknown := false
+	for i := range rows {
+		if rows[i].from != nil {
+			if err := t.lookupMoved(ctx, v.Table, &rows[i]); err != nil {
+				return Result{}, err
+			}
+		}
+		movedUnknown = movedUnknown || rows[i].moved && anyUnchanged(rows[i].values)
+	}
 	stage, err := t.stage(ctx, v.Table)
 	if err != nil {
 		return Result{}, err
@@ -131,13 +142,61 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, stage)); err != nil {
 		return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, err)
 	}
-	sql, args := upsertSQL(v.Table, stage)
-	tag, err := t.tx.Exec(ctx, sql, args...)
-	if err != nil {
-		return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, err)
+	var applied int64
+	for _, moved := range []bool{false, true} {
+		if moved && !movedUnknown {
+			break
+		}
+		sql, args := upsertSQL(v.Table, stage, moved)
+		tag, err := t.tx.Exec(ctx, sql, args...)
+		if err != nil {
+			return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, err)
+		}
+		applied += tag.RowsAffected()
 	}
-	applied := tag.RowsAffected()
 	return Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}, nil
+}
+
+// lookupMoved fills the unchanged columns of moved row r from the target's live row of its old
+// key (r.from), if that row is older than r and knows them; what stays unchanged is unknown.
+func (t *Tx) lookupMoved(ctx context.Context, tab changebatch.Table, r *stagedRow) error {
+	var args []any
+	var names []string
+	var idx []int
+	for i, c := range tab.Columns {
+		if c.Key {
+			args = append(args, r.from[i].Text)
+		} else {
+			names, idx = append(names, c.Name), append(idx, i)
+		}
+	}
+	args = append(args, r.version.LSN.String(), int64(r.version.Seq))
+	vals := make([]*string, len(names))
+	var unknown []string
+	dest := make([]any, 0, len(names)+1)
+	for i := range vals {
+		dest = append(dest, &vals[i])
+	}
+	dest = append(dest, &unknown)
+	err := t.tx.QueryRow(ctx, lookupSQL(tab), args...).Scan(dest...)
+	r.from = nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the old row of a key change in %s: %w", tab, err)
+	}
+	for j, i := range idx {
+		if !r.values[i].Unchanged || slices.Contains(unknown, names[j]) {
+			continue
+		}
+		if vals[j] == nil {
+			r.values[i] = changebatch.Value{Null: true}
+		} else {
+			r.values[i] = changebatch.Value{Text: *vals[j]}
+		}
+	}
+	return nil
 }
 
 // stage returns the name of the staging table for table tab, creating it in this session if needed
@@ -170,10 +229,20 @@ func (t *Tx) truncate(ctx context.Context, tab changebatch.Table, ver changebatc
 	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
 		return fmt.Errorf("raise truncate fence of %s to %s: %w", tab, ver, err)
 	}
-	if _, err := t.tx.Exec(ctx, truncateSQL(tab), ver.LSN.String(), int64(ver.Seq)); err != nil {
-		return fmt.Errorf("truncate %s at %s: %w", tab, ver, err)
+	_, err := t.TombstoneBefore(ctx, tab, ver)
+	return err
+}
+
+// TombstoneBefore turns every live row of tab whose version is below ver into a tombstone at ver
+// and returns how many it turned. A completed snapshot load at S calls it with (S, 0): every row
+// the snapshot showed now has version (S, 0) or newer, so an older live row is one the source
+// deleted before S (a "ghost" of an earlier load).
+func (t *Tx) TombstoneBefore(ctx context.Context, tab changebatch.Table, ver changebatch.Version) (int64, error) {
+	tag, err := t.tx.Exec(ctx, tombstoneBeforeSQL(tab), ver.LSN.String(), int64(ver.Seq))
+	if err != nil {
+		return 0, fmt.Errorf("tombstone rows of %s before %s: %w", tab, ver, err)
 	}
-	return nil
+	return tag.RowsAffected(), nil
 }
 
 // SetProgress records that the target holds every change of the source up to lsn for slot, in

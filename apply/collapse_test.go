@@ -34,8 +34,8 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpUpsert, Version: v(10, 2), Values: []changebatch.Value{text("1"), text("a"), null}},
 			},
 			want: []stagedRow{
-				{changebatch.OpUpsert, v(10, 1), []changebatch.Value{text("2"), text("b"), null}},
-				{changebatch.OpUpsert, v(10, 2), []changebatch.Value{text("1"), text("a"), null}},
+				{op: changebatch.OpUpsert, version: v(10, 1), values: []changebatch.Value{text("2"), text("b"), null}},
+				{op: changebatch.OpUpsert, version: v(10, 2), values: []changebatch.Value{text("1"), text("a"), null}},
 			},
 		},
 		{
@@ -45,7 +45,7 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpUpsert, Version: v(20, 1), Values: []changebatch.Value{text("1"), text("b"), text("2.00")}},
 				{Op: changebatch.OpUpsert, Version: v(10, 2), Values: []changebatch.Value{text("1"), text("c"), text("3.00")}},
 			},
-			want:       []stagedRow{{changebatch.OpUpsert, v(20, 1), []changebatch.Value{text("1"), text("b"), text("2.00")}}},
+			want:       []stagedRow{{op: changebatch.OpUpsert, version: v(20, 1), values: []changebatch.Value{text("1"), text("b"), text("2.00")}}},
 			wantMerged: 2,
 		},
 		{
@@ -54,7 +54,7 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpUpsert, Version: v(10, 1), Values: []changebatch.Value{text("1"), text("big"), text("1.00")}},
 				{Op: changebatch.OpUpsert, Version: v(11, 1), Values: []changebatch.Value{text("1"), unchanged, text("2.00")}},
 			},
-			want:       []stagedRow{{changebatch.OpUpsert, v(11, 1), []changebatch.Value{text("1"), text("big"), text("2.00")}}},
+			want:       []stagedRow{{op: changebatch.OpUpsert, version: v(11, 1), values: []changebatch.Value{text("1"), text("big"), text("2.00")}}},
 			wantMerged: 1,
 		},
 		{
@@ -63,7 +63,7 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpUpsert, Version: v(10, 1), Values: []changebatch.Value{text("1"), unchanged, text("1.00")}},
 				{Op: changebatch.OpUpsert, Version: v(11, 1), Values: []changebatch.Value{text("1"), unchanged, text("2.00")}},
 			},
-			want:       []stagedRow{{changebatch.OpUpsert, v(11, 1), []changebatch.Value{text("1"), unchanged, text("2.00")}}},
+			want:       []stagedRow{{op: changebatch.OpUpsert, version: v(11, 1), values: []changebatch.Value{text("1"), unchanged, text("2.00")}}},
 			wantMerged: 1,
 		},
 		{
@@ -72,7 +72,7 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpUpsert, Version: v(10, 1), Values: []changebatch.Value{text("1"), text("a"), text("1.00")}},
 				{Op: changebatch.OpDelete, Version: v(10, 2), Values: []changebatch.Value{text("1"), null, null}},
 			},
-			want:       []stagedRow{{changebatch.OpDelete, v(10, 2), []changebatch.Value{text("1"), null, null}}},
+			want:       []stagedRow{{op: changebatch.OpDelete, version: v(10, 2), values: []changebatch.Value{text("1"), null, null}}},
 			wantMerged: 1,
 		},
 		{
@@ -81,8 +81,37 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpDelete, Version: v(10, 1), Values: []changebatch.Value{text("1"), null, null}},
 				{Op: changebatch.OpUpsert, Version: v(10, 2), Values: []changebatch.Value{text("1"), unchanged, text("5.00")}},
 			},
-			want:       []stagedRow{{changebatch.OpUpsert, v(10, 2), []changebatch.Value{text("1"), unchanged, text("5.00")}}},
+			want:       []stagedRow{{op: changebatch.OpUpsert, version: v(10, 2), values: []changebatch.Value{text("1"), unchanged, text("5.00")}}},
 			wantMerged: 1,
+		},
+		{
+			name: "a key change takes unchanged columns from the old key's row in the batch",
+			in: []changebatch.Change{
+				{Op: changebatch.OpUpsert, Version: v(10, 1), Values: []changebatch.Value{text("1"), text("big 1"), text("1.00")}},
+				{Op: changebatch.OpUpsert, Version: v(10, 2), Values: []changebatch.Value{text("2"), text("big 2"), text("2.00")}},
+				{Op: changebatch.OpDelete, Version: v(11, 1), Values: []changebatch.Value{text("1"), null, null}},
+				{Op: changebatch.OpUpsert, Version: v(11, 1), Values: []changebatch.Value{text("2"), unchanged, text("3.00")}},
+			},
+			want: []stagedRow{
+				{op: changebatch.OpDelete, version: v(11, 1), values: []changebatch.Value{text("1"), null, null}},
+				{op: changebatch.OpUpsert, version: v(11, 1), values: []changebatch.Value{text("2"), text("big 1"), text("3.00")}, moved: true},
+			},
+			wantMerged: 2,
+		},
+		{
+			name: "a key change whose old row is not in the batch looks it up in the target",
+			in: []changebatch.Change{
+				{Op: changebatch.OpUpsert, Version: v(10, 2), Values: []changebatch.Value{text("2"), text("big 2"), text("2.00")}},
+				{Op: changebatch.OpDelete, Version: v(11, 1), Values: []changebatch.Value{text("1"), null, null}},
+				{Op: changebatch.OpUpsert, Version: v(11, 1), Values: []changebatch.Value{text("2"), unchanged, text("3.00")}},
+				{Op: changebatch.OpUpsert, Version: v(11, 2), Values: []changebatch.Value{text("2"), unchanged, text("4.00")}},
+			},
+			want: []stagedRow{
+				{op: changebatch.OpUpsert, version: v(11, 2), values: []changebatch.Value{text("2"), unchanged, text("4.00")},
+					moved: true, from: []changebatch.Value{text("1"), null, null}},
+				{op: changebatch.OpDelete, version: v(11, 1), values: []changebatch.Value{text("1"), null, null}},
+			},
+			wantMerged: 2,
 		},
 		{
 			name: "keys that differ only by a separator do not collide",
@@ -91,8 +120,8 @@ func TestCollapse(t *testing.T) {
 				{Op: changebatch.OpUpsert, Version: v(10, 2), Values: []changebatch.Value{text("1"), null, null}},
 			},
 			want: []stagedRow{
-				{changebatch.OpUpsert, v(10, 1), []changebatch.Value{text("1:"), null, null}},
-				{changebatch.OpUpsert, v(10, 2), []changebatch.Value{text("1"), null, null}},
+				{op: changebatch.OpUpsert, version: v(10, 1), values: []changebatch.Value{text("1:"), null, null}},
+				{op: changebatch.OpUpsert, version: v(10, 2), values: []changebatch.Value{text("1"), null, null}},
 			},
 		},
 	}

@@ -9,8 +9,9 @@ import (
 )
 
 // encodeCopyText writes rows in COPY text format (PostgreSQL docs, COPY, "Text Format"): the
-// data columns, then _cdc_lsn, _cdc_seq, _cdc_deleted, _cdc_unknown. A column the row left
-// unchanged is written as NULL and named in _cdc_unknown so the upsert keeps the target's value.
+// data columns, then _cdc_lsn, _cdc_seq, _cdc_deleted, _cdc_unknown, _cdc_moved. A column the row
+// left unchanged is written as NULL and named in _cdc_unknown so the upsert keeps the target's
+// value; _cdc_moved is true for a moved row that still has such columns.
 func encodeCopyText(buf *bytes.Buffer, t changebatch.Table, rows []stagedRow) {
 	var unknown []string
 	for _, r := range rows {
@@ -37,11 +38,15 @@ func encodeCopyText(buf *bytes.Buffer, t changebatch.Table, rows []stagedRow) {
 			buf.WriteString("f\t")
 		}
 		if len(unknown) == 0 {
-			buf.WriteString(`\N`)
-		} else {
-			writeCopyEscaped(buf, arrayLiteral(unknown))
+			buf.WriteString("\\N\tf\n")
+			continue
 		}
-		buf.WriteByte('\n')
+		writeCopyEscaped(buf, arrayLiteral(unknown))
+		if r.moved {
+			buf.WriteString("\tt\n")
+		} else {
+			buf.WriteString("\tf\n")
+		}
 	}
 }
 

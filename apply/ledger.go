@@ -88,6 +88,19 @@ returning schema_name, table_name`, slot, schemas, names)
 	return out, rows.Err()
 }
 
+// MarkUnloaded clears the loaded state of tables: each is loaded again before it counts as
+// covered.
+func MarkUnloaded(ctx context.Context, conn *pgx.Conn, tables []changebatch.Table) error {
+	for _, t := range tables {
+		_, err := conn.Exec(ctx, `update pgconverge.tables set loaded_lsn = null, loaded_at = null, slot = null
+where schema_name = $1 and table_name = $2`, t.Schema, t.Name)
+		if err != nil {
+			return fmt.Errorf("mark %s for loading: %w", t, err)
+		}
+	}
+	return nil
+}
+
 // StartBackfill records a running backfill of table t from snapshot LSN s, whose later changes
 // slot's stream carries, and returns its id.
 func StartBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table, s pglogrepl.LSN, slot string) (int64, error) {

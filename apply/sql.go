@@ -43,10 +43,14 @@ func createTableSQL(t changebatch.Table) string {
 	return b.String()
 }
 
+// qMoved names the staging-only column that marks a moved row whose unknown columns must not be
+// taken from the target row of its new key.
+var qMoved = pgx.Identifier{"_cdc_moved"}.Sanitize()
+
 // createStageSQL returns the DDL of the session's staging table for a target table.
 func createStageSQL(t changebatch.Table, stage string) string {
 	return "create temporary table " + pgx.Identifier{stage}.Sanitize() +
-		" (like " + t.Quoted() + ") on commit delete rows"
+		" (like " + t.Quoted() + ", " + qMoved + " boolean not null) on commit delete rows"
 }
 
 // copyColumns lists the staged columns in COPY order: the data columns, then the metadata.
@@ -61,48 +65,79 @@ func copyColumns(t changebatch.Table) []string {
 // copySQL returns the COPY statement that fills the staging table.
 func copySQL(t changebatch.Table, stage string) string {
 	return "copy " + pgx.Identifier{"pg_temp", stage}.Sanitize() +
-		" (" + strings.Join(copyColumns(t), ", ") + ") from stdin"
+		" (" + strings.Join(append(copyColumns(t), qMoved), ", ") + ") from stdin"
 }
 
 // upsertSQL returns the guarded merge of the staging table into the target table and its
-// arguments. A staged row is written only when its version is above the table's TRUNCATE fence
-// and, for an existing key, above the stored version. A column named in the staged row's
-// _cdc_unknown keeps the target's value; it stays unknown only if it was unknown before too.
-func upsertSQL(t changebatch.Table, stage string) (string, []any) {
+// arguments, for the staged rows whose _cdc_moved equals moved. A staged row is written only when
+// its version is above the table's TRUNCATE fence and, for an existing key, above the stored
+// version. Keys equal by the key type's equality but spelled differently (numeric 1.0 and 1.00)
+// are reduced to the newest version first (DISTINCT ON), an upsert before a tombstone of the same
+// version. A column named in the staged row's _cdc_unknown keeps the target's value and stays
+// unknown only if it was unknown before too; for moved rows (moved = true) the target row belongs
+// to another incarnation of the key, so the column is written as staged (NULL) and stays unknown.
+func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 	cols := strings.Join(copyColumns(t), ", ")
-	args := []any{t.Schema, t.Name}
-	var b strings.Builder
-	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
-	b.WriteString("select " + cols + " from " + pgx.Identifier{"pg_temp", stage}.Sanitize() + " as stg\n")
-	b.WriteString("where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
-		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n")
+	args := []any{t.Schema, t.Name, moved}
 	var keys, sets []string
 	for _, c := range t.Columns {
 		q := pgx.Identifier{c.Name}.Sanitize()
 		if c.Key {
+			// Equal keys may be spelled differently (numeric 1.0 and 1.00): keep the newest spelling.
 			keys = append(keys, q)
+			sets = append(sets, q+" = excluded."+q)
+			continue
+		}
+		if moved {
+			sets = append(sets, q+" = excluded."+q)
 			continue
 		}
 		args = append(args, c.Name)
 		p := "$" + strconv.Itoa(len(args)) + "::text"
 		sets = append(sets, q+" = case when "+p+" = any (excluded."+qUnknown+") then tgt."+q+" else excluded."+q+" end")
 	}
-	sets = append(sets,
-		qLSN+" = excluded."+qLSN,
-		qSeq+" = excluded."+qSeq,
-		qDeleted+" = excluded."+qDeleted,
-		qUnknown+" = case when excluded."+qUnknown+" is null then null when tgt."+qDeleted+" then excluded."+qUnknown+
-			" else nullif(array(select unnest(excluded."+qUnknown+") intersect select unnest(tgt."+qUnknown+")), '{}') end",
-	)
-	b.WriteString("on conflict (" + strings.Join(keys, ", ") + ") do update set\n  ")
+	unknown := qUnknown + " = excluded." + qUnknown
+	if !moved {
+		unknown = qUnknown + " = case when excluded." + qUnknown + " is null then null when tgt." + qDeleted + " then excluded." + qUnknown +
+			" else nullif(array(select unnest(excluded." + qUnknown + ") intersect select unnest(tgt." + qUnknown + ")), '{}') end"
+	}
+	sets = append(sets, qLSN+" = excluded."+qLSN, qSeq+" = excluded."+qSeq, qDeleted+" = excluded."+qDeleted, unknown)
+	keyList := strings.Join(keys, ", ")
+	var b strings.Builder
+	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
+	b.WriteString("select distinct on (" + keyList + ") " + cols + " from " + pgx.Identifier{"pg_temp", stage}.Sanitize() + " as stg\n")
+	b.WriteString("where stg." + qMoved + " = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
+		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n")
+	b.WriteString("order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted + "\n")
+	b.WriteString("on conflict (" + keyList + ") do update set\n  ")
 	b.WriteString(strings.Join(sets, ",\n  "))
 	b.WriteString("\nwhere (tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")")
 	return b.String(), args
 }
 
-// truncateSQL returns the statement that turns every live row older than the fence version
+// lookupSQL returns the query for the non-key columns (as text) and _cdc_unknown of the live
+// target row with key $1..$k (text, cast to the key types) and a version below ($k+1, $k+2).
+func lookupSQL(t changebatch.Table) string {
+	var cols, conds []string
+	n := 0
+	for _, c := range t.Columns {
+		q := pgx.Identifier{c.Name}.Sanitize()
+		if c.Key {
+			n++
+			conds = append(conds, q+" = cast($"+strconv.Itoa(n)+"::text as "+c.Type+")")
+		} else {
+			cols = append(cols, q+"::text")
+		}
+	}
+	conds = append(conds, "not "+qDeleted,
+		"("+qLSN+", "+qSeq+") < ($"+strconv.Itoa(n+1)+"::pg_lsn, $"+strconv.Itoa(n+2)+")")
+	return "select " + strings.Join(append(cols, "coalesce("+qUnknown+", '{}')"), ", ") + " from " + t.Quoted() +
+		" where " + strings.Join(conds, " and ")
+}
+
+// tombstoneBeforeSQL returns the statement that turns every live row older than the version
 // ($1 LSN, $2 seq) into a tombstone at that version.
-func truncateSQL(t changebatch.Table) string {
+func tombstoneBeforeSQL(t changebatch.Table) string {
 	return "update " + t.Quoted() + " set " + qDeleted + " = true, " + qLSN + " = $1::pg_lsn, " + qSeq + " = $2, " +
 		qUnknown + " = null where not " + qDeleted + " and (" + qLSN + ", " + qSeq + ") < ($1::pg_lsn, $2)"
 }

@@ -15,21 +15,48 @@ var accTable = changebatch.Table{Schema: "public", Name: "Acc", Columns: []chang
 
 func TestUpsertSQL(t *testing.T) {
 	const want = `insert into "public"."Acc" as tgt ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")
-select "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."pgconverge_stage_1" as stg
-where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+select distinct on ("id") "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."pgconverge_stage_1" as stg
+where stg."_cdc_moved" = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted"
 on conflict ("id") do update set
-  "note" = case when $3::text = any (excluded."_cdc_unknown") then tgt."note" else excluded."note" end,
-  "bal" = case when $4::text = any (excluded."_cdc_unknown") then tgt."bal" else excluded."bal" end,
+  "id" = excluded."id",
+  "note" = case when $4::text = any (excluded."_cdc_unknown") then tgt."note" else excluded."note" end,
+  "bal" = case when $5::text = any (excluded."_cdc_unknown") then tgt."bal" else excluded."bal" end,
   "_cdc_lsn" = excluded."_cdc_lsn",
   "_cdc_seq" = excluded."_cdc_seq",
   "_cdc_deleted" = excluded."_cdc_deleted",
   "_cdc_unknown" = case when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
 where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")`
-	got, args := upsertSQL(accTable, "pgconverge_stage_1")
+	got, args := upsertSQL(accTable, "pgconverge_stage_1", false)
 	if got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
 	}
-	if wantArgs := []any{"public", "Acc", "note", "bal"}; !reflect.DeepEqual(args, wantArgs) {
+	if wantArgs := []any{"public", "Acc", false, "note", "bal"}; !reflect.DeepEqual(args, wantArgs) {
+		t.Errorf("args = %v, want %v", args, wantArgs)
+	}
+}
+
+// Moved rows (the new key of a key change whose unchanged columns are still unknown) never take
+// values from the target row of the new key.
+func TestUpsertSQLMovedRows(t *testing.T) {
+	const want = `insert into "public"."Acc" as tgt ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")
+select distinct on ("id") "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."pgconverge_stage_1" as stg
+where stg."_cdc_moved" = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted"
+on conflict ("id") do update set
+  "id" = excluded."id",
+  "note" = excluded."note",
+  "bal" = excluded."bal",
+  "_cdc_lsn" = excluded."_cdc_lsn",
+  "_cdc_seq" = excluded."_cdc_seq",
+  "_cdc_deleted" = excluded."_cdc_deleted",
+  "_cdc_unknown" = excluded."_cdc_unknown"
+where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")`
+	got, args := upsertSQL(accTable, "pgconverge_stage_1", true)
+	if got != want {
+		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
+	}
+	if wantArgs := []any{"public", "Acc", true}; !reflect.DeepEqual(args, wantArgs) {
 		t.Errorf("args = %v, want %v", args, wantArgs)
 	}
 }
@@ -39,15 +66,18 @@ func TestUpsertSQLCompositeKeyOnly(t *testing.T) {
 		{Name: "a", Type: "bigint", Key: true}, {Name: "b", Type: "text", Key: true},
 	}}
 	const want = `insert into "s"."link" as tgt ("a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")
-select "a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."st" as stg
-where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+select distinct on ("a", "b") "a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."st" as stg
+where stg."_cdc_moved" = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+order by "a", "b", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted"
 on conflict ("a", "b") do update set
+  "a" = excluded."a",
+  "b" = excluded."b",
   "_cdc_lsn" = excluded."_cdc_lsn",
   "_cdc_seq" = excluded."_cdc_seq",
   "_cdc_deleted" = excluded."_cdc_deleted",
   "_cdc_unknown" = case when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
 where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")`
-	if got, _ := upsertSQL(tab, "st"); got != want {
+	if got, _ := upsertSQL(tab, "st", false); got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
 	}
 }
@@ -55,9 +85,10 @@ where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_se
 func TestDDL(t *testing.T) {
 	cases := []struct{ name, got, want string }{
 		{"create table", createTableSQL(accTable), `create table if not exists "public"."Acc" ("id" integer not null, "note" text, "bal" numeric(10,2), "_cdc_lsn" pg_lsn not null, "_cdc_seq" bigint not null, "_cdc_deleted" boolean not null default false, "_cdc_unknown" text[], primary key ("id"))`},
-		{"create stage", createStageSQL(accTable, "pgconverge_stage_1"), `create temporary table "pgconverge_stage_1" (like "public"."Acc") on commit delete rows`},
-		{"copy", copySQL(accTable, "pgconverge_stage_1"), `copy "pg_temp"."pgconverge_stage_1" ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown") from stdin`},
-		{"truncate", truncateSQL(accTable), `update "public"."Acc" set "_cdc_deleted" = true, "_cdc_lsn" = $1::pg_lsn, "_cdc_seq" = $2, "_cdc_unknown" = null where not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($1::pg_lsn, $2)`},
+		{"create stage", createStageSQL(accTable, "pgconverge_stage_1"), `create temporary table "pgconverge_stage_1" (like "public"."Acc", "_cdc_moved" boolean not null) on commit delete rows`},
+		{"copy", copySQL(accTable, "pgconverge_stage_1"), `copy "pg_temp"."pgconverge_stage_1" ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", "_cdc_moved") from stdin`},
+		{"lookup", lookupSQL(accTable), `select "note"::text, "bal"::text, coalesce("_cdc_unknown", '{}') from "public"."Acc" where "id" = cast($1::text as integer) and not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($2::pg_lsn, $3)`},
+		{"tombstone before", tombstoneBeforeSQL(accTable), `update "public"."Acc" set "_cdc_deleted" = true, "_cdc_lsn" = $1::pg_lsn, "_cdc_seq" = $2, "_cdc_unknown" = null where not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($1::pg_lsn, $2)`},
 	}
 	for _, c := range cases {
 		if c.got != c.want {

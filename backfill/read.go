@@ -15,9 +15,13 @@ import (
 // releases it after EmitFunc returns; an EmitFunc that keeps it must Retain it.
 type EmitFunc func(ctx context.Context, rec arrow.RecordBatch) error
 
+// MaxBatchBytes bounds the values of one emitted batch (64 MiB): wide rows make smaller batches,
+// which keeps memory bounded and every Arrow string column far below its 2 GiB offset limit.
+const MaxBatchBytes = 64 << 20
+
 // ReadTable reads every row of table t that snapshot snap shows, over conn (an ordinary SQL
-// connection to the source), and emits them as upsert batches of at most batchRows rows, each row
-// at version (snap.LSN, 0). It returns the number of rows read. The read runs in a REPEATABLE READ,
+// connection to the source), and emits them as upsert batches of at most batchRows rows and about
+// MaxBatchBytes bytes, each row at version (snap.LSN, 0). It returns the number of rows read. The read runs in a REPEATABLE READ,
 // READ ONLY transaction that imports the snapshot; conn must not be in a transaction.
 func ReadTable(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, batchRows int, emit EmitFunc) (int64, error) {
 	if !snapshotName.MatchString(snap.Name) {
@@ -61,7 +65,7 @@ func ReadTable(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		}
 		b.Append(changebatch.Change{Op: changebatch.OpUpsert, Version: version, Values: vals})
 		n++
-		if b.Rows() >= batchRows {
+		if b.Rows() >= batchRows || b.Bytes() >= MaxBatchBytes {
 			if err := flush(); err != nil {
 				return n, err
 			}

@@ -17,10 +17,12 @@ func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, 
 }
 
 // EnsurePublication creates publication name for tables, or adds to an existing publication the
-// tables it lacks. It returns the tables it added (all of them when it created the publication).
-// Creating or altering a publication needs ownership of the tables (PostgreSQL docs, CREATE
-// PUBLICATION).
-func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName) ([]TableName, error) {
+// tables it lacks. beforeAdd runs with the tables about to be added, before they are: the stream
+// never carried their earlier changes, so the caller marks them for loading first and a crash
+// in between cannot hide that. It returns the tables it added (all of them when it created the
+// publication). Creating or altering a publication needs ownership of the tables and CREATE on the
+// database (PostgreSQL docs, CREATE PUBLICATION).
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName, beforeAdd func([]TableName) error) ([]TableName, error) {
 	if err := ValidatePublicationName(name); err != nil {
 		return nil, err
 	}
@@ -56,6 +58,9 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			list += ", "
 		}
 		list += t.Quoted()
+	}
+	if err := beforeAdd(missing); err != nil {
+		return nil, err
 	}
 	sql := "create publication " + pgx.Identifier{name}.Sanitize() + " for table " + list
 	if exists {

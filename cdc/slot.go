@@ -49,6 +49,22 @@ from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush
 	return s, nil
 }
 
+// ErrSlotBusy is returned by Busy when another session holds the slot or is still creating it;
+// waiting and retrying is the remedy.
+var ErrSlotBusy = errors.New("replication slot busy")
+
+// Busy returns an error wrapping ErrSlotBusy when another process uses the slot or is still
+// creating it (no confirmed_flush_lsn yet), and nil otherwise.
+func (s SlotInfo) Busy(name string) error {
+	switch {
+	case s.ActivePID != 0:
+		return fmt.Errorf("%w: slot %q is in use by source process %d (another pgconverge with the same --slot, or the walsender of a killed one that the source has not noticed yet)", ErrSlotBusy, name, s.ActivePID)
+	case s.ConfirmedFlush == 0:
+		return fmt.Errorf("%w: slot %q is still being created by another session", ErrSlotBusy, name)
+	}
+	return nil
+}
+
 // Usable returns an error naming the problem and the fix when the existing slot cannot be streamed
 // from database db: another plugin, another database, WAL already removed.
 func (s SlotInfo) Usable(name, db string) error {

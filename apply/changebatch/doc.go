@@ -13,6 +13,9 @@
 //	_cdc_unchanged  list<utf8>      names of columns whose value the source did not send
 //	                                (pgoutput 'u', an unchanged TOASTed value); NULL when none
 //
+// An UPDATE that changes the key is two consecutive rows with the same version: 'D' for the old key,
+// then 'U' for the new key; that upsert's unchanged columns refer to the old key's row.
+//
 // The schema's metadata names the table (keys "pgconverge.schema", "pgconverge.table"); each data
 // field's metadata gives its SQL type ("pgconverge.type", from format_type) and whether it is part
 // of the replica identity key ("pgconverge.key" = "true").

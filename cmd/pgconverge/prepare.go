@@ -18,9 +18,9 @@ import (
 
 // prepareSlot makes sure the slot exists and every table is loaded, and returns the LSN to start
 // streaming from. A new slot's own exported snapshot loads every table; with an existing slot,
-// tables that never completed a load (or were just added to the publication) load from a fresh
-// snapshot of a temporary slot, while the main slot keeps their later changes.
-func (s *session) prepareSlot(ctx context.Context, added []cdc.TableName) (pglogrepl.LSN, error) {
+// tables that have no completed load followed by this slot load from a fresh snapshot of a
+// temporary slot, while the main slot keeps their later changes.
+func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	cfg := s.cfg
 	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
 	if err != nil {
@@ -49,6 +49,9 @@ func (s *session) prepareSlot(ctx context.Context, added []cdc.TableName) (pglog
 	if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
 		return 0, permanent(err)
 	}
+	if err := slot.Busy(cfg.Slot); err != nil {
+		return 0, err
+	}
 	progress, known, err := apply.ReadProgress(ctx, s.tgt, cfg.Slot)
 	if err != nil {
 		return 0, err
@@ -70,13 +73,9 @@ func (s *session) prepareSlot(ctx context.Context, added []cdc.TableName) (pglog
 		return 0, permanent(fmt.Errorf("slot %q has confirmed_flush_lsn %s, ahead of the target's progress %s: another client consumed changes from this slot, or the target was restored from an older backup, so changes in between are missing; drop the slot (SELECT pg_drop_replication_slot('%s')) and restart to reload the tables",
 			cfg.Slot, slot.ConfirmedFlush, progress, cfg.Slot))
 	}
-	isAdded := map[string]bool{}
-	for _, n := range added {
-		isAdded[n.String()] = true
-	}
 	var need []changebatch.Table
 	for _, t := range s.tables {
-		if _, ok := loaded[t.String()]; !ok || isAdded[t.String()] {
+		if _, ok := loaded[t.String()]; !ok {
 			need = append(need, t)
 		}
 	}
@@ -137,6 +136,10 @@ func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backf
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	ghosts, err := tx.TombstoneBefore(ctx, t, changebatch.Version{LSN: snap.LSN})
+	if err != nil {
+		return err
+	}
 	if err := apply.FinishBackfill(ctx, tx.Conn(), id, n); err != nil {
 		return err
 	}
@@ -144,7 +147,7 @@ func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backf
 		return err
 	}
 	secs := time.Since(began).Seconds()
-	log.Info("loaded table", "rows", n, "applied", total.Applied, "suppressed", total.Suppressed,
+	log.Info("loaded table", "rows", n, "applied", total.Applied, "suppressed", total.Suppressed, "tombstoned_absent", ghosts,
 		"seconds", fmt.Sprintf("%.1f", secs), "rows_per_s", int64(float64(n)/max(secs, 0.001)))
 	return nil
 }

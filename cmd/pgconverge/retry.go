@@ -6,6 +6,7 @@ import (
 	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/cdc"
 )
 
 // permanentError marks a failure that retrying cannot fix (bad configuration, an unusable source
@@ -29,6 +30,9 @@ func retryable(err error) bool {
 	var perm permanentError
 	if errors.As(err, &perm) {
 		return false
+	}
+	if errors.Is(err, cdc.ErrSlotBusy) {
+		return true
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

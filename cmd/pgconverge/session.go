@@ -66,7 +66,9 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		cfg.Logger.Warn("table no longer replicated: its target copy stops following the source and is loaded again if it is selected again",
 			"table", t, "slot", cfg.Slot)
 	}
-	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names)
+	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names, func(adding []cdc.TableName) error {
+		return apply.MarkUnloaded(ctx, s.tgt, s.described(adding))
+	})
 	if err != nil {
 		return err
 	}
@@ -79,7 +81,7 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if s.repl, err = pgsession.ConnectReplication(ctx, cfg.Source); err != nil {
 		return err
 	}
-	start, err := s.prepareSlot(ctx, added)
+	start, err := s.prepareSlot(ctx)
 	if err != nil {
 		return err
 	}
@@ -196,6 +198,21 @@ func (s *session) checkDistinct(ctx context.Context) error {
 		return permanent(errors.New("source and target URLs reach the same database: replicate into another database"))
 	}
 	return nil
+}
+
+// described returns the descriptions of the named selected tables.
+func (s *session) described(names []cdc.TableName) []changebatch.Table {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n.String()] = true
+	}
+	var out []changebatch.Table
+	for _, t := range s.tables {
+		if want[t.String()] {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // warnUnselected logs each table of the publication that is not replicated: the slot passes over

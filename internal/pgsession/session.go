@@ -16,7 +16,8 @@ import (
 
 // params are the session settings of every connection: values travel as text between source and
 // target, so both sides print and parse them the same way whatever the servers' defaults are
-// (PostgreSQL docs §20.11 "Client Connection Defaults").
+// (PostgreSQL docs §20.11 "Client Connection Defaults"), and commits wait for their WAL flush
+// whatever synchronous_commit the server defaults to (§20.5.1).
 var params = map[string]string{
 	"application_name":   "pgconverge",
 	"DateStyle":          "ISO, YMD",
@@ -24,6 +25,8 @@ var params = map[string]string{
 	"TimeZone":           "UTC",
 	"extra_float_digits": "3",
 	"bytea_output":       "hex",
+	// A target commit must be durable before its position is confirmed to the source.
+	"synchronous_commit": "on",
 }
 
 func setParams(cfg *pgconn.Config) {
