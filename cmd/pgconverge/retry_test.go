@@ -1,0 +1,37 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+func TestRetryable(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("apply: %w", &pgconn.PgError{Code: code}) }
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"admin shutdown", pg("57P01"), true},
+		{"connection failure", pg("08006"), true},
+		{"disk full", pg("53100"), true},
+		{"serialization failure", pg("40001"), true},
+		{"slot active", pg("55006"), true},
+		{"slot busy", fmt.Errorf("prepare: %w", cdc.ErrSlotBusy), true},
+		{"lost connection", fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), true},
+		{"undefined table", pg("42P01"), false},
+		{"cardinality violation", pg("21000"), false},
+		{"permanent", permanent(errors.New("no primary key")), false},
+		{"our own decoding error", errors.New("pgoutput: Commit does not match"), false},
+	}
+	for _, c := range cases {
+		if got := retryable(c.err); got != c.want {
+			t.Errorf("%s: retryable = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
