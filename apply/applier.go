@@ -157,46 +157,80 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	return Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}, nil
 }
 
-// lookupMoved fills the unchanged columns of moved row r from the target's live row of its old
-// key (r.from), if that row is older than r and knows them; what stays unchanged is unknown.
+// lookupMoved fills the unchanged columns of moved row r from the newest live target row, older
+// than r, among the keys its value moved through (r.from); what none knows stays unknown.
 func (t *Tx) lookupMoved(ctx context.Context, tab changebatch.Table, r *stagedRow) error {
-	var args []any
 	var names []string
 	var idx []int
 	for i, c := range tab.Columns {
-		if c.Key {
-			args = append(args, r.from[i].Text)
-		} else {
+		if !c.Key {
 			names, idx = append(names, c.Name), append(idx, i)
 		}
 	}
-	args = append(args, r.version.LSN.String(), int64(r.version.Seq))
-	vals := make([]*string, len(names))
-	var unknown []string
-	dest := make([]any, 0, len(names)+1)
-	for i := range vals {
-		dest = append(dest, &vals[i])
+	var best *movedSource
+	for _, key := range r.from {
+		src, err := t.lookupOne(ctx, tab, key, r.version, len(names))
+		if err != nil {
+			return err
+		}
+		if src != nil && (best == nil || src.version.Compare(best.version) > 0) {
+			best = src
+		}
 	}
-	dest = append(dest, &unknown)
-	err := t.tx.QueryRow(ctx, lookupSQL(tab), args...).Scan(dest...)
 	r.from = nil
-	if errors.Is(err, pgx.ErrNoRows) {
+	if best == nil {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("read the old row of a key change in %s: %w", tab, err)
-	}
 	for j, i := range idx {
-		if !r.values[i].Unchanged || slices.Contains(unknown, names[j]) {
+		if !r.values[i].Unchanged || slices.Contains(best.unknown, names[j]) {
 			continue
 		}
-		if vals[j] == nil {
+		if best.vals[j] == nil {
 			r.values[i] = changebatch.Value{Null: true}
 		} else {
-			r.values[i] = changebatch.Value{Text: *vals[j]}
+			r.values[i] = changebatch.Value{Text: *best.vals[j]}
 		}
 	}
 	return nil
+}
+
+// movedSource is a target row that may supply the unchanged columns of a moved row.
+type movedSource struct {
+	vals    []*string // non-key columns as text, nil for NULL
+	unknown []string
+	version changebatch.Version
+}
+
+// lookupOne reads the live target row of key with a version below before, or returns nil.
+func (t *Tx) lookupOne(ctx context.Context, tab changebatch.Table, key []changebatch.Value, before changebatch.Version, n int) (*movedSource, error) {
+	var args []any
+	for i, c := range tab.Columns {
+		if c.Key {
+			args = append(args, key[i].Text)
+		}
+	}
+	args = append(args, before.LSN.String(), int64(before.Seq))
+	src := &movedSource{vals: make([]*string, n)}
+	var lsn string
+	var seq int64
+	dest := make([]any, 0, n+3)
+	for i := range src.vals {
+		dest = append(dest, &src.vals[i])
+	}
+	dest = append(dest, &src.unknown, &lsn, &seq)
+	err := t.tx.QueryRow(ctx, lookupSQL(tab), args...).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the old row of a key change in %s: %w", tab, err)
+	}
+	l, err := pglogrepl.ParseLSN(lsn)
+	if err != nil {
+		return nil, fmt.Errorf("read the old row of a key change in %s: %w", tab, err)
+	}
+	src.version = changebatch.Version{LSN: l, Seq: uint64(seq)}
+	return src, nil
 }
 
 // stage returns the name of the staging table for table tab, creating it in this session if needed

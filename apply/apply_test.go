@@ -178,3 +178,23 @@ func TestTombstoneRefusesOlderInsert(t *testing.T) {
 	}
 	f.expect(t, "1|||0/1F4#1|t|")
 }
+
+// A source transaction larger than the memory bound is applied in parts; after a crash it is
+// applied again from its start with other split points. A chain of key changes 3 → -3 → 3 whose
+// first half was already written must still find the unchanged value (now in row -3).
+func TestKeyChangeChainReplayedAfterPartialApply(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 100, 0, "3", s("big 3"), "1"}))
+	f.apply(t, batch(t,
+		row{changebatch.OpDelete, 200, 1, "3", nil, ""},
+		row{changebatch.OpUpsert, 200, 1, "-3", nil, "1"},
+	))
+	f.expect(t, "-3|big 3|1|0/C8#1|f|", "3|||0/C8#1|t|")
+	f.apply(t, batch(t,
+		row{changebatch.OpDelete, 200, 1, "3", nil, ""},
+		row{changebatch.OpUpsert, 200, 1, "-3", nil, "1"},
+		row{changebatch.OpDelete, 200, 5, "-3", nil, ""},
+		row{changebatch.OpUpsert, 200, 5, "3", nil, "2"},
+	))
+	f.expect(t, "-3|||0/C8#5|t|", "3|big 3|2|0/C8#5|f|")
+}

@@ -15,9 +15,10 @@ type stagedRow struct {
 	// moved marks an upsert of a key an update moved there from another key: its unchanged
 	// (unknown) columns belong to the old key's row, never to an earlier row of the new key.
 	moved bool
-	// from is the old key (key columns set) whose target row still has to supply unchanged
-	// columns of a moved row; nil when there is nothing to look up.
-	from []changebatch.Value
+	// from lists the keys (key columns set) the row's value moved through, oldest first, whose
+	// target rows may still hold the unchanged columns of a moved row; nil when there is nothing
+	// to look up.
+	from [][]changebatch.Value
 }
 
 // collapse reduces rows [from, to) of v (none of them OpTruncate) to one row per key: the newest
@@ -71,16 +72,18 @@ func isMove(v *changebatch.View, i int) bool {
 }
 
 // resolveMove fills the unchanged columns of moved row r from old, the old key's state in the
-// batch (nil when the batch did not touch it). What old does not know comes from where old's own
-// unknown columns come from: the target row of oldKey, or, when old was itself moved there in this
-// batch, its origin (a chain of key changes, as in a swap of keys).
+// batch (nil when the batch did not touch it). What old does not know comes from the target: from
+// the row of oldKey or, when old was itself moved there in this batch (a chain of key changes, as
+// in a swap of keys), from the row of any key of the chain. Which of them holds the value depends
+// on how much of the chain an earlier, interrupted apply of a split transaction already wrote, so
+// all of them are candidates (lookupMoved takes the newest live one).
 func resolveMove(r stagedRow, old *stagedRow, oldKey []changebatch.Value) stagedRow {
 	r.moved = true
 	if !anyUnchanged(r.values) {
 		return r
 	}
 	if old == nil {
-		r.from = oldKey
+		r.from = [][]changebatch.Value{oldKey}
 		return r
 	}
 	if old.op != changebatch.OpUpsert {
@@ -90,9 +93,10 @@ func resolveMove(r stagedRow, old *stagedRow, oldKey []changebatch.Value) staged
 	if !anyUnchanged(r.values) {
 		return r
 	}
-	r.from = oldKey
 	if old.moved {
-		r.from = old.from
+		r.from = append(append([][]changebatch.Value(nil), old.from...), oldKey)
+	} else {
+		r.from = [][]changebatch.Value{oldKey}
 	}
 	return r
 }
