@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,11 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	exists := err == nil
 	if err != nil && err != pgx.ErrNoRows {
 		return nil, fmt.Errorf("look up publication %q: %w", name, err)
+	}
+	if exists {
+		if err := checkPublication(ctx, conn, name, tables); err != nil {
+			return nil, err
+		}
 	}
 	if exists && allTables {
 		return nil, nil
@@ -70,4 +76,37 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		return nil, fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
 	}
 	return missing, nil
+}
+
+// checkPublication reports, all at once, the settings of an existing publication that would make
+// pgconverge miss changes: an operation it does not publish, a row filter or a column list on one of
+// tables (PostgreSQL docs §31.3 "Row Filters", §31.4 "Column Lists").
+func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName) error {
+	var ins, upd, del, trunc bool
+	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate from pg_publication where pubname = $1`, name).
+		Scan(&ins, &upd, &del, &trunc)
+	if err != nil {
+		return fmt.Errorf("read publication %q: %w", name, err)
+	}
+	var errs []error
+	if !ins || !upd || !del || !trunc {
+		errs = append(errs, fmt.Errorf("publication %q does not publish every operation (insert %v, update %v, delete %v, truncate %v): run ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate')",
+			name, ins, upd, del, trunc, pgx.Identifier{name}.Sanitize()))
+	}
+	for _, t := range tables {
+		var filtered, columns bool
+		err := conn.QueryRow(ctx, `select r.prqual is not null, r.prattrs is not null from pg_publication_rel r
+join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = $2::regclass`, name, t.Quoted()).Scan(&filtered, &columns)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read publication %q: %w", name, err)
+		}
+		if filtered || columns {
+			errs = append(errs, fmt.Errorf("publication %q publishes table %s with a row filter or column list, so some changes would never reach the target: run ALTER PUBLICATION %s SET TABLE without them, or use another --publication",
+				name, t, pgx.Identifier{name}.Sanitize()))
+		}
+	}
+	return errors.Join(errs...)
 }

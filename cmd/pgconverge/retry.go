@@ -40,7 +40,9 @@ func retryable(err error) bool {
 		case "08", "40", "53", "57", "58":
 			return true
 		}
-		return pgErr.Code == "55006" // object in use: a replication slot still active
+		// 55006: object in use (a replication slot still active); 42P01: a target table dropped
+		// while streaming, which the next session recreates and reloads.
+		return pgErr.Code == "55006" || pgErr.Code == "42P01"
 	}
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
@@ -54,6 +56,9 @@ func hint(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
 		return "another process holds the replication slot: a second pgconverge with the same --slot, or the walsender of a killed one that the source has not noticed yet (then it frees the slot within wal_sender_timeout)"
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return "a table is missing; if a target table was dropped, the next session recreates and reloads it"
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {

@@ -97,3 +97,26 @@ func TestRefusesRoleThatCannotReadTheTable(t *testing.T) {
 		t.Error("a slot was created despite the refusal")
 	}
 }
+
+// An existing publication that hides operations, rows or columns is refused, not trusted.
+func TestRefusesPublicationThatHidesChanges(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create table a (id int primary key, v text, secret text)`,
+		`create publication no_deletes for table a with (publish = 'insert, update')`,
+		`create publication some_columns for table a (id, v)`)
+	cases := map[string]string{
+		"no_deletes":   "does not publish every operation",
+		"some_columns": "row filter or column list",
+	}
+	for pub, want := range cases {
+		cfg := testConfig(t, env)
+		cfg.Publication = pub
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := runDaemon(ctx, cfg)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("publication %s: err = %v, want it to contain %q", pub, err, want)
+		}
+	}
+}
