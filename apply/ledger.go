@@ -101,6 +101,25 @@ where schema_name = $1 and table_name = $2`, t.Schema, t.Name)
 	return nil
 }
 
+// SyncMembership records token as table t's publication membership (cdc.Memberships). When it
+// differs from a token recorded before, the table left the publication in between and the stream
+// missed its changes: the table is marked for loading and SyncMembership returns true.
+func SyncMembership(ctx context.Context, conn *pgx.Conn, t changebatch.Table, token string) (bool, error) {
+	var changed bool
+	err := conn.QueryRow(ctx, `with old as (
+  select membership from pgconverge.tables where schema_name = $1 and table_name = $2 for update)
+update pgconverge.tables t set membership = $3,
+  loaded_lsn = case when old.membership is distinct from $3 then null else t.loaded_lsn end,
+  loaded_at = case when old.membership is distinct from $3 then null else t.loaded_at end,
+  slot = case when old.membership is distinct from $3 then null else t.slot end
+from old where t.schema_name = $1 and t.table_name = $2
+returning old.membership is not null and old.membership <> $3`, t.Schema, t.Name, token).Scan(&changed)
+	if err != nil {
+		return false, fmt.Errorf("record publication membership of %s: %w", t, err)
+	}
+	return changed, nil
+}
+
 // StartBackfill records a running backfill of table t from snapshot LSN s, whose later changes
 // slot's stream carries, and returns its id.
 func StartBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table, s pglogrepl.LSN, slot string) (int64, error) {

@@ -110,3 +110,37 @@ join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = 
 	}
 	return errors.Join(errs...)
 }
+
+// Memberships returns, per table, a token that identifies how the table belongs to publication:
+// the oid of its pg_publication_rel row, of the pg_publication_namespace row of its schema, or of
+// the publication when it is FOR ALL TABLES, plus the table's own oid; "" when it is not published.
+// A table removed from the publication and added again, or dropped and created again, gets a new
+// token, so a gap in the stream of its changes can be detected after the fact.
+func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables []TableName) (map[TableName]string, error) {
+	schemas, names := make([]string, len(tables)), make([]string, len(tables))
+	for i, t := range tables {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text, coalesce(coalesce(
+    (select 'all:' || p.oid from pg_publication p where p.pubname = $1 and p.puballtables),
+    (select 'rel:' || r.oid from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
+      where p.pubname = $1 and r.prrelid = c.oid),
+    (select 'schema:' || pn.oid from pg_publication_namespace pn join pg_publication p on p.oid = pn.pnpubid
+      where p.pubname = $1 and pn.pnnspid = c.relnamespace)) || '/' || c.oid, '')
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`, publication, schemas, names)
+	if err != nil {
+		return nil, fmt.Errorf("read publication %q membership: %w", publication, err)
+	}
+	defer rows.Close()
+	out := map[TableName]string{}
+	for rows.Next() {
+		var n TableName
+		var token string
+		if err := rows.Scan(&n.Schema, &n.Name, &token); err != nil {
+			return nil, fmt.Errorf("read publication %q membership: %w", publication, err)
+		}
+		out[n] = token
+	}
+	return out, rows.Err()
+}

@@ -16,7 +16,9 @@ create table pgconverge.progress (
 -- ever written. loaded_lsn is the snapshot LSN S of the last completed initial load or backfill
 -- and slot the slot whose stream has carried the table's changes without a break since then; both
 -- are cleared when that no longer holds (the table left the selection, the target table was
--- dropped), so the table is loaded again.
+-- dropped, its membership in the publication changed), so the table is loaded again. membership
+-- identifies how the table is in the publication (cdc.Memberships); a new value means it left the
+-- publication at some point, and changes in between were never streamed.
 create table pgconverge.tables (
     schema_name  text not null,
     table_name   text not null,
@@ -25,6 +27,7 @@ create table pgconverge.tables (
     loaded_lsn   pg_lsn,
     loaded_at    timestamptz,
     slot         text,
+    membership   text,
     primary key (schema_name, table_name)
 );
 

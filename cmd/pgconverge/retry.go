@@ -31,7 +31,7 @@ func retryable(err error) bool {
 	if errors.As(err, &perm) {
 		return false
 	}
-	if errors.Is(err, cdc.ErrSlotBusy) {
+	if errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, errMembershipChanged) {
 		return true
 	}
 	var pgErr *pgconn.PgError

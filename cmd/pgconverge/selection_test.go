@@ -120,3 +120,24 @@ func TestRefusesPublicationThatHidesChanges(t *testing.T) {
 		}
 	}
 }
+
+// A table removed from the publication and added back while streaming missed changes in between:
+// the daemon notices the new membership and loads the table again.
+func TestPublicationDropAndReAddWhileStreaming(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
+		`insert into b select g, 'v' || g from generate_series(1, 100) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "b", "id")
+	waitStreaming(t, env)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source,
+		`alter publication `+pub+` drop table b`,
+		`delete from b where id > 90`, `update b set v = 'missed' where id <= 5`,
+		`alter publication `+pub+` add table b`,
+		`insert into b values (1000, 'after')`, `insert into a values (1, 'a')`)
+	waitConverged(t, env, "a", "id")
+	waitConverged(t, env, "b", "id")
+	d.requireRunning(t)
+}

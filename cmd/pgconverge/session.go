@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
-	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
@@ -20,17 +18,26 @@ import (
 
 // session is one connected attempt of the daemon: checks, preparation, loads, then streaming.
 type session struct {
-	cfg    daemonConfig
-	src    *pgx.Conn
-	tgt    *pgx.Conn
-	repl   *pgconn.PgConn
-	ap     *apply.Applier
-	tables []changebatch.Table
+	cfg         daemonConfig
+	cancel      context.CancelCauseFunc
+	names       []cdc.TableName
+	memberships map[cdc.TableName]string // publication membership of each table at the start
+	src         *pgx.Conn
+	tgt         *pgx.Conn
+	repl        *pgconn.PgConn
+	ap          *apply.Applier
+	tables      []changebatch.Table
 }
+
+// errMembershipChanged ends a session when a table's publication membership changed while
+// streaming; the next session reloads the table.
+var errMembershipChanged = errors.New("publication membership changed")
 
 // runSession connects to both sides and streams until ctx ends or something fails.
 func runSession(ctx context.Context, cfg daemonConfig) error {
-	s := &session{cfg: cfg}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s := &session{cfg: cfg, cancel: cancel}
 	defer s.close()
 	var err error
 	if s.src, err = pgsession.Connect(ctx, cfg.Source, "source"); err != nil {
@@ -78,6 +85,9 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if err := s.warnUnselected(ctx, names); err != nil {
 		return err
 	}
+	if err := s.syncMemberships(ctx, names); err != nil {
+		return err
+	}
 	if s.repl, err = pgsession.ConnectReplication(ctx, cfg.Source); err != nil {
 		return err
 	}
@@ -94,39 +104,11 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if err != nil {
 		return permanent(err)
 	}
-	return streamer.Run(ctx, s.repl)
-}
-
-// sampleWALEnd reads the source's pg_current_wal_lsn() now and then every second on the source
-// connection, which is otherwise idle while streaming, until stop is called. The returned function
-// gives the last value read; errors leave it unchanged (the stream reports a failed source).
-func (s *session) sampleWALEnd(ctx context.Context) (last func() pglogrepl.LSN, stop func()) {
-	var lsn atomic.Uint64
-	read := func(ctx context.Context) {
-		var v string
-		if err := s.src.QueryRow(ctx, "select pg_current_wal_lsn()::text").Scan(&v); err == nil {
-			if l, err := pglogrepl.ParseLSN(v); err == nil {
-				lsn.Store(uint64(l))
-			}
-		}
+	err = streamer.Run(ctx, s.repl)
+	if cause := context.Cause(ctx); errors.Is(cause, errMembershipChanged) {
+		return cause
 	}
-	read(ctx)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				read(ctx)
-			}
-		}
-	}()
-	return func() pglogrepl.LSN { return pglogrepl.LSN(lsn.Load()) }, func() { cancel(); <-done }
+	return err
 }
 
 func (s *session) close() {
