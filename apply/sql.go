@@ -72,8 +72,8 @@ func copySQL(t changebatch.Table, stage string) string {
 // arguments, for the staged rows whose _cdc_moved equals moved. A staged row is written only when
 // its version is above the table's TRUNCATE fence and, for an existing key, above the stored
 // version. Keys equal by the key type's equality but spelled differently (numeric 1.0 and 1.00)
-// are reduced to the newest version first (DISTINCT ON), an upsert before a tombstone of the same
-// version. A column named in the staged row's _cdc_unknown keeps the target's value and stays
+// are first reduced, over all staged rows, to the newest version (DISTINCT ON), an upsert before a
+// tombstone of the same version; then the moved or unmoved ones are taken. A column named in the staged row's _cdc_unknown keeps the target's value and stays
 // unknown only if it was unknown before too; for moved rows (moved = true) the target row belongs
 // to another incarnation of the key, so the column is written as staged (NULL) and stays unknown.
 func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
@@ -105,10 +105,12 @@ func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 	keyList := strings.Join(keys, ", ")
 	var b strings.Builder
 	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
-	b.WriteString("select distinct on (" + keyList + ") " + cols + " from " + pgx.Identifier{"pg_temp", stage}.Sanitize() + " as stg\n")
-	b.WriteString("where stg." + qMoved + " = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
+	b.WriteString("select " + cols + " from (select distinct on (" + keyList + ") " + cols + ", " + qMoved +
+		" from " + pgx.Identifier{"pg_temp", stage}.Sanitize() + " as stg\n")
+	b.WriteString("  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
 		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n")
-	b.WriteString("order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted + "\n")
+	b.WriteString("  order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted + ") as newest\n")
+	b.WriteString("where " + qMoved + " = $3\n")
 	b.WriteString("on conflict (" + keyList + ") do update set\n  ")
 	b.WriteString(strings.Join(sets, ",\n  "))
 	b.WriteString("\nwhere (tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")")

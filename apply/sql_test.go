@@ -15,9 +15,10 @@ var accTable = changebatch.Table{Schema: "public", Name: "Acc", Columns: []chang
 
 func TestUpsertSQL(t *testing.T) {
 	const want = `insert into "public"."Acc" as tgt ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")
-select distinct on ("id") "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."pgconverge_stage_1" as stg
-where stg."_cdc_moved" = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
-order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted"
+select "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from (select distinct on ("id") "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", "_cdc_moved" from "pg_temp"."pgconverge_stage_1" as stg
+  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+  order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted") as newest
+where "_cdc_moved" = $3
 on conflict ("id") do update set
   "id" = excluded."id",
   "note" = case when $4::text = any (excluded."_cdc_unknown") then tgt."note" else excluded."note" end,
@@ -40,9 +41,10 @@ where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_se
 // values from the target row of the new key.
 func TestUpsertSQLMovedRows(t *testing.T) {
 	const want = `insert into "public"."Acc" as tgt ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")
-select distinct on ("id") "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."pgconverge_stage_1" as stg
-where stg."_cdc_moved" = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
-order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted"
+select "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from (select distinct on ("id") "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", "_cdc_moved" from "pg_temp"."pgconverge_stage_1" as stg
+  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+  order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted") as newest
+where "_cdc_moved" = $3
 on conflict ("id") do update set
   "id" = excluded."id",
   "note" = excluded."note",
@@ -66,9 +68,10 @@ func TestUpsertSQLCompositeKeyOnly(t *testing.T) {
 		{Name: "a", Type: "bigint", Key: true}, {Name: "b", Type: "text", Key: true},
 	}}
 	const want = `insert into "s"."link" as tgt ("a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")
-select distinct on ("a", "b") "a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from "pg_temp"."st" as stg
-where stg."_cdc_moved" = $3 and not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
-order by "a", "b", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted"
+select "a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from (select distinct on ("a", "b") "a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", "_cdc_moved" from "pg_temp"."st" as stg
+  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (stg."_cdc_lsn", stg."_cdc_seq"))
+  order by "a", "b", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted") as newest
+where "_cdc_moved" = $3
 on conflict ("a", "b") do update set
   "a" = excluded."a",
   "b" = excluded."b",
