@@ -110,7 +110,7 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 			res.Add(r)
 		}
 		if i < v.Len() {
-			if err := t.truncate(ctx, v.Table, v.Version(i)); err != nil {
+			if _, err := t.Fence(ctx, v.Table, v.Version(i)); err != nil {
 				return res, err
 			}
 			res.Truncates++
@@ -258,20 +258,16 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table) (string, error) {
 	return name, nil
 }
 
-// truncate raises the table's fence to ver and turns every older live row into a tombstone.
-func (t *Tx) truncate(ctx context.Context, tab changebatch.Table, ver changebatch.Version) error {
+// Fence raises tab's fence to ver, so that no version at or below it is ever written again, and
+// turns every live row older than ver into a tombstone at ver; it returns how many rows it turned.
+// A TRUNCATE at ver does this. So does a completed snapshot load at S with ver (S, 0): every row
+// the snapshot showed then has version (S, 0) or newer, an older live row is one the source deleted
+// before S, and any older change still to arrive (a stream resumed from before S) is already
+// reflected in the snapshot or was undone before S.
+func (t *Tx) Fence(ctx context.Context, tab changebatch.Table, ver changebatch.Version) (int64, error) {
 	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
-		return fmt.Errorf("raise truncate fence of %s to %s: %w", tab, ver, err)
+		return 0, fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
 	}
-	_, err := t.TombstoneBefore(ctx, tab, ver)
-	return err
-}
-
-// TombstoneBefore turns every live row of tab whose version is below ver into a tombstone at ver
-// and returns how many it turned. A completed snapshot load at S calls it with (S, 0): every row
-// the snapshot showed now has version (S, 0) or newer, so an older live row is one the source
-// deleted before S (a "ghost" of an earlier load).
-func (t *Tx) TombstoneBefore(ctx context.Context, tab changebatch.Table, ver changebatch.Version) (int64, error) {
 	tag, err := t.tx.Exec(ctx, tombstoneBeforeSQL(tab), ver.LSN.String(), int64(ver.Seq))
 	if err != nil {
 		return 0, fmt.Errorf("tombstone rows of %s before %s: %w", tab, ver, err)

@@ -12,8 +12,8 @@ create table pgconverge.progress (
     updated_at        timestamptz not null default now()
 );
 
--- tables: every replicated table. fence_* is the TRUNCATE fence: no version at or below it is
--- ever written. loaded_lsn is the snapshot LSN S of the last completed initial load or backfill
+-- tables: every replicated table. fence_* is the fence raised by a TRUNCATE or a completed load:
+-- no version at or below it is ever written. loaded_lsn is the snapshot LSN S of the last completed initial load or backfill
 -- and slot the slot whose stream has carried the table's changes without a break since then; both
 -- are cleared when that no longer holds (the table left the selection, the target table was
 -- dropped, its membership in the publication changed), so the table is loaded again. membership

@@ -136,7 +136,7 @@ func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backf
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	ghosts, err := tx.TombstoneBefore(ctx, t, changebatch.Version{LSN: snap.LSN})
+	ghosts, err := tx.Fence(ctx, t, changebatch.Version{LSN: snap.LSN})
 	if err != nil {
 		return err
 	}

@@ -141,3 +141,24 @@ func TestPublicationDropAndReAddWhileStreaming(t *testing.T) {
 	waitConverged(t, env, "b", "id")
 	d.requireRunning(t)
 }
+
+// While the daemon is stopped a row is inserted, the table leaves the publication, the row is
+// deleted and the table comes back: the reload must not let the replayed insert resurrect it.
+func TestReloadFencesOlderStreamChanges(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`,
+		`insert into b select g, 'v' || g from generate_series(1, 10) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "b", "id")
+	waitSlotCaughtUp(t, env)
+	d.stop(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source,
+		`insert into b values (500, 'gone before the reload')`,
+		`alter publication `+pub+` drop table b`,
+		`delete from b where id = 500`,
+		`alter publication `+pub+` add table b`)
+	startDaemon(t, testConfig(t, env))
+	waitSlotCaughtUp(t, env)
+	waitConverged(t, env, "b", "id")
+}
