@@ -157,8 +157,9 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	return Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}, nil
 }
 
-// lookupMoved fills the unchanged columns of moved row r from the newest live target row, older
-// than r, among the keys its value moved through (r.from); what none knows stays unknown.
+// lookupMoved fills the unchanged columns of moved row r from the newest live target row among
+// the keys its value moved through (r.from), each older than the change that moved the value
+// away from that key; what none knows stays unknown.
 func (t *Tx) lookupMoved(ctx context.Context, tab changebatch.Table, r *stagedRow) error {
 	var names []string
 	var idx []int
@@ -168,8 +169,8 @@ func (t *Tx) lookupMoved(ctx context.Context, tab changebatch.Table, r *stagedRo
 		}
 	}
 	var best *movedSource
-	for _, key := range r.from {
-		src, err := t.lookupOne(ctx, tab, key, r.version, len(names))
+	for _, from := range r.from {
+		src, err := t.lookupOne(ctx, tab, from.key, from.left, len(names))
 		if err != nil {
 			return err
 		}

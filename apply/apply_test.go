@@ -198,3 +198,25 @@ func TestKeyChangeChainReplayedAfterPartialApply(t *testing.T) {
 	))
 	f.expect(t, "-3|||0/C8#5|t|", "3|big 3|2|0/C8#5|f|")
 }
+
+// Replayed chain 1 → 2, 5 → 1, 2 → 3 after its first two moves were written: key 1 then holds
+// another row (the one from 5), so the value for 3 must come from key 2, not from key 1.
+func TestKeyChangeChainIgnoresReusedKeys(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t,
+		row{changebatch.OpUpsert, 100, 0, "1", s("X1"), "1"},
+		row{changebatch.OpUpsert, 100, 0, "5", s("X5"), "5"},
+	))
+	part1 := []row{
+		{changebatch.OpDelete, 200, 1, "1", nil, ""},
+		{changebatch.OpUpsert, 200, 1, "2", nil, "1"},
+		{changebatch.OpDelete, 200, 2, "5", nil, ""},
+		{changebatch.OpUpsert, 200, 2, "1", nil, "5"},
+	}
+	f.apply(t, batch(t, part1...))
+	f.expect(t, "1|X5|5|0/C8#2|f|", "2|X1|1|0/C8#1|f|", "5|||0/C8#2|t|")
+	f.apply(t, batch(t, append(part1,
+		row{changebatch.OpDelete, 200, 3, "2", nil, ""},
+		row{changebatch.OpUpsert, 200, 3, "3", nil, "1"})...))
+	f.expect(t, "1|X5|5|0/C8#2|f|", "2|||0/C8#3|t|", "3|X1|1|0/C8#3|f|", "5|||0/C8#2|t|")
+}

@@ -15,10 +15,17 @@ type stagedRow struct {
 	// moved marks an upsert of a key an update moved there from another key: its unchanged
 	// (unknown) columns belong to the old key's row, never to an earlier row of the new key.
 	moved bool
-	// from lists the keys (key columns set) the row's value moved through, oldest first, whose
-	// target rows may still hold the unchanged columns of a moved row; nil when there is nothing
-	// to look up.
-	from [][]changebatch.Value
+	// from lists the keys the row's value moved through, oldest first, whose target rows may still
+	// hold the unchanged columns of a moved row; nil when there is nothing to look up.
+	from []moveSource
+}
+
+// moveSource is a key a moved row's value passed through: the value can only be in that key's
+// target row at a version below left, the version of the change that moved it away (after that,
+// the key may hold another row).
+type moveSource struct {
+	key  []changebatch.Value // key columns set
+	left changebatch.Version
 }
 
 // collapse reduces rows [from, to) of v (none of them OpTruncate) to one row per key: the newest
@@ -82,8 +89,9 @@ func resolveMove(r stagedRow, old *stagedRow, oldKey []changebatch.Value) staged
 	if !anyUnchanged(r.values) {
 		return r
 	}
+	src := moveSource{key: oldKey, left: r.version}
 	if old == nil {
-		r.from = [][]changebatch.Value{oldKey}
+		r.from = []moveSource{src}
 		return r
 	}
 	if old.op != changebatch.OpUpsert {
@@ -94,9 +102,9 @@ func resolveMove(r stagedRow, old *stagedRow, oldKey []changebatch.Value) staged
 		return r
 	}
 	if old.moved {
-		r.from = append(append([][]changebatch.Value(nil), old.from...), oldKey)
+		r.from = append(append([]moveSource(nil), old.from...), src)
 	} else {
-		r.from = [][]changebatch.Value{oldKey}
+		r.from = []moveSource{src}
 	}
 	return r
 }

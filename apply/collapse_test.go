@@ -108,7 +108,7 @@ func TestCollapse(t *testing.T) {
 			},
 			want: []stagedRow{
 				{op: changebatch.OpUpsert, version: v(11, 2), values: []changebatch.Value{text("2"), unchanged, text("4.00")},
-					moved: true, from: [][]changebatch.Value{{text("1"), null, null}}},
+					moved: true, from: []moveSource{{key: []changebatch.Value{text("1"), null, null}, left: v(11, 1)}}},
 				{op: changebatch.OpDelete, version: v(11, 1), values: []changebatch.Value{text("1"), null, null}},
 			},
 			wantMerged: 2,
