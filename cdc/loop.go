@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -100,7 +101,12 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 		}
 		return nil
 	case *pgproto3.ErrorResponse:
-		return fmt.Errorf("source ended replication on slot %q: %w", l.s.cfg.Slot, pgconn.ErrorResponseToPgError(msg))
+		err := pgconn.ErrorResponseToPgError(msg)
+		if msg.Code == "42704" && strings.Contains(msg.Message, "publication") {
+			return fmt.Errorf("source ended replication on slot %q: %w; the publication was dropped (and maybe created again) while the slot still needed it, and PostgreSQL cannot decode past that point: drop the slot (SELECT pg_drop_replication_slot('%s')) and restart, and pgconverge reloads every table",
+				l.s.cfg.Slot, err, l.s.cfg.Slot)
+		}
+		return fmt.Errorf("source ended replication on slot %q: %w", l.s.cfg.Slot, err)
 	case *pgproto3.CopyDone:
 		return fmt.Errorf("source ended replication on slot %q (CopyDone)", l.s.cfg.Slot)
 	}

@@ -113,9 +113,11 @@ join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = 
 
 // Memberships returns, per table, a token that identifies how the table belongs to publication:
 // the oid of its pg_publication_rel row, of the pg_publication_namespace row of its schema, or of
-// the publication when it is FOR ALL TABLES, plus the table's own oid; "" when it is not published.
-// A table removed from the publication and added again, or dropped and created again, gets a new
-// token, so a gap in the stream of its changes can be detected after the fact.
+// the publication when it is FOR ALL TABLES, plus the table's own oid and the publication's oid and
+// row version (xmin, new after any ALTER PUBLICATION … SET); "" when it is not published. A table
+// removed from the publication and added again, dropped and created again, or published for a
+// while without some operation gets a new token, so a gap in the stream of its changes is
+// detected after the fact.
 func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables []TableName) (map[TableName]string, error) {
 	schemas, names := make([]string, len(tables)), make([]string, len(tables))
 	for i, t := range tables {
@@ -126,7 +128,8 @@ func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables
     (select 'rel:' || r.oid from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
       where p.pubname = $1 and r.prrelid = c.oid),
     (select 'schema:' || pn.oid from pg_publication_namespace pn join pg_publication p on p.oid = pn.pnpubid
-      where p.pubname = $1 and pn.pnnspid = c.relnamespace)) || '/' || c.oid, '')
+      where p.pubname = $1 and pn.pnnspid = c.relnamespace))
+  || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1), '')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`, publication, schemas, names)
 	if err != nil {

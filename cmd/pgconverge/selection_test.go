@@ -162,3 +162,22 @@ func TestReloadFencesOlderStreamChanges(t *testing.T) {
 	waitSlotCaughtUp(t, env)
 	waitConverged(t, env, "b", "id")
 }
+
+// Deletes are not published for a while: the publication's new row version is noticed and the
+// table is loaded again.
+func TestPublishOptionChangedWhileStreaming(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`,
+		`insert into b select g, 'v' || g from generate_series(1, 100) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "b", "id")
+	waitStreaming(t, env)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source,
+		`alter publication `+pub+` set (publish = 'insert, update')`,
+		`delete from b where id > 90`,
+		`alter publication `+pub+` set (publish = 'insert, update, delete, truncate')`,
+		`insert into b values (1000, 'after')`)
+	waitConverged(t, env, "b", "id")
+	d.requireRunning(t)
+}
