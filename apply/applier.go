@@ -158,8 +158,8 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 }
 
 // lookupMoved fills the unchanged columns of moved row r from the newest live target row among
-// the keys its value moved through (r.from), each older than the change that moved the value
-// away from that key; what none knows stays unknown.
+// the keys its value moved through (r.from), each within the versions the value stayed at that
+// key; what none knows stays unknown.
 func (t *Tx) lookupMoved(ctx context.Context, tab changebatch.Table, r *stagedRow) error {
 	var names []string
 	var idx []int
@@ -170,7 +170,7 @@ func (t *Tx) lookupMoved(ctx context.Context, tab changebatch.Table, r *stagedRo
 	}
 	var best *movedSource
 	for _, from := range r.from {
-		src, err := t.lookupOne(ctx, tab, from.key, from.left, len(names))
+		src, err := t.lookupOne(ctx, tab, from, len(names))
 		if err != nil {
 			return err
 		}
@@ -202,15 +202,16 @@ type movedSource struct {
 	version changebatch.Version
 }
 
-// lookupOne reads the live target row of key with a version below before, or returns nil.
-func (t *Tx) lookupOne(ctx context.Context, tab changebatch.Table, key []changebatch.Value, before changebatch.Version, n int) (*movedSource, error) {
+// lookupOne reads the live target row of from.key with a version in [from.arrived, from.left), or
+// returns nil.
+func (t *Tx) lookupOne(ctx context.Context, tab changebatch.Table, from moveSource, n int) (*movedSource, error) {
 	var args []any
 	for i, c := range tab.Columns {
 		if c.Key {
-			args = append(args, key[i].Text)
+			args = append(args, from.key[i].Text)
 		}
 	}
-	args = append(args, before.LSN.String(), int64(before.Seq))
+	args = append(args, from.left.LSN.String(), int64(from.left.Seq), from.arrived.LSN.String(), int64(from.arrived.Seq))
 	src := &movedSource{vals: make([]*string, n)}
 	var lsn string
 	var seq int64

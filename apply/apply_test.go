@@ -220,3 +220,21 @@ func TestKeyChangeChainIgnoresReusedKeys(t *testing.T) {
 		row{changebatch.OpUpsert, 200, 3, "3", nil, "1"})...))
 	f.expect(t, "1|X5|5|0/C8#2|f|", "2|||0/C8#3|t|", "3|X1|1|0/C8#3|f|", "5|||0/C8#2|t|")
 }
+
+// In one transaction: delete 2, move 1 → 2, move 2 → 3. The target still holds the deleted row 2
+// (newer than row 1) while the batch is staged; it must not supply the value of row 3.
+func TestKeyChangeChainIgnoresTheKeysPreviousRow(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t,
+		row{changebatch.OpUpsert, 100, 0, "1", s("X1"), "1"},
+		row{changebatch.OpUpsert, 150, 1, "2", s("X2"), "2"},
+	))
+	f.apply(t, batch(t,
+		row{changebatch.OpDelete, 200, 1, "2", nil, ""},
+		row{changebatch.OpDelete, 200, 2, "1", nil, ""},
+		row{changebatch.OpUpsert, 200, 2, "2", nil, "1"},
+		row{changebatch.OpDelete, 200, 3, "2", nil, ""},
+		row{changebatch.OpUpsert, 200, 3, "3", nil, "1"},
+	))
+	f.expect(t, "1|||0/C8#2|t|", "2|||0/C8#3|t|", "3|X1|1|0/C8#3|f|")
+}

@@ -15,17 +15,21 @@ type stagedRow struct {
 	// moved marks an upsert of a key an update moved there from another key: its unchanged
 	// (unknown) columns belong to the old key's row, never to an earlier row of the new key.
 	moved bool
+	// movedAt is the version of the key change that brought the row's value to its key.
+	movedAt changebatch.Version
 	// from lists the keys the row's value moved through, oldest first, whose target rows may still
 	// hold the unchanged columns of a moved row; nil when there is nothing to look up.
 	from []moveSource
 }
 
 // moveSource is a key a moved row's value passed through: the value can only be in that key's
-// target row at a version below left, the version of the change that moved it away (after that,
-// the key may hold another row).
+// target row at a version in [arrived, left): from the key change that brought it there (zero for
+// the first key of a chain, where the value was before the batch) to the one that moved it away.
+// Outside that range the key holds another row: an earlier one before the value arrived, a later
+// one after it left.
 type moveSource struct {
-	key  []changebatch.Value // key columns set
-	left changebatch.Version
+	key           []changebatch.Value // key columns set
+	arrived, left changebatch.Version
 }
 
 // collapse reduces rows [from, to) of v (none of them OpTruncate) to one row per key: the newest
@@ -85,7 +89,7 @@ func isMove(v *changebatch.View, i int) bool {
 // on how much of the chain an earlier, interrupted apply of a split transaction already wrote, so
 // all of them are candidates (lookupMoved takes the newest live one).
 func resolveMove(r stagedRow, old *stagedRow, oldKey []changebatch.Value) stagedRow {
-	r.moved = true
+	r.moved, r.movedAt = true, r.version
 	if !anyUnchanged(r.values) {
 		return r
 	}
@@ -102,6 +106,7 @@ func resolveMove(r stagedRow, old *stagedRow, oldKey []changebatch.Value) staged
 		return r
 	}
 	if old.moved {
+		src.arrived = old.movedAt
 		r.from = append(append([]moveSource(nil), old.from...), src)
 	} else {
 		r.from = []moveSource{src}
@@ -118,7 +123,7 @@ func mergeRows(older, newer stagedRow) stagedRow {
 	out := newer
 	out.values = fillUnchanged(newer.values, older.values)
 	if anyUnchanged(out.values) {
-		out.moved, out.from = older.moved, older.from
+		out.moved, out.from, out.movedAt = older.moved, older.from, older.movedAt
 	}
 	return out
 }

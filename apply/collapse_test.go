@@ -94,7 +94,7 @@ func TestCollapse(t *testing.T) {
 			},
 			want: []stagedRow{
 				{op: changebatch.OpDelete, version: v(11, 1), values: []changebatch.Value{text("1"), null, null}},
-				{op: changebatch.OpUpsert, version: v(11, 1), values: []changebatch.Value{text("2"), text("big 1"), text("3.00")}, moved: true},
+				{op: changebatch.OpUpsert, version: v(11, 1), values: []changebatch.Value{text("2"), text("big 1"), text("3.00")}, moved: true, movedAt: v(11, 1)},
 			},
 			wantMerged: 2,
 		},
@@ -108,7 +108,7 @@ func TestCollapse(t *testing.T) {
 			},
 			want: []stagedRow{
 				{op: changebatch.OpUpsert, version: v(11, 2), values: []changebatch.Value{text("2"), unchanged, text("4.00")},
-					moved: true, from: []moveSource{{key: []changebatch.Value{text("1"), null, null}, left: v(11, 1)}}},
+					moved: true, movedAt: v(11, 1), from: []moveSource{{key: []changebatch.Value{text("1"), null, null}, left: v(11, 1)}}},
 				{op: changebatch.OpDelete, version: v(11, 1), values: []changebatch.Value{text("1"), null, null}},
 			},
 			wantMerged: 2,

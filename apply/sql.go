@@ -118,7 +118,8 @@ func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 }
 
 // lookupSQL returns the query for the non-key columns (as text), _cdc_unknown and version of the
-// live target row with key $1..$k (text, cast to the key types) and a version below ($k+1, $k+2).
+// live target row with key $1..$k (text, cast to the key types) and a version in
+// [($k+3, $k+4), ($k+1, $k+2)).
 func lookupSQL(t changebatch.Table) string {
 	var cols, conds []string
 	n := 0
@@ -132,7 +133,8 @@ func lookupSQL(t changebatch.Table) string {
 		}
 	}
 	conds = append(conds, "not "+qDeleted,
-		"("+qLSN+", "+qSeq+") < ($"+strconv.Itoa(n+1)+"::pg_lsn, $"+strconv.Itoa(n+2)+")")
+		"("+qLSN+", "+qSeq+") < ($"+strconv.Itoa(n+1)+"::pg_lsn, $"+strconv.Itoa(n+2)+")",
+		"("+qLSN+", "+qSeq+") >= ($"+strconv.Itoa(n+3)+"::pg_lsn, $"+strconv.Itoa(n+4)+")")
 	cols = append(cols, "coalesce("+qUnknown+", '{}')", qLSN+"::text", qSeq)
 	return "select " + strings.Join(cols, ", ") + " from " + t.Quoted() +
 		" where " + strings.Join(conds, " and ")
