@@ -110,7 +110,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if err == nil || !retryable(err) {
 			return err
 		}
-		if time.Since(started) > time.Minute {
+		if time.Since(started) > time.Minute || errors.Is(err, errMembershipChanged) {
 			b.Reset()
 		}
 		wait := b.NextBackOff()
@@ -118,7 +118,11 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "hint", h)
 		}
-		cfg.Logger.Error("session failed, reconnecting", attrs...)
+		if errors.Is(err, errMembershipChanged) {
+			cfg.Logger.Warn("restarting the session", attrs...)
+		} else {
+			cfg.Logger.Error("session failed, reconnecting", attrs...)
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -29,7 +29,7 @@ func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) er
 			return err
 		}
 		if changed {
-			s.cfg.Logger.Warn("table left the publication and came back (or was recreated) since it was loaded: its changes in between were not streamed, loading it again",
+			s.cfg.Logger.Warn("the table's publication membership changed since it was loaded (it left the publication and came back, was recreated, or the publication was altered): loading it again",
 				"table", t.String(), "publication", s.cfg.Publication)
 		}
 	}
