@@ -92,9 +92,6 @@ func NewBuilder(mem memory.Allocator, t Table) *Builder {
 	return b
 }
 
-// Table returns the table the builder is for.
-func (b *Builder) Table() Table { return b.table }
-
 // Append adds one change. It panics if len(c.Values) differs from the table's column count, which
 // is a producer bug.
 func (b *Builder) Append(c Change) {

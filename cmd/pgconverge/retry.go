@@ -13,7 +13,10 @@ import (
 // or target); the daemon stops with it.
 type permanentError struct{ err error }
 
+// Error returns the wrapped error's message.
 func (e permanentError) Error() string { return e.err.Error() }
+
+// Unwrap returns the wrapped error.
 func (e permanentError) Unwrap() error { return e.err }
 
 func permanent(err error) error {
