@@ -90,7 +90,7 @@ until [ "$(q "$CONV" "SELECT count(*) FROM pgconverge.tables WHERE loaded_lsn IS
 	((SECONDS - start < 600)) || { echo "pgconverge initial load timed out" >&2; exit 1; }
 	sleep 0.5
 done
-wait_slot pgconverge "$(q "$SRC" "SELECT pg_current_wal_lsn()")"
+wait_slot pgconverge "$(q "$SRC" "SELECT pg_current_wal_insert_lsn()")"
 kill -TERM "$DAEMON_PID"
 wait "$DAEMON_PID"
 DAEMON_PID=
@@ -100,7 +100,7 @@ echo "== backlog: pgbench -c 4 -j 2 -T $SECS with both consumers stopped"
 TXNS=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$ROOT/pgbench.log")
 TPS=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$ROOT/pgbench.log")
 CHANGES=$((TXNS * 4))
-LSN=$(q "$SRC" "SELECT pg_current_wal_lsn()")
+LSN=$(q "$SRC" "SELECT pg_current_wal_insert_lsn()")
 echo "pgbench: $TXNS transactions, $CHANGES row changes, $TPS tps; WAL end $LSN"
 
 echo "== native logical replication works off the backlog"

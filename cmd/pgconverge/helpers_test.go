@@ -114,12 +114,13 @@ func waitConverged(t *testing.T, env *pgtest.Env, table, orderBy string) {
 	})
 }
 
-// waitSlotCaughtUp polls until the slot's confirmed_flush_lsn reaches the source's current WAL
-// position as read now, and returns that position.
+// waitSlotCaughtUp polls until the slot's confirmed_flush_lsn reaches the source's WAL insert
+// position as read now (which, unlike pg_current_wal_lsn, covers commits not yet written under
+// synchronous_commit = off), and returns that position.
 func waitSlotCaughtUp(t *testing.T, env *pgtest.Env) string {
 	t.Helper()
 	var lsn string
-	if err := env.Source.QueryRow(context.Background(), "select pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+	if err := env.Source.QueryRow(context.Background(), "select pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.Eventually(t, 60*time.Second, "confirmed_flush_lsn reaches "+lsn, func() (bool, string) {
