@@ -160,3 +160,20 @@ func waitStreaming(t *testing.T, env *pgtest.Env) {
 		return active, "slot exists, not active"
 	})
 }
+
+// requireRefusal runs the daemon with cfg (at most 30 s) and requires it to stop with an error
+// that mentions every string of want.
+func requireRefusal(t *testing.T, cfg daemonConfig, want ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := runDaemon(ctx, cfg)
+	if err == nil {
+		t.Fatalf("run succeeded, want an error mentioning %q", want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %q", err, w)
+		}
+	}
+}

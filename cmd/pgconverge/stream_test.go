@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
-	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -117,17 +114,7 @@ func TestRefusesBadSourceWithClearError(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := testConfig(t, env)
 			c.mutate(&cfg)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			err := runDaemon(ctx, cfg)
-			if err == nil {
-				t.Fatal("run succeeded, want an error")
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not mention %q", err, w)
-				}
-			}
+			requireRefusal(t, cfg, c.want...)
 		})
 	}
 	if n := scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where database = current_database()`); n != 0 {
@@ -184,10 +171,5 @@ func TestSlotAheadOfTargetIsRefused(t *testing.T) {
 	waitSlotCaughtUp(t, env)
 	d.stop(t)
 	pgtest.Exec(t, env.Target, `update pgconverge.progress set applied_lsn = '0/1'`)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err := runDaemon(ctx, testConfig(t, env))
-	if err == nil || !strings.Contains(err.Error(), "ahead of the target's progress") {
-		t.Fatalf("err = %v, want a refusal naming the slot ahead of the target", err)
-	}
+	requireRefusal(t, testConfig(t, env), "ahead of the target's progress")
 }
