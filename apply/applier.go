@@ -56,6 +56,7 @@ type Tx struct {
 	tx        pgx.Tx
 	newStages map[string]string
 	used      map[string]bool
+	fences    map[string]changebatch.Version // fences locked by lockFence
 	buf       bytes.Buffer
 	// Result accumulates the counts of every Apply in this transaction.
 	Result Result
@@ -67,7 +68,7 @@ func (a *Applier) Begin(ctx context.Context) (*Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("begin target transaction: %w", err)
 	}
-	return &Tx{a: a, tx: tx, newStages: map[string]string{}, used: map[string]bool{}}, nil
+	return &Tx{a: a, tx: tx, newStages: map[string]string{}, used: map[string]bool{}, fences: map[string]changebatch.Version{}}, nil
 }
 
 // Commit commits the transaction. Only after it returns nil may a producer confirm the positions
@@ -122,7 +123,13 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 }
 
 // merge stages rows [from, to) of v and upserts them into the target table.
+// It first locks the table's fence row (lockFence): a backfill completing concurrently raises the
+// fence and turns older rows into tombstones only after this transaction ended, so it sees the
+// rows written here.
 func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Result, error) {
+	if _, err := t.lockFence(ctx, v.Table); err != nil {
+		return Result{}, err
+	}
 	rows, merged := collapse(v, from, to)
 	movedUnknown := false
 	for i := range rows {
@@ -270,6 +277,7 @@ func (t *Tx) Fence(ctx context.Context, tab changebatch.Table, ver changebatch.V
 	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
 		return 0, fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
 	}
+	delete(t.fences, tab.String())
 	tag, err := t.tx.Exec(ctx, tombstoneBeforeSQL(tab), ver.LSN.String(), int64(ver.Seq))
 	if err != nil {
 		return 0, fmt.Errorf("tombstone rows of %s before %s: %w", tab, ver, err)

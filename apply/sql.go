@@ -17,23 +17,25 @@ var (
 )
 
 // createTableSQL returns the DDL of the target table for t: the source's columns and types, the
-// same key as primary key, every non-key column nullable (tombstones carry only the key), plus the
+// same key as primary key (in the source key's column order), every non-key column nullable (tombstones carry only the key), plus the
 // version and tombstone columns. It does nothing when the table exists.
 func createTableSQL(t changebatch.Table) string {
 	var b strings.Builder
 	b.WriteString("create table if not exists ")
 	b.WriteString(t.Quoted())
 	b.WriteString(" (")
-	var keys []string
 	for _, c := range t.Columns {
 		b.WriteString(pgx.Identifier{c.Name}.Sanitize())
 		b.WriteByte(' ')
 		b.WriteString(c.Type)
 		if c.Key {
 			b.WriteString(" not null")
-			keys = append(keys, pgx.Identifier{c.Name}.Sanitize())
 		}
 		b.WriteString(", ")
+	}
+	var keys []string
+	for _, i := range t.KeyOrder() {
+		keys = append(keys, pgx.Identifier{t.Columns[i].Name}.Sanitize())
 	}
 	b.WriteString(qLSN + " pg_lsn not null, ")
 	b.WriteString(qSeq + " bigint not null, ")
@@ -73,19 +75,33 @@ func copySQL(t changebatch.Table, stage string) string {
 // its version is above the table's TRUNCATE fence and, for an existing key, above the stored
 // version. Keys equal by the key type's equality but spelled differently (numeric 1.0 and 1.00)
 // are first reduced, over all staged rows, to the newest version (DISTINCT ON), an upsert before a
-// tombstone of the same version; then the moved or unmoved ones are taken. A column named in the staged row's _cdc_unknown keeps the target's value and stays
-// unknown only if it was unknown before too; for moved rows (moved = true) the target row belongs
-// to another incarnation of the key, so the column is written as staged (NULL) and stays unknown.
+// tombstone of the same version; then the moved or unmoved ones are taken.
+//
+// Unknown columns (_cdc_unknown): a column named in the staged row's _cdc_unknown keeps the
+// target's value and stays unknown only if it was unknown before too; for moved rows (moved =
+// true) the target row belongs to another incarnation of the key, so the column is written as
+// staged (NULL) and stays unknown. A snapshot row (seq 0, a backfill) that is older than a live
+// target row with unknown columns fills just those columns and changes nothing else: the stream
+// left them unchanged since before the snapshot, so the snapshot holds their value (DESIGN.md,
+// "The version rule").
 func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 	cols := strings.Join(copyColumns(t), ", ")
 	args := []any{t.Schema, t.Name, moved}
+	newer := "(tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")"
+	// ifNewer keeps the target's value of column q when the staged row only fills unknown columns.
+	ifNewer := func(q, expr string) string {
+		if moved {
+			return q + " = " + expr
+		}
+		return q + " = case when " + newer + " then " + expr + " else tgt." + q + " end"
+	}
 	var keys, sets []string
 	for _, c := range t.Columns {
 		q := pgx.Identifier{c.Name}.Sanitize()
 		if c.Key {
 			// Equal keys may be spelled differently (numeric 1.0 and 1.00): keep the newest spelling.
 			keys = append(keys, q)
-			sets = append(sets, q+" = excluded."+q)
+			sets = append(sets, ifNewer(q, "excluded."+q))
 			continue
 		}
 		if moved {
@@ -94,14 +110,15 @@ func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 		}
 		args = append(args, c.Name)
 		p := "$" + strconv.Itoa(len(args)) + "::text"
-		sets = append(sets, q+" = case when "+p+" = any (excluded."+qUnknown+") then tgt."+q+" else excluded."+q+" end")
+		sets = append(sets, q+" = case when "+newer+" then case when "+p+" = any (excluded."+qUnknown+") then tgt."+q+" else excluded."+q+" end"+
+			" when "+p+" = any (tgt."+qUnknown+") then excluded."+q+" else tgt."+q+" end")
 	}
 	unknown := qUnknown + " = excluded." + qUnknown
 	if !moved {
-		unknown = qUnknown + " = case when excluded." + qUnknown + " is null then null when tgt." + qDeleted + " then excluded." + qUnknown +
+		unknown = qUnknown + " = case when not " + newer + " then null when excluded." + qUnknown + " is null then null when tgt." + qDeleted + " then excluded." + qUnknown +
 			" else nullif(array(select unnest(excluded." + qUnknown + ") intersect select unnest(tgt." + qUnknown + ")), '{}') end"
 	}
-	sets = append(sets, qLSN+" = excluded."+qLSN, qSeq+" = excluded."+qSeq, qDeleted+" = excluded."+qDeleted, unknown)
+	sets = append(sets, ifNewer(qLSN, "excluded."+qLSN), ifNewer(qSeq, "excluded."+qSeq), ifNewer(qDeleted, "excluded."+qDeleted), unknown)
 	keyList := strings.Join(keys, ", ")
 	var b strings.Builder
 	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
@@ -113,7 +130,10 @@ func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 	b.WriteString("where " + qMoved + " = $3\n")
 	b.WriteString("on conflict (" + keyList + ") do update set\n  ")
 	b.WriteString(strings.Join(sets, ",\n  "))
-	b.WriteString("\nwhere (tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")")
+	b.WriteString("\nwhere " + newer)
+	if !moved {
+		b.WriteString("\n  or (excluded." + qSeq + " = 0 and not excluded." + qDeleted + " and not tgt." + qDeleted + " and tgt." + qUnknown + " is not null)")
+	}
 	return b.String(), args
 }
 

@@ -20,14 +20,15 @@ select "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknow
   order by "id", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted") as newest
 where "_cdc_moved" = $3
 on conflict ("id") do update set
-  "id" = excluded."id",
-  "note" = case when $4::text = any (excluded."_cdc_unknown") then tgt."note" else excluded."note" end,
-  "bal" = case when $5::text = any (excluded."_cdc_unknown") then tgt."bal" else excluded."bal" end,
-  "_cdc_lsn" = excluded."_cdc_lsn",
-  "_cdc_seq" = excluded."_cdc_seq",
-  "_cdc_deleted" = excluded."_cdc_deleted",
-  "_cdc_unknown" = case when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
-where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")`
+  "id" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."id" else tgt."id" end,
+  "note" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then case when $4::text = any (excluded."_cdc_unknown") then tgt."note" else excluded."note" end when $4::text = any (tgt."_cdc_unknown") then excluded."note" else tgt."note" end,
+  "bal" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then case when $5::text = any (excluded."_cdc_unknown") then tgt."bal" else excluded."bal" end when $5::text = any (tgt."_cdc_unknown") then excluded."bal" else tgt."bal" end,
+  "_cdc_lsn" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."_cdc_lsn" else tgt."_cdc_lsn" end,
+  "_cdc_seq" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."_cdc_seq" else tgt."_cdc_seq" end,
+  "_cdc_deleted" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."_cdc_deleted" else tgt."_cdc_deleted" end,
+  "_cdc_unknown" = case when not (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then null when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
+where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")
+  or (excluded."_cdc_seq" = 0 and not excluded."_cdc_deleted" and not tgt."_cdc_deleted" and tgt."_cdc_unknown" is not null)`
 	got, args := upsertSQL(accTable, "pgconverge_stage_1", false)
 	if got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
@@ -73,13 +74,14 @@ select "a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown" from (se
   order by "a", "b", stg."_cdc_lsn" desc, stg."_cdc_seq" desc, stg."_cdc_deleted") as newest
 where "_cdc_moved" = $3
 on conflict ("a", "b") do update set
-  "a" = excluded."a",
-  "b" = excluded."b",
-  "_cdc_lsn" = excluded."_cdc_lsn",
-  "_cdc_seq" = excluded."_cdc_seq",
-  "_cdc_deleted" = excluded."_cdc_deleted",
-  "_cdc_unknown" = case when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
-where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")`
+  "a" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."a" else tgt."a" end,
+  "b" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."b" else tgt."b" end,
+  "_cdc_lsn" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."_cdc_lsn" else tgt."_cdc_lsn" end,
+  "_cdc_seq" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."_cdc_seq" else tgt."_cdc_seq" end,
+  "_cdc_deleted" = case when (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then excluded."_cdc_deleted" else tgt."_cdc_deleted" end,
+  "_cdc_unknown" = case when not (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then null when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
+where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")
+  or (excluded."_cdc_seq" = 0 and not excluded."_cdc_deleted" and not tgt."_cdc_deleted" and tgt."_cdc_unknown" is not null)`
 	if got, _ := upsertSQL(tab, "st", false); got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
 	}

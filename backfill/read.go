@@ -19,30 +19,31 @@ type EmitFunc func(ctx context.Context, rec arrow.RecordBatch) error
 // which keeps memory bounded and every Arrow string column far below its 2 GiB offset limit.
 const MaxBatchBytes = 64 << 20
 
-// ReadTable reads every row of table t that snapshot snap shows, over conn (an ordinary SQL
-// connection to the source), and emits them as upsert batches of at most batchRows rows and about
-// MaxBatchBytes bytes, each row at version (snap.LSN, 0). It returns the number of rows read. The read runs in a REPEATABLE READ,
-// READ ONLY transaction that imports the snapshot; conn must not be in a transaction.
-func ReadTable(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, batchRows int, emit EmitFunc) (int64, error) {
-	if !snapshotName.MatchString(snap.Name) {
-		return 0, fmt.Errorf("snapshot id %q is not a PostgreSQL snapshot id", snap.Name)
+// ReadChunk reads every row of chunk c of table t that snapshot snap shows, in key order, over
+// conn (an ordinary SQL connection to the source, not in a transaction), and emits them as upsert
+// batches of at most batchRows rows and about MaxBatchBytes bytes, each row at version
+// (snap.LSN, 0). It returns the number of rows read. The read runs in its own REPEATABLE READ,
+// READ ONLY transaction that imports the snapshot.
+func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, c Chunk, batchRows int, emit EmitFunc) (int64, error) {
+	if err := checkBounds(t, c); err != nil {
+		return 0, err
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := beginSnapshot(ctx, conn, snap)
 	if err != nil {
-		return 0, fmt.Errorf("begin snapshot read of %s: %w", t, err)
+		return 0, fmt.Errorf("read %s: %w", t, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "set transaction snapshot '"+snap.Name+"'"); err != nil {
-		return 0, fmt.Errorf("import snapshot %s for %s: %w", snap.Name, t, err)
-	}
 	cols := make([]string, len(t.Columns))
 	for i, c := range t.Columns {
 		cols[i] = pgx.Identifier{c.Name}.Sanitize()
 	}
-	rows, err := tx.Query(ctx, "select "+strings.Join(cols, ", ")+" from only "+t.Quoted(),
-		pgx.QueryResultFormats{pgx.TextFormatCode})
+	names, _ := keyColumns(t)
+	cond, args := rangeCondition(t, c)
+	query := "select " + strings.Join(cols, ", ") + " from only " + t.Quoted() + " where " + cond +
+		" order by " + strings.Join(names, ", ")
+	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {
-		return 0, fmt.Errorf("read %s at snapshot %s: %w", t, snap.LSN, err)
+		return 0, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
 	}
 	defer rows.Close()
 	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
@@ -72,7 +73,7 @@ func ReadTable(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return n, fmt.Errorf("read %s at snapshot %s: %w", t, snap.LSN, err)
+		return n, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
 	}
 	if b.Rows() > 0 {
 		if err := flush(); err != nil {

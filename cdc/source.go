@@ -80,7 +80,8 @@ where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' or
 		if err := rows.Scan(&c.Name, &c.Type, &num); err != nil {
 			return t, fmt.Errorf("read columns of source table %s: %w", t, err)
 		}
-		c.Key = keys[num]
+		c.KeyPos = keys[num]
+		c.Key = c.KeyPos > 0
 		t.Columns = append(t.Columns, c)
 	}
 	if err := rows.Err(); err != nil {
@@ -89,9 +90,10 @@ where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' or
 	return t, t.Validate()
 }
 
-// keyColumns returns the attribute numbers of the replica identity key: the index marked as
-// replica identity for REPLICA IDENTITY USING INDEX, else the primary key.
-func keyColumns(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (map[int16]bool, error) {
+// keyColumns maps the attribute numbers of the replica identity key to their 1-based position in
+// its index: the index marked as replica identity for REPLICA IDENTITY USING INDEX, else the
+// primary key.
+func keyColumns(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (map[int16]int, error) {
 	cond := "indisprimary"
 	if ident == "i" {
 		cond = "indisreplident"
@@ -104,9 +106,9 @@ func keyColumns(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (
 	if err != nil {
 		return nil, err
 	}
-	keys := map[int16]bool{}
-	for _, n := range nums {
-		keys[n] = true
+	keys := map[int16]int{}
+	for i, n := range nums {
+		keys[n] = i + 1
 	}
 	return keys, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,9 @@ type Column struct {
 	Type string
 	// Key marks a column of the replica identity key (the primary key by default).
 	Key bool
+	// KeyPos is the column's 1-based position in the key's index, 0 when unknown or not a key
+	// column; KeyOrder uses it.
+	KeyPos int
 }
 
 // Table describes a replicated table: its schema-qualified name and its columns in the order the
@@ -67,6 +71,18 @@ func QualifiedName(schema, name string) string {
 		return `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
 	}
 	return part(schema) + "." + part(name)
+}
+
+// KeyOrder returns the positions of the key columns in Columns in the order of the key's index
+// (KeyPos), which is the order in which the index sorts rows; columns without a KeyPos keep their
+// column order after those with one.
+func (t Table) KeyOrder() []int {
+	idx := t.KeyIndexes()
+	sort.SliceStable(idx, func(a, b int) bool {
+		pa, pb := t.Columns[idx[a]].KeyPos, t.Columns[idx[b]].KeyPos
+		return pa != 0 && (pb == 0 || pa < pb)
+	})
+	return idx
 }
 
 // KeyIndexes returns the positions of the key columns in Columns, in column order.

@@ -34,8 +34,8 @@ func testConfig(t *testing.T, env *pgtest.Env) daemonConfig {
 	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
 	return daemonConfig{
 		Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name, Publication: env.Name,
-		LoadBatchRows: 1000,
-		Logger:        slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		BackfillWorkers: 2, ChunkRows: 1000,
+		Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }
 

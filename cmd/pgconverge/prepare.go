@@ -3,23 +3,21 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
-	"golang.org/x/sync/errgroup"
 )
 
 // prepareSlot makes sure the slot exists and every table is loaded, and returns the LSN to start
 // streaming from. A new slot's own exported snapshot loads every table; with an existing slot,
 // tables that have no completed load followed by this slot load from a fresh snapshot of a
-// temporary slot, while the main slot keeps their later changes.
+// temporary slot (keeping what an interrupted load completed), while the main slot keeps their
+// later changes.
 func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	cfg := s.cfg
 	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
@@ -44,7 +42,7 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 			return 0, err
 		}
 		snap := backfill.Snapshot{Name: created.SnapshotName, LSN: created.ConsistentPoint}
-		return created.ConsistentPoint, s.loadTables(ctx, s.tables, snap)
+		return created.ConsistentPoint, s.loadTables(ctx, s.tables, &snap, created.ConsistentPoint)
 	}
 	if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
 		return 0, permanent(err)
@@ -82,12 +80,7 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	if len(need) == 0 {
 		return progress, nil
 	}
-	exp, err := backfill.Export(ctx, cfg.Source)
-	if err != nil {
-		return 0, err
-	}
-	defer exp.Close(context.WithoutCancel(ctx))
-	return progress, s.loadTables(ctx, need, exp.Snapshot)
+	return progress, s.loadTables(ctx, need, nil, progress)
 }
 
 func (s *session) recordProgress(ctx context.Context, lsn pglogrepl.LSN) error {
@@ -102,113 +95,18 @@ func (s *session) recordProgress(ctx context.Context, lsn pglogrepl.LSN) error {
 	return tx.Commit(ctx)
 }
 
-// loadTables copies every row of tables visible in snap into the target through the apply step,
-// at version (snap.LSN, 0), and records each completed load with its snapshot LSN.
-func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, snap backfill.Snapshot) error {
-	for _, t := range tables {
-		if err := s.loadTable(ctx, t, snap); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *session) loadTable(ctx context.Context, t changebatch.Table, snap backfill.Snapshot) error {
-	log := s.cfg.Logger.With("table", t.String(), "snapshot_lsn", snap.LSN.String())
-	if err := apply.AbandonBackfills(ctx, s.tgt, t, s.cfg.Slot); err != nil {
-		return err
-	}
-	id, err := apply.StartBackfill(ctx, s.tgt, t, snap.LSN, s.cfg.Slot)
-	if err != nil {
-		return err
-	}
-	log.Info("loading table")
-	began := time.Now()
-	n, total, err := s.copyTable(ctx, t, snap, log)
-	if err != nil {
-		if ferr := apply.FailBackfill(context.WithoutCancel(ctx), s.tgt, id, total.Applied+total.Suppressed); ferr == nil && ctx.Err() != nil {
-			log.Warn("initial load interrupted: the table is loaded again from a new snapshot at the next start", "rows", total.Applied+total.Suppressed)
-		}
-		return fmt.Errorf("load %s: %w", t, err)
-	}
-	tx, err := s.ap.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	ghosts, err := tx.Fence(ctx, t, changebatch.Version{LSN: snap.LSN})
-	if err != nil {
-		return err
-	}
-	if err := apply.FinishBackfill(ctx, tx.Conn(), id, n); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-	secs := time.Since(began).Seconds()
-	log.Info("loaded table", "rows", n, "applied", total.Applied, "suppressed", total.Suppressed, "tombstoned_absent", ghosts,
-		"seconds", fmt.Sprintf("%.1f", secs), "rows_per_s", int64(float64(n)/max(secs, 0.001)))
-	return nil
-}
-
-// copyTable reads t at snap and applies its rows, one target transaction per batch. Reading and
-// applying overlap: the reader runs at most two batches ahead of the apply step.
-func (s *session) copyTable(ctx context.Context, t changebatch.Table, snap backfill.Snapshot, log *slog.Logger) (int64, apply.Result, error) {
-	var total apply.Result
-	var read int64
-	batches := make(chan arrow.RecordBatch, 2)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		defer close(batches)
-		var err error
-		read, err = backfill.ReadTable(gctx, s.src, snap, t, s.cfg.LoadBatchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
-			rec.Retain()
-			select {
-			case batches <- rec:
-				return nil
-			case <-ctx.Done():
-				rec.Release()
-				return ctx.Err()
-			}
-		})
-		return err
+// loadTables backfills tables before streaming starts (a backfill run with trigger "initial"):
+// from snap when it is set (a new slot's own exported snapshot, which stays importable while the
+// replication connection is idle), else from a temporary slot's. Chunks an interrupted load
+// completed at an S at or above keepFrom, where the stream resumes, are kept.
+func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, snap *backfill.Snapshot, keepFrom pglogrepl.LSN) error {
+	cfg := s.cfg
+	_, err := runBackfill(ctx, backfillJob{
+		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: apply.TriggerInitial, Slot: cfg.Slot,
+		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows, Snapshot: snap,
+		Resume: true, KeepFrom: keepFrom, Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
+		Progress:   newProgress(nil, false, "initial load", cfg.Logger, 10*time.Second),
+		AfterChunk: cfg.Knobs.AfterLoadChunk,
 	})
-	g.Go(func() error {
-		var applied int64
-		began, lastLog := time.Now(), time.Now()
-		for rec := range batches {
-			if time.Since(lastLog) >= 10*time.Second {
-				lastLog = time.Now()
-				log.Info("loading table", "rows", applied, "rows_per_s", int64(float64(applied)/time.Since(began).Seconds()))
-			}
-			res, err := s.applyBatch(gctx, rec)
-			applied += rec.NumRows()
-			rec.Release()
-			if err != nil {
-				return err
-			}
-			total.Add(res)
-			if k := s.cfg.Knobs.AfterLoadBatch; k != nil {
-				k(t.String(), applied)
-			}
-		}
-		return nil
-	})
-	err := g.Wait()
-	return read, total, err
-}
-
-// applyBatch applies one batch in its own target transaction.
-func (s *session) applyBatch(ctx context.Context, rec arrow.RecordBatch) (apply.Result, error) {
-	tx, err := s.ap.Begin(ctx)
-	if err != nil {
-		return apply.Result{}, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	res, err := tx.Apply(ctx, rec)
-	if err != nil {
-		return res, err
-	}
-	return res, tx.Commit(ctx)
+	return err
 }

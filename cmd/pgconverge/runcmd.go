@@ -21,17 +21,21 @@ type daemonConfig struct {
 	Tables      []string
 	Slot        string
 	Publication string
-	// LoadBatchRows is the number of rows per target transaction during an initial load.
-	LoadBatchRows int
-	Logger        *slog.Logger
-	Knobs         daemonKnobs
+	// BackfillWorkers chunks are read and applied at once during a backfill; ChunkRows rows make a
+	// chunk (one target transaction).
+	BackfillWorkers, ChunkRows int
+	// SnapshotWarn is how long a backfill may hold its snapshot before it warns; 0 never warns.
+	SnapshotWarn time.Duration
+	Logger       *slog.Logger
+	Knobs        daemonKnobs
 }
 
 // daemonKnobs are fault-injection hooks for tests; nil hooks do nothing.
 type daemonKnobs struct {
 	Stream cdc.Knobs
-	// AfterLoadBatch runs after each committed batch of an initial load, with the rows loaded so far.
-	AfterLoadBatch func(table string, rows int64)
+	// AfterLoadChunk runs after each committed chunk of an initial load, with the table's rows
+	// loaded so far.
+	AfterLoadChunk func(table string, rows int64)
 }
 
 // Validate reports every problem of the configuration at once.
@@ -52,9 +56,7 @@ func (c *daemonConfig) Validate() error {
 	if err := cdc.ValidatePublicationName(c.Publication); err != nil {
 		errs = append(errs, err)
 	}
-	if c.LoadBatchRows <= 0 {
-		errs = append(errs, errors.New("--load-batch-rows must be positive"))
-	}
+	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows))
 	return errors.Join(errs...)
 }
 
@@ -90,7 +92,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"' (default: the publication's tables, else every table with a primary key)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
-	f.IntVar(&cfg.LoadBatchRows, "load-batch-rows", 20_000, "rows per target transaction during an initial load")
+	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&logFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

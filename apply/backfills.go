@@ -1,0 +1,235 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Ledger rows of backfills (migrations/002_backfill_chunks.sql): a run, each table's backfill in
+// it, and each table's chunks with the snapshot LSN S they were read at.
+
+// Run triggers, as stored in pgconverge.backfill_runs.trigger.
+const (
+	TriggerInitial  = "initial"
+	TriggerManual   = "manual"
+	TriggerSchedule = "schedule"
+)
+
+// StartRun records a running backfill run and returns its id. slot is the slot whose stream
+// follows the tables ("" when none: a `pgconverge backfill` on its own).
+func StartRun(ctx context.Context, conn *pgx.Conn, trigger, slot string, workers, chunkRows int) (int64, error) {
+	var id int64
+	err := conn.QueryRow(ctx, `insert into pgconverge.backfill_runs (trigger, slot, status, workers, chunk_rows)
+values ($1, nullif($2, ''), 'running', $3, $4) returning id`, trigger, slot, workers, chunkRows).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record backfill run: %w", err)
+	}
+	return id, nil
+}
+
+// EndRun records how run id ended: completed when runErr is nil, else failed with runErr's text;
+// rows and reread count the rows it read and read again. Table backfills of the run still running
+// are marked failed (their completed chunks stay, for the next run to resume).
+func EndRun(ctx context.Context, conn *pgx.Conn, id, rows, reread int64, runErr error) error {
+	status, msg := "completed", ""
+	if runErr != nil {
+		status, msg = "failed", runErr.Error()
+	}
+	_, err := conn.Exec(ctx, `with r as (
+  update pgconverge.backfill_runs set status = $2, rows = $3, reread_rows = $4, error = nullif($5, ''), finished_at = now()
+  where id = $1 returning id)
+update pgconverge.backfills b set status = 'failed', finished_at = now() from r where b.run_id = r.id and b.status = 'running'`,
+		id, status, rows, reread, msg)
+	if err != nil {
+		return fmt.Errorf("record end of backfill run %d: %w", id, err)
+	}
+	return nil
+}
+
+// ChunkRecord is one recorded chunk of a table backfill: the key range (Lower, Upper] as key
+// column values in text form (nil bound = unbounded).
+type ChunkRecord struct {
+	Ordinal      int
+	Lower, Upper []string
+	// S is the snapshot LSN the chunk was read at; zero while it is not completed.
+	S        pglogrepl.LSN
+	Rows     int64
+	Attempts int
+}
+
+// TableBackfill is a table's backfill as the ledger holds it.
+type TableBackfill struct {
+	ID     int64
+	Chunks []ChunkRecord
+}
+
+// Planned reports whether the chunk plan is complete (its last chunk, unbounded above, exists).
+func (b *TableBackfill) Planned() bool {
+	return len(b.Chunks) > 0 && b.Chunks[len(b.Chunks)-1].Upper == nil
+}
+
+// Resumable returns the latest backfill of t when it did not complete and was chunked by keyCols,
+// with its chunks in order, or nil when there is none to resume. The caller must hold t's backfill
+// lock (LockBackfill), so a backfill recorded as running is one whose process died.
+func Resumable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, keyCols []string) (*TableBackfill, error) {
+	var id int64
+	var status string
+	var cols []string
+	err := conn.QueryRow(ctx, `select id, status, key_columns from pgconverge.backfills
+where schema_name = $1 and table_name = $2 order by id desc limit 1`, t.Schema, t.Name).Scan(&id, &status, &cols)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read last backfill of %s: %w", t, err)
+	}
+	if status == "completed" || !slices.Equal(cols, keyCols) {
+		return nil, nil
+	}
+	rows, err := conn.Query(ctx, `select chunk, lower_key, upper_key, coalesce(snapshot_lsn::text, ''), coalesce(rows, 0), attempts
+from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
+	}
+	defer rows.Close()
+	b := &TableBackfill{ID: id}
+	for rows.Next() {
+		var c ChunkRecord
+		var s string
+		if err := rows.Scan(&c.Ordinal, &c.Lower, &c.Upper, &s, &c.Rows, &c.Attempts); err != nil {
+			return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
+		}
+		if s != "" {
+			if c.S, err = pglogrepl.ParseLSN(s); err != nil {
+				return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
+			}
+		}
+		b.Chunks = append(b.Chunks, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
+	}
+	if len(b.Chunks) == 0 {
+		return nil, nil
+	}
+	return b, nil
+}
+
+// StartTableBackfill records the running backfill of table t in run runID from snapshot LSN s,
+// chunked by the key columns keyCols, and returns its id.
+func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t changebatch.Table, s pglogrepl.LSN, slot string, keyCols []string) (int64, error) {
+	var id int64
+	err := conn.QueryRow(ctx, `insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns)
+values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6) returning id`, runID, t.Schema, t.Name, s.String(), slot, keyCols).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
+	}
+	return id, nil
+}
+
+// AdoptTableBackfill moves the interrupted table backfill id into run runID, whose stream slot is
+// slot, and marks it running again. Its previous run, when still recorded as running, is marked
+// failed: the caller holds the table's backfill lock, which that run's process would hold.
+func AdoptTableBackfill(ctx context.Context, conn *pgx.Conn, id, runID int64, slot string) error {
+	_, err := conn.Exec(ctx, `with old as (
+  update pgconverge.backfill_runs r set status = 'failed', finished_at = now(),
+    error = 'interrupted: the process ended without recording the end of the run'
+  from pgconverge.backfills b where b.id = $1 and r.id = b.run_id and r.status = 'running')
+update pgconverge.backfills set run_id = $2, slot = nullif($3, ''), status = 'running', finished_at = null
+where id = $1`, id, runID, slot)
+	if err != nil {
+		return fmt.Errorf("resume backfill %d: %w", id, err)
+	}
+	return nil
+}
+
+// RecordChunk records chunk ordinal of table backfill id with key range (lower, upper].
+func RecordChunk(ctx context.Context, conn *pgx.Conn, id int64, ordinal int, lower, upper []string) error {
+	_, err := conn.Exec(ctx, `insert into pgconverge.backfill_chunks (backfill_id, chunk, lower_key, upper_key) values ($1, $2, $3, $4)`,
+		id, ordinal, lower, upper)
+	if err != nil {
+		return fmt.Errorf("record chunk %d of backfill %d: %w", ordinal, id, err)
+	}
+	return nil
+}
+
+// StartChunk counts an attempt at chunk ordinal of table backfill id and returns how many
+// attempts had started before.
+func StartChunk(ctx context.Context, conn *pgx.Conn, id int64, ordinal int) (int, error) {
+	var n int
+	err := conn.QueryRow(ctx, `update pgconverge.backfill_chunks set attempts = attempts + 1
+where backfill_id = $1 and chunk = $2 returning attempts - 1`, id, ordinal).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("start chunk %d of backfill %d: %w", ordinal, id, err)
+	}
+	return n, nil
+}
+
+// CompleteChunk records chunk ordinal of table backfill id as read at snapshot LSN s with rows
+// rows, in tx, the transaction that applied those rows.
+func CompleteChunk(ctx context.Context, tx pgx.Tx, id int64, ordinal int, s pglogrepl.LSN, rows int64) error {
+	_, err := tx.Exec(ctx, `update pgconverge.backfill_chunks set snapshot_lsn = $3::pg_lsn, rows = $4, completed_at = now()
+where backfill_id = $1 and chunk = $2`, id, ordinal, s.String(), rows)
+	if err != nil {
+		return fmt.Errorf("complete chunk %d of backfill %d: %w", ordinal, id, err)
+	}
+	return nil
+}
+
+// FinishTableBackfill marks table backfill id completed, in tx, once every chunk completed, and
+// returns the smallest S of its chunks: the table now counts as backfilled at that S
+// (pgconverge.tables.loaded_lsn), followed by the backfill's slot or, when it has none, by the
+// slot that followed the table before.
+func FinishTableBackfill(ctx context.Context, tx pgx.Tx, id int64) (pglogrepl.LSN, error) {
+	var s string
+	err := tx.QueryRow(ctx, `with c as (
+  select min(snapshot_lsn) as s, sum(rows) as rows, count(*) filter (where snapshot_lsn is null) as open
+  from pgconverge.backfill_chunks where backfill_id = $1),
+b as (
+  update pgconverge.backfills b set status = 'completed', rows = c.rows, finished_at = now()
+  from c where b.id = $1 and c.open = 0 and c.s is not null
+  returning b.schema_name, b.table_name, b.slot, c.s)
+update pgconverge.tables t set loaded_lsn = b.s, loaded_at = now(), slot = coalesce(b.slot, t.slot)
+from b where t.schema_name = b.schema_name and t.table_name = b.table_name
+returning b.s::text`, id).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("complete backfill %d: a chunk is not completed, or its table is not registered", id)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("complete backfill %d: %w", id, err)
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+// backfillLockClass is the first key of the session advisory locks that allow one backfill of a
+// table at a time ("pgcv"); the second is hashtext of the table's qualified name.
+const backfillLockClass = 0x70676376
+
+// LockBackfill takes table t's backfill lock in conn's session, which holds it until
+// UnlockBackfill or until the session ends (a crashed process releases it). With wait it waits
+// for the lock (until ctx ends), else it returns false at once when another session holds it.
+func LockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table, wait bool) (bool, error) {
+	q := `select pg_try_advisory_lock($1, hashtext($2))`
+	if wait {
+		q = `select true from pg_advisory_lock($1, hashtext($2))`
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, q, backfillLockClass, t.String()).Scan(&ok); err != nil {
+		return false, fmt.Errorf("take the backfill lock of %s: %w", t, err)
+	}
+	return ok, nil
+}
+
+// UnlockBackfill releases table t's backfill lock held by conn's session.
+func UnlockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error {
+	if _, err := conn.Exec(ctx, `select pg_advisory_unlock($1, hashtext($2))`, backfillLockClass, t.String()); err != nil {
+		return fmt.Errorf("release the backfill lock of %s: %w", t, err)
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Chunk is the key range (Lower, Upper] of a table in the order of its key's index: key column
+// values in text form, in changebatch.Table.KeyOrder; a nil bound is unbounded. The chunks of a
+// plan are disjoint and together cover every possible key, whatever rows a later snapshot shows.
+type Chunk struct {
+	Lower, Upper []string
+}
+
+// String renders the range for logs, for example (100, 200], ((x, 1), (x, 3)] or (-inf, +inf).
+func (c Chunk) String() string {
+	b := func(k []string, inf string) string {
+		switch len(k) {
+		case 0:
+			return inf
+		case 1:
+			return k[0]
+		}
+		return "(" + strings.Join(k, ", ") + ")"
+	}
+	return "(" + b(c.Lower, "-inf") + ", " + b(c.Upper, "+inf") + "]"
+}
+
+// keyColumns returns t's key columns, quoted, and their types, in KeyOrder.
+func keyColumns(t changebatch.Table) (names, types []string) {
+	for _, i := range t.KeyOrder() {
+		names = append(names, pgx.Identifier{t.Columns[i].Name}.Sanitize())
+		types = append(types, t.Columns[i].Type)
+	}
+	return names, types
+}
+
+// KeyColumnNames returns the names of t's key columns in KeyOrder, as a plan records them: a plan
+// can only be resumed with the same key.
+func KeyColumnNames(t changebatch.Table) []string {
+	var out []string
+	for _, i := range t.KeyOrder() {
+		out = append(out, t.Columns[i].Name)
+	}
+	return out
+}
+
+// rangeCondition returns the SQL condition for c over t's key, comparing rows of the key columns
+// with the bounds cast to the key types, so the comparison uses the key's own operators and
+// collations (never Go's string order) and the key's index; and it returns the bounds as
+// arguments numbered from $1. It returns "true" for an unbounded chunk.
+func rangeCondition(t changebatch.Table, c Chunk) (string, []any) {
+	names, types := keyColumns(t)
+	var conds []string
+	var args []any
+	bound := func(k []string, op string) {
+		if k == nil {
+			return
+		}
+		ps := make([]string, len(k))
+		for i, v := range k {
+			args = append(args, v)
+			ps[i] = "$" + strconv.Itoa(len(args)) + "::" + types[i]
+		}
+		conds = append(conds, "("+strings.Join(names, ", ")+") "+op+" ("+strings.Join(ps, ", ")+")")
+	}
+	bound(c.Lower, ">")
+	bound(c.Upper, "<=")
+	if len(conds) == 0 {
+		return "true", nil
+	}
+	return strings.Join(conds, " and "), args
+}
+
+// checkBounds returns an error when a bound of c does not have one value per key column of t.
+func checkBounds(t changebatch.Table, c Chunk) error {
+	n := len(t.KeyOrder())
+	if (c.Lower != nil && len(c.Lower) != n) || (c.Upper != nil && len(c.Upper) != n) {
+		return fmt.Errorf("chunk %s of %s: a bound does not have %d key values", c, t, n)
+	}
+	return nil
+}
+
+// beginSnapshot starts a REPEATABLE READ, READ ONLY transaction on conn that imports snap.
+func beginSnapshot(ctx context.Context, conn *pgx.Conn, snap Snapshot) (pgx.Tx, error) {
+	if !snapshotName.MatchString(snap.Name) {
+		return nil, fmt.Errorf("snapshot id %q is not a PostgreSQL snapshot id", snap.Name)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("begin a snapshot transaction: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "set transaction snapshot '"+snap.Name+"'"); err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("import snapshot %s (at %s): %w", snap.Name, snap.LSN, err)
+	}
+	return tx, nil
+}

@@ -1,0 +1,77 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Planner cuts a table into chunks of about a fixed number of rows, in key order, by keyset
+// pagination on the key's index inside one snapshot: each boundary is the key of the n-th row
+// after the previous boundary. Only the key index is read, never the rows.
+type Planner struct {
+	tx    pgx.Tx
+	t     changebatch.Table
+	rows  int
+	last  []string
+	done  bool
+	query string
+}
+
+// NewPlanner starts planning table t in snapshot snap over conn (a source connection that must
+// not be in a transaction; the planner keeps one open until Close), with chunkRows rows per chunk,
+// from the key after (nil: from the start).
+func NewPlanner(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows int, after []string) (*Planner, error) {
+	if chunkRows <= 0 {
+		return nil, fmt.Errorf("chunk size %d rows: must be positive", chunkRows)
+	}
+	if err := checkBounds(t, Chunk{Lower: after}); err != nil {
+		return nil, err
+	}
+	tx, err := beginSnapshot(ctx, conn, snap)
+	if err != nil {
+		return nil, fmt.Errorf("plan chunks of %s: %w", t, err)
+	}
+	names, _ := keyColumns(t)
+	texts := make([]string, len(names))
+	for i, n := range names {
+		// An alias, so that ORDER BY names the column, not this text output of the same name.
+		texts[i] = n + "::text as pgconverge_key_" + strconv.Itoa(i)
+	}
+	return &Planner{tx: tx, t: t, rows: chunkRows, last: after,
+		query: "select " + strings.Join(texts, ", ") + " from only " + t.Quoted() + " where %s order by " +
+			strings.Join(names, ", ") + " offset " + strconv.Itoa(chunkRows-1) + " limit 1"}, nil
+}
+
+// Next returns the next chunk and true, or false when the plan is complete. The last chunk is
+// unbounded above.
+func (p *Planner) Next(ctx context.Context) (Chunk, bool, error) {
+	if p.done {
+		return Chunk{}, false, nil
+	}
+	cond, args := rangeCondition(p.t, Chunk{Lower: p.last})
+	rows, err := p.tx.Query(ctx, fmt.Sprintf(p.query, cond), args...)
+	if err != nil {
+		return Chunk{}, false, fmt.Errorf("plan chunks of %s: %w", p.t, err)
+	}
+	var upper []string
+	for rows.Next() {
+		for _, raw := range rows.RawValues() {
+			upper = append(upper, string(raw))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Chunk{}, false, fmt.Errorf("plan chunks of %s: %w", p.t, err)
+	}
+	c := Chunk{Lower: p.last, Upper: upper}
+	p.last = upper
+	p.done = upper == nil
+	return c, true, nil
+}
+
+// Close ends the planner's transaction.
+func (p *Planner) Close(ctx context.Context) { p.tx.Rollback(ctx) }

@@ -1,0 +1,406 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
+)
+
+// backfillJob is one backfill run: every chunk of every table read from one exact snapshot by
+// Workers readers in parallel, each chunk applied through the apply step in one target
+// transaction together with its ledger row. The daemon's initial load, `pgconverge backfill` and
+// scheduled backfills are all such runs. The target tables must exist (apply.EnsureTable).
+type backfillJob struct {
+	Source, Target string
+	Tables         []changebatch.Table
+	// Trigger is apply.TriggerInitial, TriggerManual or TriggerSchedule.
+	Trigger string
+	// Slot names the slot whose stream follows the tables; "" when none does.
+	Slot string
+	// Workers is the number of chunks read and applied at once; ChunkRows the rows per chunk;
+	// BatchRows the rows per change batch within a chunk.
+	Workers, ChunkRows, BatchRows int
+	// Snapshot, when set, is an exported snapshot to read from (the caller keeps it importable);
+	// otherwise the run exports its own from a temporary slot.
+	Snapshot *backfill.Snapshot
+	// Resume adopts each table's interrupted backfill: its completed chunks with an S at or above
+	// KeepFrom stay, the rest are read again.
+	Resume   bool
+	KeepFrom pglogrepl.LSN
+	// Busy says what to do when another process backfills a table: wait for it, skip the table, or
+	// fail (the default).
+	Busy busyPolicy
+	// SnapshotWarn is how long the run may hold its snapshot before it warns (it holds back VACUUM
+	// on the source); 0 never warns.
+	SnapshotWarn time.Duration
+	Logger       *slog.Logger
+	Progress     progress
+	// AfterChunk is a test hook run after each committed chunk with the table and rows so far.
+	AfterChunk func(table string, rows int64)
+}
+
+// busyPolicy is what a backfill does with a table another backfill holds.
+type busyPolicy int
+
+const (
+	busyFail busyPolicy = iota
+	busyWait
+	busySkip
+)
+
+// backfillReport sums up a run.
+type backfillReport struct {
+	RunID    int64
+	Snapshot pglogrepl.LSN
+	// Rows were read from the source in this run; Reread of them had been read by an interrupted
+	// run in chunks that never completed; Kept rows are in chunks completed by earlier runs.
+	Rows, Reread, Kept int64
+	Result             apply.Result
+	// Tombstoned counts live target rows the source no longer had, turned into tombstones.
+	Tombstoned int64
+	Skipped    []string
+}
+
+// tableRun is the state of one table in a run.
+type tableRun struct {
+	t        changebatch.Table
+	id       int64
+	mu       sync.Mutex
+	adopted  bool // an interrupted backfill resumed by this run
+	planned  bool
+	open     int // chunks planned or adopted and not completed yet
+	finished bool
+	rows     int64 // rows of the completed chunks
+}
+
+// chunkWork is one chunk for a worker.
+type chunkWork struct {
+	tr      *tableRun
+	ordinal int
+	chunk   backfill.Chunk
+}
+
+// runBackfill runs job and returns its report; on failure the run is recorded as failed and its
+// completed chunks stay for the next run to resume.
+func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err error) {
+	log := job.Logger
+	ctrl, err := pgsession.Connect(ctx, job.Target, "target")
+	if err != nil {
+		return rep, err
+	}
+	defer ctrl.Close(context.WithoutCancel(ctx)) // also releases the backfill locks
+	tables, err := lockTables(ctx, ctrl, job, &rep)
+	if err != nil || len(tables) == 0 {
+		return rep, err
+	}
+	if rep.RunID, err = apply.StartRun(ctx, ctrl, job.Trigger, job.Slot, job.Workers, job.ChunkRows); err != nil {
+		return rep, err
+	}
+	defer func() {
+		if e := apply.EndRun(context.WithoutCancel(ctx), ctrl, rep.RunID, rep.Rows, rep.Reread, err); e != nil && err == nil {
+			err = e
+		}
+	}()
+	snap := job.Snapshot
+	if snap == nil {
+		exp, err := backfill.Export(ctx, job.Source)
+		if err != nil {
+			return rep, err
+		}
+		defer exp.Close(context.WithoutCancel(ctx)) // drops the temporary slot
+		snap = &exp.Snapshot
+	}
+	rep.Snapshot = snap.LSN
+	log = log.With("run", rep.RunID, "snapshot_lsn", snap.LSN.String())
+	log.Info("backfill started", "tables", len(tables), "workers", job.Workers, "chunk_rows", job.ChunkRows)
+	began := time.Now()
+	stopWarn := warnSnapshotAge(ctx, job.SnapshotWarn, log)
+	defer stopWarn()
+
+	src, err := pgsession.Connect(ctx, job.Source, "source")
+	if err != nil {
+		return rep, err
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	runs := make([]*tableRun, len(tables))
+	pending := make([][]chunkWork, len(tables))
+	var total int64
+	for i, t := range tables {
+		tr, work, kept, err := startTable(ctx, ctrl, job, rep.RunID, snap.LSN, t)
+		if err != nil {
+			return rep, err
+		}
+		runs[i], pending[i] = tr, work
+		rep.Kept += kept
+		total += estimateRows(ctx, src, t)
+	}
+	job.Progress.Start(total, rep.Kept)
+	defer job.Progress.Finish()
+
+	work := make(chan chunkWork)
+	g, gctx := errgroup.WithContext(ctx)
+	var mu sync.Mutex
+	g.Go(func() error {
+		defer close(work)
+		for i, tr := range runs {
+			if err := planTable(gctx, ctrl, src, job, *snap, tr, pending[i], work); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for w := 0; w < job.Workers; w++ {
+		g.Go(func() error {
+			wk, err := newBackfillWorker(gctx, job, *snap)
+			if err != nil {
+				return err
+			}
+			defer wk.close()
+			for cw := range work {
+				done, err := wk.chunk(gctx, cw)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				rep.Rows += done.rows
+				rep.Result.Add(done.result)
+				if done.reread {
+					rep.Reread += done.rows
+				}
+				mu.Unlock()
+				job.Progress.Add(done.rows)
+				if job.AfterChunk != nil {
+					job.AfterChunk(cw.tr.t.String(), cw.tr.rows)
+				}
+				if finished, err := wk.finishIfComplete(gctx, cw.tr, log); err != nil {
+					return err
+				} else if finished >= 0 {
+					mu.Lock()
+					rep.Tombstoned += finished
+					mu.Unlock()
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return rep, fmt.Errorf("backfill run %d: %w", rep.RunID, err)
+	}
+	// A table whose chunks had all completed in earlier runs is finished here.
+	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl), snap: *snap}
+	for _, tr := range runs {
+		if n, err := wk.finishIfComplete(ctx, tr, log); err != nil {
+			return rep, err
+		} else if n >= 0 {
+			rep.Tombstoned += n
+		}
+	}
+	secs := max(time.Since(began).Seconds(), 0.001)
+	log.Info("backfill completed", "rows", rep.Rows, "rows_per_s", int64(float64(rep.Rows)/secs), "reread", rep.Reread,
+		"kept_from_earlier_runs", rep.Kept, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
+		"tombstoned_absent", rep.Tombstoned, "seconds", fmt.Sprintf("%.1f", secs))
+	return rep, nil
+}
+
+// lockTables takes the backfill lock of each table of job in ctrl's session and returns the
+// tables it holds; a table another process holds is waited for, skipped (listed in rep.Skipped)
+// or an error, as job.Busy says.
+func lockTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep *backfillReport) ([]changebatch.Table, error) {
+	var out []changebatch.Table
+	for _, t := range job.Tables {
+		ok, err := apply.LockBackfill(ctx, ctrl, t, false)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			switch job.Busy {
+			case busySkip:
+				rep.Skipped = append(rep.Skipped, t.String())
+				continue
+			case busyWait:
+				job.Logger.Info("waiting for another backfill of the table to end", "table", t.String())
+				if _, err := apply.LockBackfill(ctx, ctrl, t, true); err != nil {
+					return nil, err
+				}
+			default:
+				return nil, fmt.Errorf("another backfill of %s is running (a `pgconverge backfill`, or a daemon's initial load or scheduled backfill): wait for it to end, or pass --wait", t)
+			}
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// startTable records table t in run runID, adopting its interrupted backfill when job.Resume, and
+// returns its state, the recorded chunks still to read, and the rows of the chunks it keeps.
+func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
+	keys := backfill.KeyColumnNames(t)
+	tr := &tableRun{t: t}
+	var prev *apply.TableBackfill
+	if job.Resume {
+		var err error
+		if prev, err = apply.Resumable(ctx, ctrl, t, keys); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	if prev == nil {
+		id, err := apply.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, keys)
+		tr.id = id
+		return tr, nil, 0, err
+	}
+	if err := apply.AdoptTableBackfill(ctx, ctrl, prev.ID, runID, job.Slot); err != nil {
+		return nil, nil, 0, err
+	}
+	tr.id, tr.planned, tr.adopted = prev.ID, prev.Planned(), true
+	var work []chunkWork
+	var kept int64
+	done := 0
+	for _, c := range prev.Chunks {
+		if c.S != 0 && c.S >= job.KeepFrom {
+			kept += c.Rows
+			tr.rows += c.Rows
+			done++
+			continue
+		}
+		work = append(work, chunkWork{tr: tr, ordinal: c.Ordinal, chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper}})
+	}
+	tr.open = len(work)
+	job.Logger.Info("resuming an interrupted backfill", "table", t.String(), "backfill", prev.ID,
+		"chunks_kept", done, "chunks_to_read", len(work), "plan_complete", tr.planned, "rows_kept", kept)
+	return tr, work, kept, nil
+}
+
+// planTable hands tr's adopted chunks to the workers, then plans and records the rest of the table
+// (all of it for a new backfill) in snap and hands those over as they are planned.
+// src is a source connection for the planner's snapshot transaction.
+func planTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap backfill.Snapshot, tr *tableRun, adopted []chunkWork, work chan<- chunkWork) error {
+	send := func(cw chunkWork) error {
+		select {
+		case work <- cw:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for _, cw := range adopted {
+		if err := send(cw); err != nil {
+			return err
+		}
+	}
+	if tr.planned {
+		return nil
+	}
+	var after []string
+	next := 0
+	if tr.adopted {
+		last, err := lastChunk(ctx, ctrl, tr.id)
+		if err != nil {
+			return err
+		}
+		after, next = last.Upper, last.Ordinal+1
+	}
+	p, err := backfill.NewPlanner(ctx, src, snap, tr.t, job.ChunkRows, after)
+	if err != nil {
+		return err
+	}
+	defer p.Close(context.WithoutCancel(ctx))
+	for ; ; next++ {
+		c, ok, err := p.Next(ctx)
+		if err != nil || !ok {
+			return err
+		}
+		if err := apply.RecordChunk(ctx, ctrl, tr.id, next, c.Lower, c.Upper); err != nil {
+			return err
+		}
+		tr.mu.Lock()
+		tr.open++
+		tr.planned = c.Upper == nil
+		tr.mu.Unlock()
+		if err := send(chunkWork{tr: tr, ordinal: next, chunk: c}); err != nil {
+			return err
+		}
+	}
+}
+
+// lastChunk returns the last recorded chunk of table backfill id.
+func lastChunk(ctx context.Context, conn *pgx.Conn, id int64) (apply.ChunkRecord, error) {
+	var c apply.ChunkRecord
+	err := conn.QueryRow(ctx, `select chunk, upper_key from pgconverge.backfill_chunks where backfill_id = $1 order by chunk desc limit 1`, id).
+		Scan(&c.Ordinal, &c.Upper)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return apply.ChunkRecord{Ordinal: -1}, nil
+	}
+	if err != nil {
+		return c, fmt.Errorf("read the last chunk of backfill %d: %w", id, err)
+	}
+	return c, nil
+}
+
+// estimateRows returns the planner's row estimate of t (pg_class.reltuples) over the source
+// connection src, for progress; 0 when unknown.
+func estimateRows(ctx context.Context, src *pgx.Conn, t changebatch.Table) int64 {
+	var n float64
+	if err := src.QueryRow(ctx, `select reltuples from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&n); err != nil || n < 0 {
+		return 0
+	}
+	return int64(n)
+}
+
+// warnSnapshotAge logs a warning every d while the run holds its snapshot; the returned function
+// stops it.
+func warnSnapshotAge(ctx context.Context, d time.Duration, log *slog.Logger) func() {
+	if d <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	began := time.Now()
+	go func() {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				log.Warn("the backfill has held its snapshot for long: it holds back VACUUM on the source; more --workers or a smaller table list shorten it",
+					"held_for", time.Since(began).Round(time.Second).String())
+			}
+		}
+	}()
+	return cancel
+}
+
+// backfillBatchRows is the number of rows per change batch within a chunk: it bounds the memory a
+// worker holds (with backfill.MaxBatchBytes).
+const backfillBatchRows = 10_000
+
+// addBackfillFlags defines the flags that size backfills, shared by run and backfill.
+func addBackfillFlags(f *pflag.FlagSet, workers, chunkRows *int, snapshotWarn *time.Duration) {
+	f.IntVar(workers, "workers", 2, "chunks read and applied in parallel during a backfill (each uses a source and a target connection)")
+	f.IntVar(chunkRows, "chunk-rows", 100_000, "rows per chunk: the unit of parallel reading, of one target transaction, and of resuming")
+	f.DurationVar(snapshotWarn, "snapshot-warn", 30*time.Minute, "warn when a backfill holds its snapshot longer than this (it holds back VACUUM on the source); 0 never warns")
+}
+
+// validateBackfillSizes checks the values of the backfill flags.
+func validateBackfillSizes(workers, chunkRows int) error {
+	var errs []error
+	if workers < 1 {
+		errs = append(errs, errors.New("--workers must be at least 1"))
+	}
+	if chunkRows < 1 {
+		errs = append(errs, errors.New("--chunk-rows must be positive"))
+	}
+	return errors.Join(errs...)
+}
