@@ -52,7 +52,14 @@ func encodeCopyText(buf *bytes.Buffer, t changebatch.Table, rows []stagedRow) {
 
 // writeCopyEscaped writes s with the backslash escapes COPY text format needs.
 func writeCopyEscaped(buf *bytes.Buffer, s string) {
-	if !strings.ContainsAny(s, "\\\t\n\r") {
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '\\' || c == '\t' || c == '\n' || c == '\r' {
+			clean = false
+			break
+		}
+	}
+	if clean {
 		buf.WriteString(s)
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -15,59 +16,121 @@ import (
 )
 
 // ApplySnapshot writes one batch of snapshot rows (a backfill's: every row an upsert at the same
-// version (S, 0)) with the version rule, like Apply, and returns what it did and whether the
-// direct path met a key the target already holds.
-//
-// The first snapshot batch of a table in a transaction locks the table's fence row (FOR SHARE), so
-// a TRUNCATE fence cannot be raised between this transaction's fence check and its commit: a
-// concurrent TRUNCATE waits and then turns the rows written here into tombstones, or it committed
-// first and the whole batch is refused. When the fence is at or above (S, 0) nothing is written.
-//
-// With direct set, the rows are first copied straight into the target table inside a savepoint.
-// That is the version rule's own outcome when the target holds none of the keys (no row, a
-// version above the fence); if the target holds any of them, the copy fails with a unique
-// violation, the savepoint is rolled back and the batch takes the merge path of Apply, and
-// conflict is true so the caller can stop trying the direct path.
-func (t *Tx) ApplySnapshot(ctx context.Context, rec arrow.RecordBatch, direct bool) (res Result, conflict bool, err error) {
+// version (S, 0)) with the version rule through the merge of Apply. When the table's fence is at
+// or above (S, 0) nothing is written and every row counts as suppressed.
+func (t *Tx) ApplySnapshot(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
+	var res Result
 	v, err := changebatch.NewView(rec)
+	if err != nil || v.Len() == 0 {
+		return res, err
+	}
+	ver, err := snapshotVersion(v)
 	if err != nil {
-		return res, false, err
-	}
-	if v.Len() == 0 {
-		return res, false, nil
-	}
-	ver := v.Version(0)
-	for i := 0; i < v.Len(); i++ {
-		if v.Op(i) != changebatch.OpUpsert || v.Version(i) != ver || ver.Seq != 0 || len(v.Unchanged(i)) > 0 {
-			return res, false, fmt.Errorf("snapshot batch of %s: row %d is not an upsert at the batch's snapshot version %s", v.Table, i, ver)
-		}
+		return res, err
 	}
 	fence, err := t.lockFence(ctx, v.Table)
 	if err != nil {
-		return res, false, err
+		return res, err
 	}
 	if fence.Compare(ver) >= 0 {
 		res.Suppressed = int64(v.Len())
-		t.Result.Add(res)
-		return res, false, nil
+	} else if res, err = t.merge(ctx, v, 0, v.Len()); err != nil {
+		return res, err
 	}
-	if direct {
-		ok, err := t.copyDirect(ctx, v)
-		if err != nil {
-			return res, false, err
+	t.Result.Add(res)
+	return res, nil
+}
+
+// CopySnapshot writes the snapshot rows of batches (each batch as ApplySnapshot takes them, all
+// of table tab) with one COPY straight into the target table, encoding a batch while the server
+// stores the previous one. That is the version rule's own outcome when the target holds none of
+// the keys (no row; a version above the fence, checked first). When it holds one, the COPY fails
+// with a unique violation and CopySnapshot returns conflict true: the transaction is then
+// unusable, and the caller rolls it back and applies the rows with ApplySnapshot instead. It
+// releases every batch it receives; it reads batches until the channel closes or it fails, and
+// then the caller must stop the producer.
+//
+// Like ApplySnapshot it first locks the table's fence row (FOR SHARE) for the rest of the
+// transaction, so a TRUNCATE fence cannot be raised between the check and the commit.
+func (t *Tx) CopySnapshot(ctx context.Context, tab changebatch.Table, batches <-chan arrow.RecordBatch) (res Result, conflict bool, err error) {
+	fence, err := t.lockFence(ctx, tab)
+	if err != nil {
+		return res, false, err
+	}
+	pr, pw := io.Pipe()
+	var rows int64
+	encoded := make(chan error, 1)
+	go func() {
+		var buf bytes.Buffer
+		var err error
+		for rec := range batches {
+			err = encodeSnapshotBatch(&buf, rec, tab, fence, &res)
+			if err == nil && buf.Len() > 0 {
+				_, err = pw.Write(buf.Bytes())
+			}
+			rows += rec.NumRows()
+			rec.Release()
+			if err != nil {
+				break
+			}
 		}
-		if ok {
-			res.Applied = int64(v.Len())
-			t.Result.Add(res)
-			return res, false, nil
+		pw.CloseWithError(err)
+		encoded <- err
+	}()
+	sql := "copy " + tab.Quoted() + " (" + strings.Join(copyColumns(tab), ", ") + ") from stdin"
+	tag, err := t.tx.Conn().PgConn().CopyFrom(ctx, pr, sql)
+	pr.CloseWithError(errCopyEnded) // unblocks the encoder if the COPY ended early
+	encErr := <-encoded
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+		return res, true, nil
+	case err != nil && encErr != nil:
+		return res, false, encErr
+	case err != nil:
+		return res, false, fmt.Errorf("copy %d rows into %s: %w", rows, tab, err)
+	}
+	res.Applied = tag.RowsAffected()
+	t.Result.Add(res)
+	return res, false, nil
+}
+
+// errCopyEnded stops CopySnapshot's encoder once the COPY has ended.
+var errCopyEnded = errors.New("copy ended")
+
+// encodeSnapshotBatch checks that rec holds snapshot rows of tab and writes them into buf (reset
+// first) for COPY, or counts them in res as suppressed when fence is at or above their version.
+func encodeSnapshotBatch(buf *bytes.Buffer, rec arrow.RecordBatch, tab changebatch.Table, fence changebatch.Version, res *Result) error {
+	buf.Reset()
+	v, err := changebatch.NewView(rec)
+	if err != nil || v.Len() == 0 {
+		return err
+	}
+	if v.Table.String() != tab.String() {
+		return fmt.Errorf("snapshot batch of %s in a copy into %s", v.Table, tab)
+	}
+	ver, err := snapshotVersion(v)
+	if err != nil {
+		return err
+	}
+	if fence.Compare(ver) >= 0 {
+		res.Suppressed += int64(v.Len())
+		return nil
+	}
+	encodeSnapshotCopy(buf, v)
+	return nil
+}
+
+// snapshotVersion returns the version of v's rows, or an error when they are not all upserts of
+// one snapshot version (S, 0) with every column known.
+func snapshotVersion(v *changebatch.View) (changebatch.Version, error) {
+	ver := v.Version(0)
+	for i := 0; i < v.Len(); i++ {
+		if v.Op(i) != changebatch.OpUpsert || v.Version(i) != ver || ver.Seq != 0 || len(v.Unchanged(i)) > 0 {
+			return ver, fmt.Errorf("snapshot batch of %s: row %d is not an upsert at the batch's snapshot version %s", v.Table, i, ver)
 		}
-		conflict = true
 	}
-	res, err = t.merge(ctx, v, 0, v.Len())
-	if err == nil {
-		t.Result.Add(res)
-	}
-	return res, conflict, err
+	return ver, nil
 }
 
 // lockFence returns tab's fence, locking its row in pgconverge.tables until the transaction ends.
@@ -95,37 +158,14 @@ where schema_name = $1 and table_name = $2 for share`, tab.Schema, tab.Name).Sca
 	return f, nil
 }
 
-// copyDirect copies v's rows into the target table inside a savepoint and reports false, with the
-// savepoint rolled back, when a key already exists there.
-func (t *Tx) copyDirect(ctx context.Context, v *changebatch.View) (bool, error) {
-	sp, err := t.tx.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("savepoint before copying into %s: %w", v.Table, err)
-	}
-	t.buf.Reset()
-	encodeSnapshotCopy(&t.buf, v)
-	sql := "copy " + v.Table.Quoted() + " (" + strings.Join(copyColumns(v.Table), ", ") + ") from stdin"
-	_, err = sp.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), sql)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		if err := sp.Rollback(ctx); err != nil {
-			return false, fmt.Errorf("roll back the direct copy into %s: %w", v.Table, err)
-		}
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("copy %d rows into %s: %w", v.Len(), v.Table, err)
-	}
-	if err := sp.Commit(ctx); err != nil {
-		return false, fmt.Errorf("release savepoint after copying into %s: %w", v.Table, err)
-	}
-	return true, nil
-}
-
 // encodeSnapshotCopy writes v's rows in COPY text format for the target table's columns (the data
 // columns, then _cdc_lsn, _cdc_seq, _cdc_deleted false, _cdc_unknown NULL).
 func encodeSnapshotCopy(buf *bytes.Buffer, v *changebatch.View) {
 	n := len(v.Table.Columns)
+	meta := "\t0\tf\t\\N\n"
+	if v.Len() > 0 {
+		meta = v.Version(0).LSN.String() + meta // one version per snapshot batch (snapshotVersion)
+	}
 	for i := 0; i < v.Len(); i++ {
 		for c := 0; c < n; c++ {
 			val := v.Value(i, c)
@@ -136,8 +176,6 @@ func encodeSnapshotCopy(buf *bytes.Buffer, v *changebatch.View) {
 			}
 			buf.WriteByte('\t')
 		}
-		ver := v.Version(i)
-		buf.WriteString(ver.LSN.String())
-		buf.WriteString("\t0\tf\t\\N\n")
+		buf.WriteString(meta)
 	}
 }

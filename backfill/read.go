@@ -49,7 +49,6 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
 	defer b.Release()
 	version := changebatch.Version{LSN: snap.LSN}
-	vals := make([]changebatch.Value, len(t.Columns))
 	var n int64
 	flush := func() error {
 		rec := b.NewBatch()
@@ -57,14 +56,7 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		return emit(ctx, rec)
 	}
 	for rows.Next() {
-		for i, raw := range rows.RawValues() {
-			if raw == nil {
-				vals[i] = changebatch.Value{Null: true}
-			} else {
-				vals[i] = changebatch.Value{Text: string(raw)}
-			}
-		}
-		b.Append(changebatch.Change{Op: changebatch.OpUpsert, Version: version, Values: vals})
+		b.AppendSnapshotRow(version, rows.RawValues())
 		n++
 		if b.Rows() >= batchRows || b.Bytes() >= MaxBatchBytes {
 			if err := flush(); err != nil {

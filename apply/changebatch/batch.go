@@ -126,6 +126,29 @@ func (b *Builder) Append(c Change) {
 	b.bytes += 24
 }
 
+// AppendSnapshotRow adds an upsert at version ver whose values are the column texts as the server
+// sent them (nil for NULL), without converting them to strings first: a snapshot reader's fast
+// path. It panics if len(raw) differs from the table's column count.
+func (b *Builder) AppendSnapshotRow(ver Version, raw [][]byte) {
+	if len(raw) != len(b.data) {
+		panic(fmt.Sprintf("changebatch: %d values for %d columns of %s", len(raw), len(b.data), b.table))
+	}
+	for i, v := range raw {
+		if v == nil {
+			b.data[i].AppendNull()
+			continue
+		}
+		b.data[i].BinaryBuilder.Append(v)
+		b.bytes += len(v)
+	}
+	b.lsn.Append(uint64(ver.LSN))
+	b.seq.Append(ver.Seq)
+	b.op.Append(uint8(OpUpsert))
+	b.unchanged.AppendNull()
+	b.rows++
+	b.bytes += 24
+}
+
 // Rows returns the number of changes appended since the last NewBatch.
 func (b *Builder) Rows() int { return b.rows }
 

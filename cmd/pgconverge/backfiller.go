@@ -83,6 +83,8 @@ type tableRun struct {
 	open     int // chunks planned or adopted and not completed yet
 	finished bool
 	rows     int64 // rows of the completed chunks
+	// directConflicts counts chunks whose direct COPY met keys the target held.
+	directConflicts int
 }
 
 // chunkWork is one chunk for a worker.

@@ -22,6 +22,7 @@ const chunkAttempts = 3
 // backfillWorker reads chunks over its own source connection and applies each in one transaction
 // over its own target connection.
 type backfillWorker struct {
+	source    string // URL, to reconnect
 	src, tgt  *pgx.Conn
 	ap        *apply.Applier
 	snap      backfill.Snapshot
@@ -47,7 +48,7 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		src.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows, log: job.Logger}, nil
+	return &backfillWorker{source: job.Source, src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows, log: job.Logger}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -57,14 +58,19 @@ func (w *backfillWorker) close() {
 }
 
 // chunk reads and applies cw, retrying a transaction that lost a deadlock or serialization
-// conflict, and counts it completed in its table.
+// conflict, and counts it completed in its table. It first tries the direct COPY unless that
+// met existing keys of the table maxDirectConflicts times in this run; when the target holds
+// keys of the chunk, the chunk is read again and merged.
 func (w *backfillWorker) chunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
 	before, err := apply.StartChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
 	if err != nil {
 		return chunkDone{}, err
 	}
-	for attempt := 1; ; attempt++ {
-		done, err := w.applyChunk(ctx, cw)
+	cw.tr.mu.Lock()
+	direct := cw.tr.directConflicts < maxDirectConflicts
+	cw.tr.mu.Unlock()
+	for attempt := 1; ; {
+		done, err := w.applyChunk(ctx, cw, direct)
 		if err == nil {
 			done.reread = before > 0
 			cw.tr.mu.Lock()
@@ -73,19 +79,45 @@ func (w *backfillWorker) chunk(ctx context.Context, cw chunkWork) (chunkDone, er
 			cw.tr.mu.Unlock()
 			return done, nil
 		}
+		if errors.Is(err, errKeysPresent) {
+			cw.tr.mu.Lock()
+			cw.tr.directConflicts++
+			cw.tr.mu.Unlock()
+			direct = false
+			continue
+		}
 		var pgErr *pgconn.PgError
 		if attempt == chunkAttempts || !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
 			return chunkDone{}, err
 		}
 		w.log.Warn("chunk lost a conflict with a concurrent writer, reading it again", "table", cw.tr.t.String(),
 			"chunk", cw.ordinal, "attempt", attempt, "err", err)
+		attempt++
 	}
 }
 
+// maxDirectConflicts is how often the direct COPY of a table's chunks may meet keys the target
+// already holds before a run merges every further chunk of the table: a table the target already
+// holds (a repair) then costs three aborted copies, an empty one never pays for the merge.
+const maxDirectConflicts = 3
+
+// errKeysPresent says the target already holds keys of a chunk the direct COPY tried to insert.
+var errKeysPresent = errors.New("the target holds keys of the chunk")
+
 // applyChunk reads chunk cw from the snapshot and applies it, with its ledger row, in one target
-// transaction. Reading and applying overlap: the reader runs at most two batches ahead.
-func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
+// transaction: by direct COPY (failing with errKeysPresent when the target holds any of its keys)
+// or by merging each batch. Reading and applying overlap: the reader runs at most two batches
+// ahead.
+func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, direct bool) (chunkDone, error) {
 	var done chunkDone
+	if w.src.IsClosed() {
+		// Stopping the reader of an aborted direct COPY mid-query closes its connection.
+		src, err := pgsession.Connect(ctx, w.source, "source")
+		if err != nil {
+			return done, err
+		}
+		w.src = src
+	}
 	tx, err := w.ap.Begin(ctx)
 	if err != nil {
 		return done, err
@@ -109,14 +141,20 @@ func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork) (chunkDon
 		return err
 	})
 	g.Go(func() error {
-		direct := true // until the target turns out to hold keys of this chunk
+		if direct {
+			res, conflict, err := tx.CopySnapshot(gctx, cw.tr.t, batches)
+			if conflict {
+				return errKeysPresent
+			}
+			done.result = res
+			return err
+		}
 		for rec := range batches {
-			res, conflict, err := tx.ApplySnapshot(gctx, rec, direct)
+			res, err := tx.ApplySnapshot(gctx, rec)
 			rec.Release()
 			if err != nil {
 				return err
 			}
-			direct = direct && !conflict
 			done.result.Add(res)
 		}
 		return nil

@@ -47,7 +47,7 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		return err
 	}
 	s.ap = apply.New(s.tgt)
-	if err := s.checkDistinct(ctx); err != nil {
+	if err := checkDistinct(ctx, s.src, s.tgt); err != nil {
 		return err
 	}
 	if err := cdc.CheckSource(ctx, s.src); err != nil {
@@ -167,16 +167,16 @@ func (s *session) selectTables(ctx context.Context) ([]cdc.TableName, error) {
 
 // checkDistinct refuses a target that is the source database under another URL (another host
 // name for the same server, say): the server's start time and the database's oid identify it.
-func (s *session) checkDistinct(ctx context.Context) error {
+func checkDistinct(ctx context.Context, src, tgt *pgx.Conn) error {
 	const q = `select pg_postmaster_start_time()::text || '/' || (select oid from pg_database where datname = current_database())::text`
-	var src, tgt string
-	if err := s.src.QueryRow(ctx, q).Scan(&src); err != nil {
+	var a, b string
+	if err := src.QueryRow(ctx, q).Scan(&a); err != nil {
 		return fmt.Errorf("identify source database: %w", err)
 	}
-	if err := s.tgt.QueryRow(ctx, q).Scan(&tgt); err != nil {
+	if err := tgt.QueryRow(ctx, q).Scan(&b); err != nil {
 		return fmt.Errorf("identify target database: %w", err)
 	}
-	if src == tgt {
+	if a == b {
 		return permanent(errors.New("source and target URLs reach the same database: replicate into another database"))
 	}
 	return nil

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/migrations"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// backfillConfig configures `pgconverge backfill`.
+type backfillConfig struct {
+	Source, Target string
+	// Tables are comma-separated lists of "schema.table" names (changebatch.SplitTableList).
+	Tables             []string
+	Workers, ChunkRows int
+	SnapshotWarn       time.Duration
+	Resume, Wait       bool
+	Logger             *slog.Logger
+	// Progress reports rows; nil picks a bar on a terminal, else log lines.
+	Progress progress
+	// AfterChunk is a test hook run after each committed chunk.
+	AfterChunk func(table string, rows int64)
+}
+
+func newBackfillCmd(stdout, stderr io.Writer) *cobra.Command {
+	cfg := backfillConfig{}
+	var logFormat, logLevel string
+	cmd := &cobra.Command{
+		Use:   "backfill --source URL --target URL --table s.t [--table ...] [--workers N] [--chunk-rows N]",
+		Short: "Copy tables from an exact snapshot of the source into the target, safely next to a running stream",
+		Long: `backfill reads every row of the named tables from one exact snapshot of the source (a temporary
+logical slot's exported snapshot, whose consistent point is the snapshot LSN S) and applies them at
+version (S, 0) through the same version-guarded upsert as the stream, so it may run while
+` + "`pgconverge run`" + ` streams the same tables: whichever path holds the newer version wins.
+
+Tables are cut into chunks of --chunk-rows rows along the primary key; --workers chunks are read and
+applied in parallel, each chunk in one target transaction with its ledger row. If a run is
+interrupted (kill -9, SIGTERM, a lost connection), running the same command again keeps the
+completed chunks and reads the rest from a new snapshot. Missing target tables are created.
+URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(stderr, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if cfg.Progress == nil {
+				f, ok := stderr.(*os.File)
+				cfg.Progress = newProgress(stderr, ok && term.IsTerminal(int(f.Fd())), "backfill", logger, 10*time.Second)
+			}
+			rep, err := runBackfillCmd(cmd.Context(), cfg)
+			if err != nil {
+				if cmd.Context().Err() != nil && rep.RunID != 0 {
+					return fmt.Errorf("backfill run %d interrupted: run the same command again to resume it (completed chunks are kept)", rep.RunID)
+				}
+				return err
+			}
+			printBackfillReport(stdout, rep)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Source, "source", os.Getenv("PGCONVERGE_SOURCE"), "source PostgreSQL URL ($PGCONVERGE_SOURCE)")
+	f.StringVar(&cfg.Target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
+	f.StringArrayVar(&cfg.Tables, "table", nil, "table to backfill as schema.table, repeated or comma-separated; unquoted names fold to lower case as in SQL")
+	addBackfillFlags(f, &cfg.Workers, &cfg.ChunkRows, &cfg.SnapshotWarn)
+	f.BoolVar(&cfg.Resume, "resume", true, "keep the completed chunks of an interrupted backfill of a table and read only the rest; --resume=false starts over")
+	f.BoolVar(&cfg.Wait, "wait", false, "wait for another running backfill of a table to end instead of failing")
+	f.StringVar(&logFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *backfillConfig) Validate() error {
+	var errs []error
+	if c.Source == "" {
+		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
+	}
+	if c.Target == "" {
+		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
+	}
+	if c.Source != "" && c.Source == c.Target {
+		errs = append(errs, errors.New("source and target are the same URL: backfill into another database"))
+	}
+	if len(c.Tables) == 0 {
+		errs = append(errs, errors.New("no table: name each table to backfill with --table schema.table"))
+	}
+	errs = append(errs, validateBackfillSizes(c.Workers, c.ChunkRows))
+	return errors.Join(errs...)
+}
+
+// runBackfillCmd checks the source and the tables, prepares the target and runs the backfill.
+func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, error) {
+	src, err := pgsession.Connect(ctx, cfg.Source, "source")
+	if err != nil {
+		return backfillReport{}, err
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	tgt, err := pgsession.Connect(ctx, cfg.Target, "target")
+	if err != nil {
+		return backfillReport{}, err
+	}
+	defer tgt.Close(context.WithoutCancel(ctx))
+	if err := checkDistinct(ctx, src, tgt); err != nil {
+		return backfillReport{}, err
+	}
+	if err := cdc.CheckSource(ctx, src); err != nil {
+		return backfillReport{}, fmt.Errorf("%w (a backfill takes its exact snapshot from a temporary logical replication slot)", err)
+	}
+	tables, err := describeTables(ctx, src, cfg.Tables)
+	if err != nil {
+		return backfillReport{}, err
+	}
+	if err := migrations.Apply(ctx, tgt); err != nil {
+		return backfillReport{}, err
+	}
+	for _, t := range tables {
+		if err := apply.EnsureTable(ctx, tgt, t); err != nil {
+			return backfillReport{}, err
+		}
+	}
+	busy := busyFail
+	if cfg.Wait {
+		busy = busyWait
+	}
+	return runBackfill(ctx, backfillJob{
+		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: apply.TriggerManual,
+		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
+		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
+		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk,
+	})
+}
+
+// describeTables parses the table lists and describes each table on the source; every problem is
+// reported at once.
+func describeTables(ctx context.Context, src *pgx.Conn, lists []string) ([]changebatch.Table, error) {
+	var out []changebatch.Table
+	var errs []error
+	seen := map[string]bool{}
+	for _, list := range lists {
+		for _, n := range changebatch.SplitTableList(list) {
+			schema, name, err := changebatch.ParseTableName(n)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--table: %w", err))
+				continue
+			}
+			t, err := cdc.DescribeTable(ctx, src, schema, name)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !seen[t.String()] {
+				seen[t.String()] = true
+				out = append(out, t)
+			}
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// printBackfillReport writes the summary of a completed run for people.
+func printBackfillReport(w io.Writer, rep backfillReport) {
+	if rep.RunID == 0 {
+		fmt.Fprintf(w, "nothing backfilled: every table was busy (%v)\n", rep.Skipped)
+		return
+	}
+	fmt.Fprintf(w, "backfill run %d completed at snapshot LSN %s\n", rep.RunID, rep.Snapshot)
+	fmt.Fprintf(w, "  rows read:     %d (read again after an interrupted run: %d)\n", rep.Rows, rep.Reread)
+	fmt.Fprintf(w, "  rows kept:     %d (chunks completed by an interrupted run)\n", rep.Kept)
+	fmt.Fprintf(w, "  applied:       %d\n", rep.Result.Applied)
+	fmt.Fprintf(w, "  suppressed:    %d (the target already held that version or a newer one)\n", rep.Result.Suppressed)
+	fmt.Fprintf(w, "  tombstoned:    %d (target rows the source no longer had)\n", rep.Tombstoned)
+}
