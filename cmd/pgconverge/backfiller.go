@@ -281,6 +281,10 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 	tr.open = len(work)
 	job.Logger.Info("resuming an interrupted backfill", "table", t.String(), "backfill", prev.ID,
 		"chunks_kept", done, "chunks_to_read", len(work), "plan_complete", tr.planned, "rows_kept", kept)
+	if done > 0 && job.Slot == "" {
+		job.Logger.Warn("kept chunks hold the table as of their own, older snapshot: later changes reach them only through a stream (pgconverge run on this table); without one, --resume=false reads the whole table at one point in time",
+			"table", t.String())
+	}
 	return tr, work, kept, nil
 }
 

@@ -32,7 +32,10 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if point := os.Getenv(envCrashPoint); point != "" {
+	if point := os.Getenv(envCrashPoint); point == "backfill-chunk" {
+		at, _ := strconv.Atoi(os.Getenv(envCrashAt))
+		os.Exit(backfillCrashChild(at))
+	} else if point != "" {
 		os.Exit(crashChild(point))
 	}
 	os.Exit(m.Run())

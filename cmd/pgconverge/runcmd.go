@@ -10,6 +10,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/robfig/cron/v3"
 	"github.com/spf13/cobra"
 )
 
@@ -26,8 +27,10 @@ type daemonConfig struct {
 	BackfillWorkers, ChunkRows int
 	// SnapshotWarn is how long a backfill may hold its snapshot before it warns; 0 never warns.
 	SnapshotWarn time.Duration
-	Logger       *slog.Logger
-	Knobs        daemonKnobs
+	// BackfillSchedule, when set, backfills every selected table again at its ticks while streaming.
+	BackfillSchedule cron.Schedule
+	Logger           *slog.Logger
+	Knobs            daemonKnobs
 }
 
 // daemonKnobs are fault-injection hooks for tests; nil hooks do nothing.
@@ -36,6 +39,10 @@ type daemonKnobs struct {
 	// AfterLoadChunk runs after each committed chunk of an initial load, with the table's rows
 	// loaded so far.
 	AfterLoadChunk func(table string, rows int64)
+	// Schedule runs at each event of a scheduled backfill tick; AfterScheduledChunk after each
+	// committed chunk of a scheduled backfill.
+	Schedule            func(scheduleEvent)
+	AfterScheduledChunk func(table string, rows int64)
 }
 
 // Validate reports every problem of the configuration at once.
@@ -62,7 +69,7 @@ func (c *daemonConfig) Validate() error {
 
 func newRunCmd(stderr io.Writer) *cobra.Command {
 	cfg := daemonConfig{}
-	var logFormat, logLevel string
+	var logFormat, logLevel, scheduleSpec string
 	cmd := &cobra.Command{
 		Use:   "run --source URL --target URL [--tables s.t,s.u] [--slot pgconverge] [--publication pgconverge]",
 		Short: "Stream changes from the source into the target continuously (loads tables first when needed)",
@@ -80,7 +87,9 @@ published tables that are not selected are skipped: such a table is loaded again
 				return err
 			}
 			cfg.Logger = logger
-			if err := cfg.Validate(); err != nil {
+			sched, schedErr := parseSchedule(scheduleSpec)
+			cfg.BackfillSchedule = sched
+			if err := errors.Join(cfg.Validate(), schedErr); err != nil {
 				return err
 			}
 			return runDaemon(cmd.Context(), cfg)
@@ -93,6 +102,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
+	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
 	f.StringVar(&logFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

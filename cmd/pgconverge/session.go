@@ -97,6 +97,8 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	}
 	walEnd, stopSampling := s.sampleWALEnd(ctx)
 	defer stopSampling()
+	stopSchedule := s.startSchedule(ctx, start)
+	defer stopSchedule()
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables,
 		Apply: s.applyStream, SourceWALEnd: walEnd, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
