@@ -274,15 +274,25 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table) (string, error) {
 // before S, and any older change still to arrive (a stream resumed from before S) is already
 // reflected in the snapshot or was undone before S.
 func (t *Tx) Fence(ctx context.Context, tab changebatch.Table, ver changebatch.Version) (int64, error) {
-	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
-		return 0, fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
+	if err := t.RaiseFence(ctx, tab, ver); err != nil {
+		return 0, err
 	}
-	delete(t.fences, tab.String())
 	tag, err := t.tx.Exec(ctx, tombstoneBeforeSQL(tab), ver.LSN.String(), int64(ver.Seq))
 	if err != nil {
 		return 0, fmt.Errorf("tombstone rows of %s before %s: %w", tab, ver, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// RaiseFence raises tab's fence to ver, so that no version at or below it is ever written again,
+// without touching the table's rows: Fence without its tombstones, for a caller that knows the
+// table holds no live row older than ver.
+func (t *Tx) RaiseFence(ctx context.Context, tab changebatch.Table, ver changebatch.Version) error {
+	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
+		return fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
+	}
+	delete(t.fences, tab.String())
+	return nil
 }
 
 // SetProgress records that the target holds every change of the source up to lsn for slot, in

@@ -233,3 +233,18 @@ func UnlockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table) er
 	}
 	return nil
 }
+
+// Unwritten reports whether table t's target table holds no row at all (not even a tombstone) and
+// no slot's stream follows it (pgconverge.tables.slot is NULL). With t's backfill lock held, no
+// stream can start writing it either (a daemon loads a table, under that lock, before it streams
+// it), so at the end of the backfill every row it holds was written by the backfill.
+func Unwritten(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (bool, error) {
+	var ok bool
+	err := conn.QueryRow(ctx, `select not exists (select 1 from `+t.Quoted()+`)
+  and not exists (select 1 from pgconverge.tables where schema_name = $1 and table_name = $2 and slot is not null)`,
+		t.Schema, t.Name).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("check whether target table %s is empty: %w", t, err)
+	}
+	return ok, nil
+}

@@ -158,8 +158,22 @@ func (b *Builder) Bytes() int { return b.bytes }
 // NewBatch returns the accumulated changes as a record batch and resets the builder. The caller
 // owns the batch and must Release it; a consumer that keeps it must Retain it.
 func (b *Builder) NewBatch() arrow.RecordBatch {
+	rows := b.rows
+	dataLen := make([]int, len(b.data))
+	for i, d := range b.data {
+		dataLen[i] = d.DataLen()
+	}
 	b.rows, b.bytes = 0, 0
-	return b.rb.NewRecordBatch()
+	rec := b.rb.NewRecordBatch()
+	// The next batch is likely shaped like this one: reserving its size up front saves growing the
+	// buffers by doubling, which copies them each time.
+	if rows > 0 {
+		b.rb.Reserve(rows)
+		for i, d := range b.data {
+			d.ReserveData(dataLen[i])
+		}
+	}
+	return rec
 }
 
 // Release frees the builder's buffers.

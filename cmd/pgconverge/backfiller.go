@@ -85,6 +85,9 @@ type tableRun struct {
 	rows     int64 // rows of the completed chunks
 	// directConflicts counts chunks whose direct COPY met keys the target held.
 	directConflicts int
+	// unwritten is true when, as the run took the table's backfill lock, its target table was empty
+	// and no stream wrote it (apply.Unwritten): every row it holds at the end came from this run.
+	unwritten bool
 }
 
 // chunkWork is one chunk for a worker.
@@ -259,7 +262,11 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 	}
 	if prev == nil {
 		id, err := apply.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, keys)
+		if err != nil {
+			return nil, nil, 0, err
+		}
 		tr.id = id
+		tr.unwritten, err = apply.Unwritten(ctx, ctrl, t)
 		return tr, nil, 0, err
 	}
 	if err := apply.AdoptTableBackfill(ctx, ctrl, prev.ID, runID, job.Slot); err != nil {

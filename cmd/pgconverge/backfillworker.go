@@ -171,7 +171,7 @@ func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, direct bo
 // finishIfComplete completes tr's backfill once its plan is complete and every chunk completed:
 // in one transaction it records the table backfilled at the smallest S of its chunks, raises the
 // table's fence to that S and turns every live row older than it into a tombstone (a row no chunk
-// read: the source had deleted it). It returns how many rows it turned, or -1 when tr is not
+// read: the source had deleted it), unless tr.unwritten says there can be none. It returns how many rows it turned, or -1 when tr is not
 // complete (or another worker finished it).
 func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log *slog.Logger) (int64, error) {
 	tr.mu.Lock()
@@ -190,7 +190,13 @@ func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log
 	if err != nil {
 		return 0, err
 	}
-	n, err := tx.Fence(ctx, tr.t, changebatch.Version{LSN: s})
+	var n int64
+	if tr.unwritten {
+		// Nothing older than S can be there: skip scanning the whole table for it.
+		err = tx.RaiseFence(ctx, tr.t, changebatch.Version{LSN: s})
+	} else {
+		n, err = tx.Fence(ctx, tr.t, changebatch.Version{LSN: s})
+	}
 	if err != nil {
 		return 0, err
 	}
