@@ -15,9 +15,9 @@ import (
 // releases it after EmitFunc returns; an EmitFunc that keeps it must Retain it.
 type EmitFunc func(ctx context.Context, rec arrow.RecordBatch) error
 
-// MaxBatchBytes bounds the values of one emitted batch (64 MiB): wide rows make smaller batches,
+// MaxBatchBytes bounds the values of one emitted batch (16 MiB): wide rows make smaller batches,
 // which keeps memory bounded and every Arrow string column far below its 2 GiB offset limit.
-const MaxBatchBytes = 64 << 20
+const MaxBatchBytes = 16 << 20
 
 // ReadChunk reads every row of chunk c of table t that snapshot snap shows, in key order, over
 // conn (an ordinary SQL connection to the source, not in a transaction), and emits them as upsert

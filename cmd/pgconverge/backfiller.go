@@ -173,11 +173,7 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 				return err
 			}
 			defer wk.close()
-			for cw := range work {
-				done, err := wk.chunk(gctx, cw)
-				if err != nil {
-					return err
-				}
+			return wk.run(gctx, work, func(cw chunkWork, done chunkDone) error {
 				mu.Lock()
 				rep.Rows += done.rows
 				rep.Result.Add(done.result)
@@ -189,15 +185,14 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 				if job.AfterChunk != nil {
 					job.AfterChunk(cw.tr.t.String(), cw.tr.rows)
 				}
-				if finished, err := wk.finishIfComplete(gctx, cw.tr, log); err != nil {
-					return err
-				} else if finished >= 0 {
+				n, err := wk.finishIfComplete(gctx, cw.tr, log)
+				if n > 0 {
 					mu.Lock()
-					rep.Tombstoned += finished
+					rep.Tombstoned += n
 					mu.Unlock()
 				}
-			}
-			return nil
+				return err
+			})
 		})
 	}
 	if err := g.Wait(); err != nil {

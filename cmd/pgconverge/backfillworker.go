@@ -19,11 +19,13 @@ import (
 // or a serialization conflict with the stream.
 const chunkAttempts = 3
 
-// backfillWorker reads chunks over its own source connection and applies each in one transaction
-// over its own target connection.
+// backfillWorker applies chunks, each in one transaction over its own target connection, while
+// its reader reads the next chunk ahead over its own source connection, so the target never waits
+// for a chunk's first rows.
 type backfillWorker struct {
-	source    string // URL, to reconnect
+	source    string
 	src, tgt  *pgx.Conn
+	reread    *pgx.Conn // a second source connection for reading a chunk again, opened when needed
 	ap        *apply.Applier
 	snap      backfill.Snapshot
 	batchRows int
@@ -53,24 +55,96 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 
 func (w *backfillWorker) close() {
 	ctx := context.Background()
-	w.src.Close(ctx)
-	w.tgt.Close(ctx)
+	for _, c := range []*pgx.Conn{w.src, w.tgt, w.reread} {
+		if c != nil {
+			c.Close(ctx)
+		}
+	}
 }
 
-// chunk reads and applies cw, retrying a transaction that lost a deadlock or serialization
-// conflict, and counts it completed in its table. It first tries the direct COPY unless that
-// met existing keys of the table maxDirectConflicts times in this run; when the target holds
-// keys of the chunk, the chunk is read again and merged.
-func (w *backfillWorker) chunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
+// chunkRead is a chunk being read: its batches arrive on batches, which closes when reading ended;
+// wait then returns the rows read or the error.
+type chunkRead struct {
+	cw      chunkWork
+	batches <-chan arrow.RecordBatch
+	wait    func() (int64, error)
+}
+
+// read starts reading chunk cw over conn in a goroutine, at most two batches ahead of the
+// consumer.
+func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork) chunkRead {
+	batches := make(chan arrow.RecordBatch, 2)
+	ended := make(chan struct{})
+	var rows int64
+	var err error
+	go func() {
+		defer close(ended)
+		defer close(batches)
+		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.chunk, w.batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+			rec.Retain()
+			select {
+			case batches <- rec:
+				return nil
+			case <-ctx.Done():
+				rec.Release()
+				return ctx.Err()
+			}
+		})
+	}()
+	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }}
+}
+
+// run applies the chunks of work until it closes, calling onDone after each; its reader reads one
+// chunk ahead.
+func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone func(chunkWork, chunkDone) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	ready := make(chan chunkRead, 1)
+	g.Go(func() error {
+		defer close(ready)
+		for cw := range work {
+			r := w.read(gctx, w.src, cw)
+			select {
+			case ready <- r:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			if _, err := r.wait(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	g.Go(func() error {
+		for r := range ready {
+			done, err := w.chunk(gctx, r)
+			if err != nil {
+				return err
+			}
+			if err := onDone(r.cw, done); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// chunk applies the chunk r reads, retrying a transaction that lost a deadlock or serialization
+// conflict, and counts it completed in its table. It first tries the direct COPY unless that met
+// existing keys of the table maxDirectConflicts times in this run; when the target holds keys of
+// the chunk, the chunk is read again and merged.
+func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, error) {
+	cw := r.cw
 	before, err := apply.StartChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
 	if err != nil {
+		drain(r)
 		return chunkDone{}, err
 	}
 	cw.tr.mu.Lock()
 	direct := cw.tr.directConflicts < maxDirectConflicts
 	cw.tr.mu.Unlock()
 	for attempt := 1; ; {
-		done, err := w.applyChunk(ctx, cw, direct)
+		done, err := w.applyChunk(ctx, r, direct)
 		if err == nil {
 			done.reread = before > 0
 			cw.tr.mu.Lock()
@@ -79,21 +153,35 @@ func (w *backfillWorker) chunk(ctx context.Context, cw chunkWork) (chunkDone, er
 			cw.tr.mu.Unlock()
 			return done, nil
 		}
-		if errors.Is(err, errKeysPresent) {
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, errKeysPresent):
 			cw.tr.mu.Lock()
 			cw.tr.directConflicts++
 			cw.tr.mu.Unlock()
 			direct = false
-			continue
-		}
-		var pgErr *pgconn.PgError
-		if attempt == chunkAttempts || !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
+		case attempt < chunkAttempts && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001"):
+			w.log.Warn("chunk lost a conflict with a concurrent writer, reading it again", "table", cw.tr.t.String(),
+				"chunk", cw.ordinal, "attempt", attempt, "err", err)
+			attempt++
+		default:
 			return chunkDone{}, err
 		}
-		w.log.Warn("chunk lost a conflict with a concurrent writer, reading it again", "table", cw.tr.t.String(),
-			"chunk", cw.ordinal, "attempt", attempt, "err", err)
-		attempt++
+		if w.reread == nil || w.reread.IsClosed() {
+			if w.reread, err = pgsession.Connect(ctx, w.source, "source"); err != nil {
+				return chunkDone{}, err
+			}
+		}
+		r = w.read(ctx, w.reread, cw)
 	}
+}
+
+// drain releases the rest of r's batches and waits for its reader to end.
+func drain(r chunkRead) {
+	for rec := range r.batches {
+		rec.Release()
+	}
+	r.wait()
 }
 
 // maxDirectConflicts is how often the direct COPY of a table's chunks may meet keys the target
@@ -104,65 +192,50 @@ const maxDirectConflicts = 3
 // errKeysPresent says the target already holds keys of a chunk the direct COPY tried to insert.
 var errKeysPresent = errors.New("the target holds keys of the chunk")
 
-// applyChunk reads chunk cw from the snapshot and applies it, with its ledger row, in one target
-// transaction: by direct COPY (failing with errKeysPresent when the target holds any of its keys)
-// or by merging each batch. Reading and applying overlap: the reader runs at most two batches
-// ahead.
-func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, direct bool) (chunkDone, error) {
+// applyChunk applies the batches r reads in one target transaction together with the chunk's
+// ledger row: by direct COPY (failing with errKeysPresent when the target holds any of its keys)
+// or by merging each batch. It consumes every batch of r.
+func (w *backfillWorker) applyChunk(ctx context.Context, r chunkRead, direct bool) (chunkDone, error) {
 	var done chunkDone
-	if w.src.IsClosed() {
-		// Stopping the reader of an aborted direct COPY mid-query closes its connection.
-		src, err := pgsession.Connect(ctx, w.source, "source")
-		if err != nil {
-			return done, err
-		}
-		w.src = src
-	}
+	defer drain(r)
 	tx, err := w.ap.Begin(ctx)
 	if err != nil {
 		return done, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	batches := make(chan arrow.RecordBatch, 2)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		defer close(batches)
-		var err error
-		done.rows, err = backfill.ReadChunk(gctx, w.src, w.snap, cw.tr.t, cw.chunk, w.batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
-			rec.Retain()
-			select {
-			case batches <- rec:
-				return nil
-			case <-ctx.Done():
-				rec.Release()
-				return ctx.Err()
-			}
-		})
-		return err
-	})
-	g.Go(func() error {
-		if direct {
-			res, conflict, err := tx.CopySnapshot(gctx, cw.tr.t, batches)
-			if conflict {
-				return errKeysPresent
-			}
-			done.result = res
-			return err
-		}
-		for rec := range batches {
-			res, err := tx.ApplySnapshot(gctx, rec)
-			rec.Release()
-			if err != nil {
-				return err
-			}
-			done.result.Add(res)
-		}
-		return nil
-	})
-	if err := g.Wait(); err != nil {
+	// The chunk and its ledger row commit together, and nothing outside the target learns of the
+	// commit: if a crash loses it, the chunk is simply read again. So the commit need not wait for
+	// its WAL flush; the daemon's progress commits, which must, flush it along with theirs.
+	if _, err := tx.Conn().Exec(ctx, `set local synchronous_commit = off`); err != nil {
 		return done, err
 	}
-	if err := apply.CompleteChunk(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, done.rows); err != nil {
+	var applyErr error
+	if direct {
+		var conflict bool
+		done.result, conflict, applyErr = tx.CopySnapshot(ctx, r.cw.tr.t, r.batches)
+		if conflict {
+			applyErr = errKeysPresent
+		}
+	} else {
+		for rec := range r.batches {
+			if applyErr == nil {
+				var res apply.Result
+				res, applyErr = tx.ApplySnapshot(ctx, rec)
+				done.result.Add(res)
+			}
+			rec.Release()
+		}
+	}
+	drain(r)
+	rows, err := r.wait()
+	if err != nil {
+		return done, err
+	}
+	if applyErr != nil {
+		return done, applyErr
+	}
+	done.rows = rows
+	if err := apply.CompleteChunk(ctx, tx.Conn(), r.cw.tr.id, r.cw.ordinal, w.snap.LSN, rows); err != nil {
 		return done, err
 	}
 	return done, tx.Commit(ctx)

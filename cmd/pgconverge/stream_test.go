@@ -18,6 +18,7 @@ func TestStreamInsertUpdateDeleteAndKeyChange(t *testing.T) {
 		`create table no_key (x int)`,
 	)
 	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env) // the loads are over
 	waitConverged(t, env, "items", "id")
 	waitConverged(t, env, "pairs", "a, b")
 	if n := scalar[int64](t, env.Target, `select count(*) from items where _cdc_seq <> 0`); n != 0 {

@@ -1,0 +1,111 @@
+package apply_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// applySnapshot applies rec with Tx.ApplySnapshot in its own transaction.
+func (f fixture) applySnapshot(t *testing.T, rec arrow.RecordBatch) apply.Result {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.ap.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	res, err := tx.ApplySnapshot(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// copySnapshot copies recs with Tx.CopySnapshot in one transaction, committed unless the target
+// held a key.
+func (f fixture) copySnapshot(t *testing.T, recs ...arrow.RecordBatch) (apply.Result, bool) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.ap.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ch := make(chan arrow.RecordBatch, len(recs))
+	for _, r := range recs {
+		r.Retain()
+		ch <- r
+	}
+	close(ch)
+	res, conflict, err := tx.CopySnapshot(ctx, acc, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !conflict {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return res, conflict
+}
+
+// The stream updated a row the target did not hold and left its TOASTed note unchanged, so the
+// note is unknown. A later backfill row for that key, older than the stream's change, fills the
+// note and nothing else: the balance keeps the stream's newer value, and the version stays the
+// stream's.
+func TestSnapshotRowFillsUnknownColumnsOnly(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 500, 1, "1", nil, "99"}))
+	f.expect(t, "1||99|0/1F4#1|f|{note}")
+	if got := f.applySnapshot(t, batch(t, row{changebatch.OpUpsert, 400, 0, "1", s("the big note"), "5"})); got.Applied != 1 {
+		t.Fatalf("backfill row = %+v, want applied (filled)", got)
+	}
+	f.expect(t, "1|the big note|99|0/1F4#1|f|")
+	// Once known, an older snapshot row changes nothing.
+	if got := f.applySnapshot(t, batch(t, row{changebatch.OpUpsert, 450, 0, "1", s("other"), "6"})); got.Suppressed != 1 {
+		t.Fatalf("second backfill row = %+v, want suppressed", got)
+	}
+	// An older streamed change never fills: only a snapshot row holds the whole row.
+	f.apply(t, batch(t, row{changebatch.OpUpsert, 600, 1, "2", nil, "7"}))
+	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 550, 1, "2", s("stale"), "1"})); got.Suppressed != 1 {
+		t.Fatalf("older streamed change = %+v, want suppressed", got)
+	}
+	f.expect(t, "1|the big note|99|0/1F4#1|f|", "2||7|0/258#1|f|{note}")
+}
+
+// The direct COPY writes rows the target does not hold at their snapshot version; when the target
+// holds one of the keys it reports a conflict and writes nothing.
+func TestCopySnapshot(t *testing.T) {
+	f := setup(t)
+	res, conflict := f.copySnapshot(t,
+		batch(t, row{changebatch.OpUpsert, 400, 0, "1", s("tab\there"), "1"}, row{changebatch.OpUpsert, 400, 0, "2", s(`back\slash`), "2"}),
+		batch(t, row{changebatch.OpUpsert, 400, 0, "3", s("line\nbreak"), "3"}))
+	if conflict || res != (apply.Result{Applied: 3}) {
+		t.Fatalf("copy = %+v conflict %v, want 3 applied", res, conflict)
+	}
+	f.expect(t, "1|tab\there|1|0/190#0|f|", "2|back\\slash|2|0/190#0|f|", "3|line\nbreak|3|0/190#0|f|")
+	if _, conflict := f.copySnapshot(t, batch(t, row{changebatch.OpUpsert, 500, 0, "4", s("new"), "4"}, row{changebatch.OpUpsert, 500, 0, "2", s("held"), "9"})); !conflict {
+		t.Fatal("copy of a held key: no conflict reported")
+	}
+	f.expect(t, "1|tab\there|1|0/190#0|f|", "2|back\\slash|2|0/190#0|f|", "3|line\nbreak|3|0/190#0|f|")
+}
+
+// Snapshot rows at or below the table's fence are suppressed by both paths.
+func TestSnapshotRowsBelowTheFence(t *testing.T) {
+	f := setup(t)
+	f.apply(t, batch(t, row{changebatch.OpTruncate, 700, 1, "", nil, ""}))
+	if res, conflict := f.copySnapshot(t, batch(t, row{changebatch.OpUpsert, 600, 0, "1", s("x"), "1"})); conflict || res != (apply.Result{Suppressed: 1}) {
+		t.Fatalf("copy below the fence = %+v conflict %v, want 1 suppressed", res, conflict)
+	}
+	if res := f.applySnapshot(t, batch(t, row{changebatch.OpUpsert, 600, 0, "1", s("x"), "1"})); res != (apply.Result{Suppressed: 1}) {
+		t.Fatalf("merge below the fence = %+v, want 1 suppressed", res)
+	}
+	f.expect(t)
+}
