@@ -57,8 +57,16 @@ update pgconverge.backfills b set status = 'failed', finished_at = now() from r 
 type ChunkRecord struct {
 	Ordinal      int
 	Lower, Upper []string
-	// S is the snapshot LSN the chunk was read at; zero while it is not completed.
-	S        pglogrepl.LSN
+	// Completed is true once every row of the chunk was applied.
+	Completed bool
+	// S is the smallest snapshot LSN an applied part of the chunk was read at; zero when nothing
+	// of it was applied.
+	S pglogrepl.LSN
+	// DoneKey is the last key applied of a chunk applied batch by batch and not completed (nil
+	// otherwise), DoneRows the rows applied up to it.
+	DoneKey  []string
+	DoneRows int64
+	// Rows is the number of rows of a completed chunk.
 	Rows     int64
 	Attempts int
 }
@@ -74,25 +82,30 @@ func (b *TableBackfill) Planned() bool {
 	return len(b.Chunks) > 0 && b.Chunks[len(b.Chunks)-1].Upper == nil
 }
 
-// Resumable returns the latest backfill of t when it did not complete and was chunked by keyCols,
-// with its chunks in order, or nil when there is none to resume. The caller must hold t's backfill
+// Resumable returns the latest backfill of t when it was interrupted (not completed, not
+// abandoned), was chunked by keyCols and wrote into the target table's current file (not one
+// since dropped, truncated or rewritten), with its chunks in order, or nil when there is none to
+// resume. The caller must hold t's backfill
 // lock (LockBackfill), so a backfill recorded as running is one whose process died.
 func Resumable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, keyCols []string) (*TableBackfill, error) {
 	var id int64
 	var status string
 	var cols []string
-	err := conn.QueryRow(ctx, `select id, status, key_columns from pgconverge.backfills
-where schema_name = $1 and table_name = $2 order by id desc limit 1`, t.Schema, t.Name).Scan(&id, &status, &cols)
+	var sameFile bool
+	err := conn.QueryRow(ctx, `select id, status, key_columns, target_filenode is not distinct from pg_relation_filenode($3::regclass)
+from pgconverge.backfills where schema_name = $1 and table_name = $2 order by id desc limit 1`,
+		t.Schema, t.Name, t.Quoted()).Scan(&id, &status, &cols, &sameFile)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read last backfill of %s: %w", t, err)
 	}
-	if status == "completed" || !slices.Equal(cols, keyCols) {
+	if (status != "running" && status != "failed") || !slices.Equal(cols, keyCols) || !sameFile {
 		return nil, nil
 	}
-	rows, err := conn.Query(ctx, `select chunk, lower_key, upper_key, coalesce(snapshot_lsn::text, ''), coalesce(rows, 0), attempts
+	rows, err := conn.Query(ctx, `select chunk, lower_key, upper_key, completed_at is not null, coalesce(snapshot_lsn::text, ''),
+  done_key, done_rows, coalesce(rows, 0), attempts
 from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 	if err != nil {
 		return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
@@ -102,7 +115,7 @@ from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 	for rows.Next() {
 		var c ChunkRecord
 		var s string
-		if err := rows.Scan(&c.Ordinal, &c.Lower, &c.Upper, &s, &c.Rows, &c.Attempts); err != nil {
+		if err := rows.Scan(&c.Ordinal, &c.Lower, &c.Upper, &c.Completed, &s, &c.DoneKey, &c.DoneRows, &c.Rows, &c.Attempts); err != nil {
 			return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
 		}
 		if s != "" {
@@ -122,11 +135,16 @@ from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 }
 
 // StartTableBackfill records the running backfill of table t in run runID from snapshot LSN s,
-// chunked by the key columns keyCols, and returns its id.
+// chunked by the key columns keyCols, and returns its id. Backfills of t still recorded as running
+// are marked failed: the caller holds t's backfill lock, so their processes are gone.
 func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t changebatch.Table, s pglogrepl.LSN, slot string, keyCols []string) (int64, error) {
 	var id int64
-	err := conn.QueryRow(ctx, `insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns)
-values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6) returning id`, runID, t.Schema, t.Name, s.String(), slot, keyCols).Scan(&id)
+	err := conn.QueryRow(ctx, `with abandoned as (
+  update pgconverge.backfills set status = 'failed', finished_at = now()
+  where schema_name = $2 and table_name = $3 and status = 'running')
+insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode)
+values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filenode($7::regclass)) returning id`,
+		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted()).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
 	}
@@ -180,13 +198,30 @@ where backfill_id = $1 and chunk = $2 returning attempts - 1`, id, ordinal).Scan
 	return n, nil
 }
 
-// CompleteChunk records chunk ordinal of table backfill id as read at snapshot LSN s with rows
-// rows, in tx, the transaction that applied those rows.
-func CompleteChunk(ctx context.Context, tx pgx.Tx, id int64, ordinal int, s pglogrepl.LSN, rows int64) error {
-	_, err := tx.Exec(ctx, `update pgconverge.backfill_chunks set snapshot_lsn = $3::pg_lsn, rows = $4, completed_at = now()
-where backfill_id = $1 and chunk = $2`, id, ordinal, s.String(), rows)
+// ChunkProgress records, in tx (the transaction that applied them), that the rows of chunk
+// ordinal of table backfill id up to key doneKey were applied from snapshot LSN s: rows more
+// rows, and completed when the whole chunk is in. A chunk applied in one transaction calls it
+// once with completed set.
+func ChunkProgress(ctx context.Context, tx pgx.Tx, id int64, ordinal int, s pglogrepl.LSN, doneKey []string, rows int64, completed bool) error {
+	_, err := tx.Exec(ctx, `update pgconverge.backfill_chunks set
+  snapshot_lsn = least(snapshot_lsn, $3::pg_lsn), done_rows = done_rows + $5,
+  done_key = case when $6 then null else $4::text[] end,
+  rows = case when $6 then done_rows + $5 end,
+  completed_at = case when $6 then now() end
+where backfill_id = $1 and chunk = $2`, id, ordinal, s.String(), doneKey, rows, completed)
 	if err != nil {
-		return fmt.Errorf("complete chunk %d of backfill %d: %w", ordinal, id, err)
+		return fmt.Errorf("record progress of chunk %d of backfill %d: %w", ordinal, id, err)
+	}
+	return nil
+}
+
+// ResetChunk forgets what was applied of chunk ordinal of table backfill id, which is then read
+// again whole: its earlier snapshot is older than what the stream covers.
+func ResetChunk(ctx context.Context, conn *pgx.Conn, id int64, ordinal int) error {
+	_, err := conn.Exec(ctx, `update pgconverge.backfill_chunks set snapshot_lsn = null, done_key = null, done_rows = 0,
+  rows = null, completed_at = null where backfill_id = $1 and chunk = $2`, id, ordinal)
+	if err != nil {
+		return fmt.Errorf("reset chunk %d of backfill %d: %w", ordinal, id, err)
 	}
 	return nil
 }
@@ -198,7 +233,7 @@ where backfill_id = $1 and chunk = $2`, id, ordinal, s.String(), rows)
 func FinishTableBackfill(ctx context.Context, tx pgx.Tx, id int64) (pglogrepl.LSN, error) {
 	var s string
 	err := tx.QueryRow(ctx, `with c as (
-  select min(snapshot_lsn) as s, sum(rows) as rows, count(*) filter (where snapshot_lsn is null) as open
+  select min(snapshot_lsn) as s, sum(rows) as rows, count(*) filter (where completed_at is null) as open
   from pgconverge.backfill_chunks where backfill_id = $1),
 b as (
   update pgconverge.backfills b set status = 'completed', rows = c.rows, finished_at = now()
@@ -256,4 +291,16 @@ func Unwritten(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (bool, 
 		return false, fmt.Errorf("check whether target table %s is empty: %w", t, err)
 	}
 	return ok, nil
+}
+
+// abandonBackfills marks the unfinished backfills of table schema.name abandoned: the stream
+// stopped covering the table (it left the selection or the publication) or its target table was
+// created anew, so what they completed may be stale and is never resumed.
+func abandonBackfills(ctx context.Context, conn *pgx.Conn, schema, name string) error {
+	_, err := conn.Exec(ctx, `update pgconverge.backfills set status = 'abandoned', finished_at = coalesce(finished_at, now())
+where schema_name = $1 and table_name = $2 and status in ('running', 'failed')`, schema, name)
+	if err != nil {
+		return fmt.Errorf("abandon unfinished backfills of %s: %w", changebatch.QualifiedName(schema, name), err)
+	}
+	return nil
 }

@@ -78,14 +78,25 @@ returning schema_name, table_name`, slot, schemas, names)
 	}
 	defer rows.Close()
 	var out []string
+	var forgot [][2]string
 	for rows.Next() {
 		var s, n string
 		if err := rows.Scan(&s, &n); err != nil {
 			return nil, fmt.Errorf("forget tables no longer replicated by slot %q: %w", slot, err)
 		}
 		out = append(out, changebatch.QualifiedName(s, n))
+		forgot = append(forgot, [2]string{s, n})
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("forget tables no longer replicated by slot %q: %w", slot, err)
+	}
+	rows.Close()
+	for _, f := range forgot {
+		if err := abandonBackfills(ctx, conn, f[0], f[1]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // MarkUnloaded clears the loaded state of tables: each is loaded again before it counts as
@@ -96,6 +107,9 @@ func MarkUnloaded(ctx context.Context, conn *pgx.Conn, tables []changebatch.Tabl
 where schema_name = $1 and table_name = $2`, t.Schema, t.Name)
 		if err != nil {
 			return fmt.Errorf("mark %s for loading: %w", t, err)
+		}
+		if err := abandonBackfills(ctx, conn, t.Schema, t.Name); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -117,5 +131,8 @@ returning old.membership is not null and old.membership <> $3`, t.Schema, t.Name
 	if err != nil {
 		return false, fmt.Errorf("record publication membership of %s: %w", t, err)
 	}
-	return changed, nil
+	if changed {
+		return true, abandonBackfills(ctx, conn, t.Schema, t.Name)
+	}
+	return false, nil
 }

@@ -30,6 +30,9 @@ on conflict (schema_name, table_name) do update set loaded_lsn = null, loaded_at
 		if err != nil {
 			return fmt.Errorf("register table %s: %w", t, err)
 		}
+		if err := abandonBackfills(ctx, conn, t.Schema, t.Name); err != nil {
+			return err
+		}
 	}
 	rows, err := conn.Query(ctx, `select attname from pg_attribute
 where attrelid = $1::regclass and attnum > 0 and not attisdropped`, t.Quoted())

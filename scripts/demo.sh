@@ -7,7 +7,9 @@
 # 3. starts `pgconverge run`, which creates the publication and slot `pgconverge` and does the
 #    initial load, and waits until all four tables are loaded;
 # 4. runs pgbench against the source for 30 s; 12 s in, kills the daemon with SIGKILL and starts
-#    it again 3 s later, to show that a crash loses and duplicates nothing;
+#    it again 3 s later, to show that a crash loses and duplicates nothing; then, while pgbench
+#    still writes and the daemon streams, runs `pgconverge backfill` of pgbench_accounts, to show
+#    that a backfill racing the stream does not disturb it;
 # 5. waits until the slot confirms the source's final WAL position, then compares every table
 #    (row count and checksum of the live rows, source columns only) between source and target.
 # Exits 0 if all tables are equal, 1 if one differs or a wait times out.
@@ -230,6 +232,13 @@ DAEMON_PID=
 sleep 3
 echo "---- demo.sh: daemon killed with SIGKILL, restarting ----" >>"$DAEMON_LOG"
 start_daemon
+echo "backfill while pgbench writes and the daemon streams:"
+echo "  pgconverge backfill --table public.pgbench_accounts --workers 2 (log in $ROOT/backfill.log)"
+if ! "$BIN" backfill --source "$SRC" --target "$TGT" --table public.pgbench_accounts --workers 2 \
+	--log-format text 2>"$ROOT/backfill.log"; then
+	tail -n 20 "$ROOT/backfill.log" >&2
+	fail "pgconverge backfill failed"
+fi
 echo "waiting for pgbench to finish"
 if ! wait "$PGBENCH_PID"; then
 	PGBENCH_PID=
@@ -254,7 +263,7 @@ step "pgbench"
 grep -E '^tps' "$PGBENCH_LOG" || echo "(no tps line in $PGBENCH_LOG)"
 
 step "daemon: initial load and catch-up rates (full log: $DAEMON_LOG)"
-grep -E 'loaded table|caught up' "$DAEMON_LOG" | tail -n 20 || echo "(none)"
+grep -E 'backfilled table|backfill completed|caught up' "$DAEMON_LOG" | tail -n 20 || echo "(none)"
 echo "(a pgbench transaction changes 4 rows: 3 updates and 1 insert; the 'caught up' line after the"
 echo " restart gives the rows per second pgconverge applied while it worked off the backlog)"
 

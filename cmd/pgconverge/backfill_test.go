@@ -260,3 +260,23 @@ func TestBackfillGuardRails(t *testing.T) {
 	backfillNow(t, testBackfillConfig(t, env, "public.g"))
 	waitConverged(t, env, "g", "id")
 }
+
+// A backfill killed after some chunks is not resumed into a target table that was dropped (or
+// truncated) since: its completed chunks are gone with the table, so everything is read again.
+func TestBackfillNotResumedIntoANewTable(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
+	out, err := crashChildCmd(env, "backfill-chunk", 5).CombinedOutput()
+	requireKilled(t, err, out)
+	pgtest.Exec(t, env.Target, `truncate big`)
+	rep := backfillNow(t, testBackfillConfig(t, env, "public.big"))
+	if rep.Kept != 0 || rep.Rows != 20000 {
+		t.Errorf("kept %d rows and read %d, want 0 and 20000", rep.Kept, rep.Rows)
+	}
+	waitConverged(t, env, "big", "id")
+	got := pgtest.Rows(t, env.Target, `select status from pgconverge.backfills order by id`)
+	if d := pgtest.Diff([]string{"failed", "completed"}, got); d != "" {
+		t.Errorf("table backfills: %s", d)
+	}
+}

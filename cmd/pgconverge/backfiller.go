@@ -95,6 +95,17 @@ type chunkWork struct {
 	tr      *tableRun
 	ordinal int
 	chunk   backfill.Chunk
+	// doneKey is the last key of the chunk already applied (by batches of an earlier attempt),
+	// nil when none is; the rest of the chunk is (doneKey, chunk.Upper].
+	doneKey []string
+}
+
+// rest returns the part of the chunk still to read.
+func (cw chunkWork) rest() backfill.Chunk {
+	if cw.doneKey == nil {
+		return cw.chunk
+	}
+	return backfill.Chunk{Lower: cw.doneKey, Upper: cw.chunk.Upper}
 }
 
 // runBackfill runs job and returns its report; on failure the run is recorded as failed and its
@@ -105,7 +116,12 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 	if err != nil {
 		return rep, err
 	}
-	defer ctrl.Close(context.WithoutCancel(ctx)) // also releases the backfill locks
+	defer ctrl.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Release the backfill locks now: a closed session's locks outlive it until its backend
+		// exits, which a next backfill of the same tables must not have to wait for.
+		ctrl.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock_all()`)
+	}()
 	tables, err := lockTables(ctx, ctrl, job, &rep)
 	if err != nil || len(tables) == 0 {
 		return rep, err
@@ -272,13 +288,25 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 	var kept int64
 	done := 0
 	for _, c := range prev.Chunks {
-		if c.S != 0 && c.S >= job.KeepFrom {
+		keep := c.S != 0 && c.S >= job.KeepFrom // the stream covers what changed since
+		if c.Completed && keep {
 			kept += c.Rows
 			tr.rows += c.Rows
 			done++
 			continue
 		}
-		work = append(work, chunkWork{tr: tr, ordinal: c.Ordinal, chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper}})
+		cw := chunkWork{tr: tr, ordinal: c.Ordinal, chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper}}
+		switch {
+		case c.DoneKey != nil && keep:
+			cw.doneKey = c.DoneKey
+			kept += c.DoneRows
+			tr.rows += c.DoneRows
+		case c.S != 0:
+			if err := apply.ResetChunk(ctx, ctrl, prev.ID, c.Ordinal); err != nil {
+				return nil, nil, 0, err
+			}
+		}
+		work = append(work, cw)
 	}
 	tr.open = len(work)
 	job.Logger.Info("resuming an interrupted backfill", "table", t.String(), "backfill", prev.ID,

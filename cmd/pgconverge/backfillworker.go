@@ -80,7 +80,7 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 	go func() {
 		defer close(ended)
 		defer close(batches)
-		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.chunk, w.batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.rest(), w.batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
 			rec.Retain()
 			select {
 			case batches <- rec:
@@ -129,10 +129,10 @@ func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone 
 	return g.Wait()
 }
 
-// chunk applies the chunk r reads, retrying a transaction that lost a deadlock or serialization
-// conflict, and counts it completed in its table. It first tries the direct COPY unless that met
-// existing keys of the table maxDirectConflicts times in this run; when the target holds keys of
-// the chunk, the chunk is read again and merged.
+// chunk applies the chunk r reads, retrying after a lost deadlock or serialization conflict, and
+// counts it completed in its table. It first tries the direct COPY, unless that met existing keys
+// of the table maxDirectConflicts times in this run; when the target holds keys of the chunk, the
+// chunk is read again and merged batch by batch.
 func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, error) {
 	cw := r.cw
 	before, err := apply.StartChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
@@ -143,15 +143,23 @@ func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, err
 	cw.tr.mu.Lock()
 	direct := cw.tr.directConflicts < maxDirectConflicts
 	cw.tr.mu.Unlock()
+	var total chunkDone
 	for attempt := 1; ; {
-		done, err := w.applyChunk(ctx, r, direct)
+		var done chunkDone
+		if direct {
+			done, err = w.copyChunk(ctx, r)
+		} else {
+			done, err = w.mergeChunk(ctx, r, &cw)
+		}
+		total.rows += done.rows
+		total.result.Add(done.result)
 		if err == nil {
-			done.reread = before > 0
+			total.reread = before > 0
 			cw.tr.mu.Lock()
 			cw.tr.open--
-			cw.tr.rows += done.rows
+			cw.tr.rows += total.rows
 			cw.tr.mu.Unlock()
-			return done, nil
+			return total, nil
 		}
 		var pgErr *pgconn.PgError
 		switch {
@@ -161,7 +169,7 @@ func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, err
 			cw.tr.mu.Unlock()
 			direct = false
 		case attempt < chunkAttempts && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001"):
-			w.log.Warn("chunk lost a conflict with a concurrent writer, reading it again", "table", cw.tr.t.String(),
+			w.log.Warn("chunk lost a conflict with a concurrent writer, reading the rest of it again", "table", cw.tr.t.String(),
 				"chunk", cw.ordinal, "attempt", attempt, "err", err)
 			attempt++
 		default:
@@ -192,53 +200,113 @@ const maxDirectConflicts = 3
 // errKeysPresent says the target already holds keys of a chunk the direct COPY tried to insert.
 var errKeysPresent = errors.New("the target holds keys of the chunk")
 
-// applyChunk applies the batches r reads in one target transaction together with the chunk's
-// ledger row: by direct COPY (failing with errKeysPresent when the target holds any of its keys)
-// or by merging each batch. It consumes every batch of r.
-func (w *backfillWorker) applyChunk(ctx context.Context, r chunkRead, direct bool) (chunkDone, error) {
+// beginChunkTx starts a target transaction for backfill rows. Its commit does not wait for the WAL
+// flush: the rows commit with their ledger row and nothing outside the target learns of the
+// commit, so if a crash loses it they are simply read again; the daemon's progress commits, which
+// must wait, flush it along with theirs.
+func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
+	tx, err := w.ap.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Conn().Exec(ctx, `set local synchronous_commit = off`); err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
+}
+
+// copyChunk applies the batches r reads with one direct COPY in one target transaction, together
+// with the chunk's ledger row; it fails with errKeysPresent when the target holds any of the
+// chunk's keys. It consumes every batch of r.
+func (w *backfillWorker) copyChunk(ctx context.Context, r chunkRead) (chunkDone, error) {
 	var done chunkDone
 	defer drain(r)
-	tx, err := w.ap.Begin(ctx)
+	tx, err := w.beginChunkTx(ctx)
 	if err != nil {
 		return done, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	// The chunk and its ledger row commit together, and nothing outside the target learns of the
-	// commit: if a crash loses it, the chunk is simply read again. So the commit need not wait for
-	// its WAL flush; the daemon's progress commits, which must, flush it along with theirs.
-	if _, err := tx.Conn().Exec(ctx, `set local synchronous_commit = off`); err != nil {
-		return done, err
-	}
-	var applyErr error
-	if direct {
-		var conflict bool
-		done.result, conflict, applyErr = tx.CopySnapshot(ctx, r.cw.tr.t, r.batches)
-		if conflict {
-			applyErr = errKeysPresent
-		}
-	} else {
-		for rec := range r.batches {
-			if applyErr == nil {
-				var res apply.Result
-				res, applyErr = tx.ApplySnapshot(ctx, rec)
-				done.result.Add(res)
-			}
-			rec.Release()
-		}
-	}
+	res, conflict, copyErr := tx.CopySnapshot(ctx, r.cw.tr.t, r.batches)
 	drain(r)
 	rows, err := r.wait()
+	switch {
+	case err != nil:
+		return done, err
+	case conflict:
+		return done, errKeysPresent
+	case copyErr != nil:
+		return done, copyErr
+	}
+	if err := apply.ChunkProgress(ctx, tx.Conn(), r.cw.tr.id, r.cw.ordinal, w.snap.LSN, nil, rows, true); err != nil {
+		return done, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return done, err
+	}
+	return chunkDone{rows: rows, result: res}, nil
+}
+
+// mergeChunk applies the batches r reads through the merge of the apply step, each batch in its
+// own short target transaction with the chunk's progress (its last key), so that rows the stream
+// is also writing are locked only briefly; *cw follows the progress, and the chunk is recorded
+// completed after its last batch. It consumes every batch of r.
+func (w *backfillWorker) mergeChunk(ctx context.Context, r chunkRead, cw *chunkWork) (chunkDone, error) {
+	var done chunkDone
+	defer drain(r)
+	keys := cw.tr.t.KeyOrder()
+	for rec := range r.batches {
+		err := w.mergeBatch(ctx, rec, cw, keys, &done)
+		rec.Release()
+		if err != nil {
+			return done, err
+		}
+	}
+	if _, err := r.wait(); err != nil {
+		return done, err
+	}
+	tx, err := w.beginChunkTx(ctx)
 	if err != nil {
 		return done, err
 	}
-	if applyErr != nil {
-		return done, applyErr
-	}
-	done.rows = rows
-	if err := apply.CompleteChunk(ctx, tx.Conn(), r.cw.tr.id, r.cw.ordinal, w.snap.LSN, rows); err != nil {
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := apply.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, nil, 0, true); err != nil {
 		return done, err
 	}
 	return done, tx.Commit(ctx)
+}
+
+// mergeBatch applies one batch of chunk *cw in its own transaction and moves the chunk's progress
+// to the batch's last key.
+func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, cw *chunkWork, keys []int, done *chunkDone) error {
+	v, err := changebatch.NewView(rec)
+	if err != nil || v.Len() == 0 {
+		return err
+	}
+	last := make([]string, len(keys))
+	for i, k := range keys {
+		last[i] = v.Value(v.Len()-1, k).Text
+	}
+	tx, err := w.beginChunkTx(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	res, err := tx.ApplySnapshot(ctx, rec)
+	if err != nil {
+		return err
+	}
+	n := int64(v.Len())
+	if err := apply.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, last, n, false); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	cw.doneKey = last
+	done.rows += n
+	done.result.Add(res)
+	return nil
 }
 
 // finishIfComplete completes tr's backfill once its plan is complete and every chunk completed:
