@@ -20,7 +20,7 @@
 # 4. prints rows/s for each, the ratios to the raw pipe and to native sync, and the peak RSS.
 # Targets: pgconverge ≥ 0.8× the raw pipe, ≥ 1.0× native initial sync, peak RSS < 300 MB at any size.
 #
-# Environment: BENCH_SCALE (default 20), BENCH_CHUNK_ROWS (--chunk-rows, default 100000),
+# Environment: BENCH_SCALE (default 20), BENCH_CHUNK_ROWS (--chunk-rows, default 250000, the default),
 # BENCH_SKIP_DOUBLE=1, BENCH_PORT (source port, default 54371; the target uses the next one),
 # PGCONVERGE_KEEP=1 (keep /tmp/pgconverge-bench-backfill), PGBIN.
 set -euo pipefail
@@ -36,7 +36,7 @@ ROOT=/tmp/pgconverge-bench-backfill
 BIN=$ROOT/bin/pgconverge
 PGCLUSTER=$REPO/scripts/pgcluster.sh
 SCALE=${BENCH_SCALE:-20}
-CHUNK=${BENCH_CHUNK_ROWS:-100000}
+CHUNK=${BENCH_CHUNK_ROWS:-250000}
 SRC_PORT=${BENCH_PORT:-54371}
 TGT_PORT=$((SRC_PORT + 1))
 TABLE=pgbench_accounts

@@ -425,7 +425,7 @@ const backfillBatchRows = 10_000
 // addBackfillFlags defines the flags that size backfills, shared by run and backfill.
 func addBackfillFlags(f *pflag.FlagSet, workers, chunkRows *int, snapshotWarn *time.Duration) {
 	f.IntVar(workers, "workers", 2, "chunks read and applied in parallel during a backfill (each uses a source and a target connection)")
-	f.IntVar(chunkRows, "chunk-rows", 100_000, "rows per chunk: the unit of parallel reading, of one target transaction, and of resuming")
+	f.IntVar(chunkRows, "chunk-rows", 250_000, "rows per chunk, the unit of parallel reading and of resuming; a chunk whose keys the target does not hold is copied in one transaction, else merged batch by batch")
 	f.DurationVar(snapshotWarn, "snapshot-warn", 30*time.Minute, "warn when a backfill holds its snapshot longer than this (it holds back VACUUM on the source); 0 never warns")
 }
 
