@@ -46,9 +46,11 @@ version (S, 0) through the same version-guarded upsert as the stream, so it may 
 ` + "`pgconverge run`" + ` streams the same tables: whichever path holds the newer version wins.
 
 Tables are cut into chunks of --chunk-rows rows along the primary key; --workers chunks are read and
-applied in parallel, each chunk in one target transaction with its ledger row. If a run is
-interrupted (kill -9, SIGTERM, a lost connection), running the same command again keeps the
-completed chunks and reads the rest from a new snapshot. Missing target tables are created.
+applied in parallel. A chunk the target holds none of is copied in one transaction with its ledger
+row; otherwise it is merged batch by batch in short transactions, so the stream is never blocked
+for long. If a run is interrupted (kill -9, SIGTERM, a lost connection), running the same command
+again keeps what was completed and reads the rest from a new snapshot. Missing target tables are
+created.
 URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
