@@ -21,12 +21,37 @@ const (
 	TriggerSchedule = "schedule"
 )
 
-// StartRun records a running backfill run and returns its id. slot is the slot whose stream
-// follows the tables ("" when none: a `pgconverge backfill` on its own).
+// runLockClass is the first key of the session advisory lock a run's process holds while the run
+// runs ("pgcr"); the second is the run's id modulo 2^31.
+const runLockClass = 0x70676372
+
+// StartRun records a running backfill run and returns its id; conn's session holds the run's
+// advisory lock from then on (until the session ends or releases its locks), which tells other
+// processes the run is alive. Runs recorded as running whose lock nobody holds are closed first
+// as failed (interrupted), with their table backfills, which a later run may resume. slot is the
+// slot whose stream follows the tables ("" when none: a `pgconverge backfill` on its own).
 func StartRun(ctx context.Context, conn *pgx.Conn, trigger, slot string, workers, chunkRows int) (int64, error) {
+	_, err := conn.Exec(ctx, `with stale as (
+  update pgconverge.backfill_runs r set status = 'failed', finished_at = now(),
+    error = 'interrupted: the process ended without recording the end of the run'
+  where status = 'running' and not exists (
+    select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
+      and l.database = (select oid from pg_database where datname = current_database())
+      and l.classid = $1::int::oid and l.objid = (r.id % 2147483648)::int::oid)
+  returning id)
+update pgconverge.backfills b set status = 'failed', finished_at = now()
+from stale where b.run_id = stale.id and b.status = 'running'`, runLockClass)
+	if err != nil {
+		return 0, fmt.Errorf("close interrupted backfill runs: %w", err)
+	}
 	var id int64
-	err := conn.QueryRow(ctx, `insert into pgconverge.backfill_runs (trigger, slot, status, workers, chunk_rows)
-values ($1, nullif($2, ''), 'running', $3, $4) returning id`, trigger, slot, workers, chunkRows).Scan(&id)
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// The lock is taken before the row becomes visible, so no one sees the run without it.
+		return tx.QueryRow(ctx, `with r as (
+  insert into pgconverge.backfill_runs (trigger, slot, status, workers, chunk_rows)
+  values ($1, nullif($2, ''), 'running', $3, $4) returning id)
+select id from r, pg_advisory_lock($5, (id % 2147483648)::int)`, trigger, slot, workers, chunkRows, runLockClass).Scan(&id)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("record backfill run: %w", err)
 	}
@@ -303,4 +328,16 @@ where schema_name = $1 and table_name = $2 and status in ('running', 'failed')`,
 		return fmt.Errorf("abandon unfinished backfills of %s: %w", changebatch.QualifiedName(schema, name), err)
 	}
 	return nil
+}
+
+// FollowingSlot returns the slot whose stream follows table t since its last completed backfill
+// (pgconverge.tables.slot), or "" when none does.
+func FollowingSlot(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (string, error) {
+	var slot string
+	err := conn.QueryRow(ctx, `select coalesce(slot, '') from pgconverge.tables where schema_name = $1 and table_name = $2`,
+		t.Schema, t.Name).Scan(&slot)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("read the slot following %s: %w", t, err)
+	}
+	return slot, nil
 }

@@ -34,11 +34,10 @@ func readPlan(t *testing.T, env *pgtest.Env, name string, chunkRows int) ([]Chun
 	}
 	defer exp.Close(ctx)
 	planConn := pgtest.Connect(t, env.SourceURL)
-	p, err := NewPlanner(ctx, planConn, exp.Snapshot, tab, chunkRows, nil)
+	p, err := NewPlanner(planConn, exp.Snapshot, tab, chunkRows, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close(ctx)
 	var chunks []Chunk
 	var rows [][]string
 	for {

@@ -13,28 +13,29 @@ import (
 // Planner cuts a table into chunks of about a fixed number of rows, in key order, by keyset
 // pagination on the key's index inside one snapshot: each boundary is the key of the n-th row
 // after the previous boundary. Only the key index is read, never the rows.
+//
+// Each boundary is read in its own short transaction that imports the snapshot, so the planner
+// holds no lock on the table while it waits for workers to take its chunks: a TRUNCATE or ALTER
+// TABLE on the source waits at most for one boundary query, and chunk readers queued behind it
+// never wait for the planner.
 type Planner struct {
-	tx    pgx.Tx
+	conn  *pgx.Conn
+	snap  Snapshot
 	t     changebatch.Table
-	rows  int
 	last  []string
 	done  bool
 	query string
 }
 
-// NewPlanner starts planning table t in snapshot snap over conn (a source connection that must
-// not be in a transaction; the planner keeps one open until Close), with chunkRows rows per chunk,
-// from the key after (nil: from the start).
-func NewPlanner(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows int, after []string) (*Planner, error) {
+// NewPlanner prepares planning table t in snapshot snap over conn (a source connection not in a
+// transaction, which the planner uses between calls of Next), with chunkRows rows per chunk, from
+// the key after (nil: from the start).
+func NewPlanner(conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows int, after []string) (*Planner, error) {
 	if chunkRows <= 0 {
 		return nil, fmt.Errorf("chunk size %d rows: must be positive", chunkRows)
 	}
 	if err := checkBounds(t, Chunk{Lower: after}); err != nil {
 		return nil, err
-	}
-	tx, err := beginSnapshot(ctx, conn, snap)
-	if err != nil {
-		return nil, fmt.Errorf("plan chunks of %s: %w", t, err)
 	}
 	names, _ := keyColumns(t)
 	texts := make([]string, len(names))
@@ -42,7 +43,7 @@ func NewPlanner(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatc
 		// An alias, so that ORDER BY names the column, not this text output of the same name.
 		texts[i] = n + "::text as pgconverge_key_" + strconv.Itoa(i)
 	}
-	return &Planner{tx: tx, t: t, rows: chunkRows, last: after,
+	return &Planner{conn: conn, snap: snap, t: t, last: after,
 		query: "select " + strings.Join(texts, ", ") + " from only " + t.Quoted() + " where %s order by " +
 			strings.Join(names, ", ") + " offset " + strconv.Itoa(chunkRows-1) + " limit 1"}, nil
 }
@@ -53,8 +54,13 @@ func (p *Planner) Next(ctx context.Context) (Chunk, bool, error) {
 	if p.done {
 		return Chunk{}, false, nil
 	}
+	tx, err := beginSnapshot(ctx, p.conn, p.snap)
+	if err != nil {
+		return Chunk{}, false, fmt.Errorf("plan chunks of %s: %w", p.t, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
 	cond, args := rangeCondition(p.t, Chunk{Lower: p.last})
-	rows, err := p.tx.Query(ctx, fmt.Sprintf(p.query, cond), args...)
+	rows, err := tx.Query(ctx, fmt.Sprintf(p.query, cond), args...)
 	if err != nil {
 		return Chunk{}, false, fmt.Errorf("plan chunks of %s: %w", p.t, err)
 	}
@@ -72,6 +78,3 @@ func (p *Planner) Next(ctx context.Context) (Chunk, bool, error) {
 	p.done = upper == nil
 	return c, true, nil
 }
-
-// Close ends the planner's transaction.
-func (p *Planner) Close(ctx context.Context) { p.tx.Rollback(ctx) }

@@ -49,7 +49,7 @@ func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (ch
 from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`,
 		schema, name).Scan(&oid, &kind, &ident, &usage, &sel)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return t, fmt.Errorf("source table %s does not exist: check --tables (names are schema.table)", t)
+		return t, fmt.Errorf("source table %s does not exist: check the table name (schema.table; unquoted names fold to lower case, as in SQL)", t)
 	}
 	if err != nil {
 		return t, fmt.Errorf("read source table %s: %w", t, err)

@@ -67,10 +67,13 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 				cfg.Progress = newProgress(stderr, ok && term.IsTerminal(int(f.Fd())), "backfill", logger, 10*time.Second)
 			}
 			rep, err := runBackfillCmd(cmd.Context(), cfg)
-			if err != nil {
-				if cmd.Context().Err() != nil && rep.RunID != 0 {
-					return fmt.Errorf("backfill run %d interrupted: run the same command again to resume it (completed chunks are kept)", rep.RunID)
-				}
+			switch {
+			case cmd.Context().Err() != nil && rep.RunID != 0:
+				// Not wrapping context.Canceled: an interrupted backfill must not exit 0.
+				return fmt.Errorf("backfill run %d interrupted: run the same command again to resume it (completed chunks are kept)", rep.RunID)
+			case cmd.Context().Err() != nil:
+				return errors.New("backfill interrupted before it started")
+			case err != nil:
 				return err
 			}
 			printBackfillReport(stdout, rep)

@@ -67,7 +67,14 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 	tr.open = len(work)
 	job.Logger.Info("resuming an interrupted backfill", "table", t.String(), "backfill", prev.ID,
 		"chunks_kept", done, "chunks_to_read", len(work), "plan_complete", tr.planned, "rows_kept", kept)
-	if done > 0 && job.Slot == "" {
+	following := job.Slot
+	if following == "" {
+		var err error
+		if following, err = apply.FollowingSlot(ctx, ctrl, t); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	if kept > 0 && following == "" {
 		job.Logger.Warn("kept chunks hold the table as of their own, older snapshot: later changes reach them only through a stream (pgconverge run on this table); without one, --resume=false reads the whole table at one point in time",
 			"table", t.String())
 	}
@@ -103,11 +110,10 @@ func planTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap b
 		}
 		after, next = last.Upper, last.Ordinal+1
 	}
-	p, err := backfill.NewPlanner(ctx, src, snap, tr.t, job.ChunkRows, after)
+	p, err := backfill.NewPlanner(src, snap, tr.t, job.ChunkRows, after)
 	if err != nil {
 		return err
 	}
-	defer p.Close(context.WithoutCancel(ctx))
 	for ; ; next++ {
 		c, ok, err := p.Next(ctx)
 		if err != nil || !ok {

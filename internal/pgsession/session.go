@@ -16,8 +16,9 @@ import (
 
 // params are the session settings of every connection: values travel as text between source and
 // target, so both sides print and parse them the same way whatever the servers' defaults are
-// (PostgreSQL docs §20.11 "Client Connection Defaults"), and commits wait for their WAL flush
-// whatever synchronous_commit the server defaults to (§20.5.1).
+// (PostgreSQL docs §20.11 "Client Connection Defaults"), commits wait for their WAL flush
+// whatever synchronous_commit the server defaults to (§20.5.1), and sessions idle in a
+// transaction are not ended by the server (§20.11.1).
 var params = map[string]string{
 	"application_name":   "pgconverge",
 	"DateStyle":          "ISO, YMD",
@@ -27,6 +28,10 @@ var params = map[string]string{
 	"bytea_output":       "hex",
 	// A target commit must be durable before its position is confirmed to the source.
 	"synchronous_commit": "on",
+	// An exported snapshot lives in a session that stays idle in its transaction for a whole
+	// backfill, and chunk readers wait in theirs for the target: a server default that ends such
+	// sessions (common on managed services) would break every long backfill.
+	"idle_in_transaction_session_timeout": "0",
 }
 
 func setParams(cfg *pgconn.Config) {

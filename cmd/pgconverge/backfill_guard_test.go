@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// A TRUNCATE on the source while a backfill of the table runs gets its lock between two chunks
+// (the planner holds no lock while it waits), and the backfill then goes on; with the stream
+// following the table, the target converges.
+func TestBackfillLetsSourceDDLThrough(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.ChunkRows = 500
+	reached := make(chan struct{})
+	var once sync.Once
+	cfg.AfterChunk = func(string, int64) { once.Do(func() { close(reached) }) }
+	done := make(chan error, 1)
+	go func() { _, err := runBackfillCmd(context.Background(), cfg); done <- err }()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("backfill ended before its first chunk: %v", err)
+	}
+	// Without the fix the planner's idle transaction held its lock until the end, and the
+	// TRUNCATE, and the chunk readers queued behind it, waited forever.
+	pgtest.Exec(t, env.Source, `set lock_timeout = '30s'`, `truncate big`, `insert into big values (1, 'after the truncate')`)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("backfill: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("backfill did not end within 60 s of the TRUNCATE")
+	}
+	waitConverged(t, env, "big", "id")
+}
+
+// An interrupted `pgconverge backfill` exits with an error, also before its run started.
+func TestInterruptedBackfillFails(t *testing.T) {
+	env := pgtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := run(ctx, []string{"backfill", "--source", env.SourceURL, "--target", env.TargetURL, "--table", "public.x", "--log-format", "json"}, io.Discard, io.Discard)
+	if err == nil {
+		t.Fatal("interrupted backfill succeeded, want an error")
+	}
+}
+
+// Runs left "running" by a process that died before recording their end are closed as failed
+// when the next run starts; a live run (its process holds its lock) is left alone.
+func TestStaleRunsAreClosed(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g values (1)`)
+	backfillNow(t, testBackfillConfig(t, env, "public.g"))
+	pgtest.Exec(t, env.Target, `insert into pgconverge.backfill_runs (trigger, status, workers, chunk_rows) values ('manual', 'running', 1, 1)`)
+	backfillNow(t, testBackfillConfig(t, env, "public.g"))
+	got := pgtest.Rows(t, env.Target, `select status || ' ' || coalesce(error, '') from pgconverge.backfill_runs order by id`)
+	want := []string{"completed ", "failed interrupted: the process ended without recording the end of the run", "completed "}
+	if d := pgtest.Diff(want, got); d != "" {
+		t.Errorf("runs: %s", d)
+	}
+}
+
+// A source whose idle_in_transaction_session_timeout is shorter than a backfill does not end the
+// session that holds the exported snapshot, nor the chunk readers.
+func TestBackfillOutlivesIdleInTransactionTimeout(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g select generate_series(1, 3000)`,
+		fmt.Sprintf(`alter database %q set idle_in_transaction_session_timeout = '1s'`, env.Name))
+	cfg := testBackfillConfig(t, env, "public.g")
+	cfg.Workers = 1
+	reached, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.AfterChunk = func(string, int64) { once.Do(func() { close(reached); <-resume }) }
+	done := make(chan error, 1)
+	go func() { _, err := runBackfillCmd(context.Background(), cfg); done <- err }()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("backfill ended before its first chunk: %v", err)
+	}
+	// Hold the run until a session of it has been idle in its transaction for 2 s.
+	pgtest.Eventually(t, 30*time.Second, "a session idle in transaction for 2 s", func() (bool, string) {
+		n := scalar[int64](t, env.Source, `select count(*) from pg_stat_activity
+where datname = current_database() and state like 'idle in transaction%' and now() - state_change > interval '2 s'`)
+		return n > 0, fmt.Sprintf("%d such sessions", n)
+	})
+	close(resume)
+	if err := <-done; err != nil {
+		t.Fatalf("backfill: %v", err)
+	}
+	waitConverged(t, env, "g", "id")
+}
