@@ -199,7 +199,10 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 				mu.Unlock()
 				job.Progress.Add(done.rows)
 				if job.AfterChunk != nil {
-					job.AfterChunk(cw.tr.t.String(), cw.tr.rows)
+					cw.tr.mu.Lock()
+					rows := cw.tr.rows
+					cw.tr.mu.Unlock()
+					job.AfterChunk(cw.tr.t.String(), rows)
 				}
 				n, err := wk.finishIfComplete(gctx, cw.tr, log)
 				if n > 0 {

@@ -95,7 +95,7 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 }
 
 // run applies the chunks of work until it closes, calling onDone after each; its reader reads one
-// chunk ahead.
+// chunk ahead. When it returns, no read of its connections is running.
 func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone func(chunkWork, chunkDone) error) error {
 	g, gctx := errgroup.WithContext(ctx)
 	ready := make(chan chunkRead, 1)
@@ -106,6 +106,7 @@ func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone 
 			select {
 			case ready <- r:
 			case <-gctx.Done():
+				drain(r)
 				return gctx.Err()
 			}
 			if _, err := r.wait(); err != nil {
@@ -126,7 +127,11 @@ func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone 
 		}
 		return nil
 	})
-	return g.Wait()
+	err := g.Wait()
+	for r := range ready { // read ahead, never applied: let its reader end before the connection closes
+		drain(r)
+	}
+	return err
 }
 
 // chunk applies the chunk r reads, retrying after a lost deadlock or serialization conflict, and
