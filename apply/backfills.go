@@ -58,12 +58,16 @@ select id from r, pg_advisory_lock($5, (id % 2147483648)::int)`, trigger, slot, 
 	return id, nil
 }
 
-// EndRun records how run id ended: completed when runErr is nil, else failed with runErr's text;
+// EndRun records how run id ended: completed when runErr is nil, interrupted when it is (or
+// wraps) context.Canceled (a signal or a shutdown stopped it), else failed with runErr's text;
 // rows and reread count the rows it read and read again. Table backfills of the run still running
-// are marked failed (their completed chunks stay, for the next run to resume).
+// are marked failed (what they completed stays, for the next run to resume).
 func EndRun(ctx context.Context, conn *pgx.Conn, id, rows, reread int64, runErr error) error {
 	status, msg := "completed", ""
-	if runErr != nil {
+	switch {
+	case errors.Is(runErr, context.Canceled):
+		status, msg = "interrupted", "stopped by a signal or a shutdown: the next run of these tables resumes it"
+	case runErr != nil:
 		status, msg = "failed", runErr.Error()
 	}
 	_, err := conn.Exec(ctx, `with r as (

@@ -5,12 +5,12 @@
 -- A backfill interrupted by a crash or SIGTERM is resumed by the next run of the same table, which
 -- adopts it: its completed chunks stay, the rest are read from the new run's snapshot.
 -- reread_rows counts the rows of chunks that an interrupted run had started and this one read
--- again.
+-- again. A run stopped by a signal or a shutdown ends 'interrupted', one that hit an error 'failed'.
 create table pgconverge.backfill_runs (
     id           bigserial primary key,
     trigger      text not null check (trigger in ('initial', 'manual', 'schedule')),
     slot         text,
-    status       text not null check (status in ('running', 'completed', 'failed')),
+    status       text not null check (status in ('running', 'completed', 'failed', 'interrupted')),
     workers      int not null,
     chunk_rows   bigint not null,
     rows         bigint not null default 0,

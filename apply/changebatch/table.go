@@ -104,7 +104,7 @@ func (t Table) Validate() error {
 		errs = append(errs, fmt.Errorf("table %q: schema and name must be set", t.String()))
 	}
 	if len(t.KeyIndexes()) == 0 {
-		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or leave the table out (name the others with --tables, or drop it from the publication)", t, t.Quoted()))
+		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or leave the table out", t, t.Quoted()))
 	}
 	seen := map[string]bool{}
 	for _, c := range t.Columns {

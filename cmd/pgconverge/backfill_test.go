@@ -225,7 +225,7 @@ func backfillCrashChild(at int) int {
 }
 
 // A second backfill of a table refuses while one runs, naming the table; a cancelled run (as by
-// SIGTERM) is recorded as failed and leaves no temporary slot behind.
+// SIGTERM) is recorded as interrupted and leaves no temporary slot behind.
 func TestBackfillGuardRails(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g select generate_series(1, 5000)`)
@@ -254,7 +254,7 @@ func TestBackfillGuardRails(t *testing.T) {
 		return n == 0, fmt.Sprintf("%d temporary slots", n)
 	})
 	got := pgtest.Rows(t, env.Target, `select status from pgconverge.backfill_runs order by id`)
-	if d := pgtest.Diff([]string{"failed"}, got); d != "" {
+	if d := pgtest.Diff([]string{"interrupted"}, got); d != "" {
 		t.Errorf("runs: %s", d)
 	}
 	backfillNow(t, testBackfillConfig(t, env, "public.g"))

@@ -50,7 +50,8 @@ applied in parallel. A chunk the target holds none of is copied in one transacti
 row; otherwise it is merged batch by batch in short transactions, so the stream is never blocked
 for long. If a run is interrupted (kill -9, SIGTERM, a lost connection), running the same command
 again keeps what was completed and reads the rest from a new snapshot. Missing target tables are
-created.
+created. When a table is complete, target rows the source no longer has become tombstones
+(_cdc_deleted). Exit status: 0 when every table completed, 1 on an error or an interruption.
 URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -107,7 +108,7 @@ func (c *backfillConfig) Validate() error {
 	if len(c.Tables) == 0 {
 		errs = append(errs, errors.New("no table: name each table to backfill with --table schema.table"))
 	}
-	errs = append(errs, validateBackfillSizes(c.Workers, c.ChunkRows))
+	errs = append(errs, validateBackfillSizes(c.Workers, c.ChunkRows, c.SnapshotWarn))
 	return errors.Join(errs...)
 }
 
@@ -186,10 +187,13 @@ func printBackfillReport(w io.Writer, rep backfillReport) {
 		fmt.Fprintf(w, "nothing backfilled: every table was busy (%v)\n", rep.Skipped)
 		return
 	}
-	fmt.Fprintf(w, "backfill run %d completed at snapshot LSN %s\n", rep.RunID, rep.Snapshot)
-	fmt.Fprintf(w, "  rows read:     %d (read again after an interrupted run: %d)\n", rep.Rows, rep.Reread)
-	fmt.Fprintf(w, "  rows kept:     %d (chunks completed by an interrupted run)\n", rep.Kept)
-	fmt.Fprintf(w, "  applied:       %d\n", rep.Result.Applied)
+	fmt.Fprintf(w, "backfill run %d completed (this run's snapshot LSN %s)\n", rep.RunID, rep.Snapshot)
+	for _, t := range rep.Tables {
+		fmt.Fprintf(w, "  %s: %d rows, backfilled at %s\n", t.Table, t.Rows, t.BackfilledAt)
+	}
+	fmt.Fprintf(w, "  rows read:     %d (of which %d in chunks an interrupted run had started)\n", rep.Rows, rep.Reread)
+	fmt.Fprintf(w, "  rows kept:     %d (applied by an interrupted run, not read again)\n", rep.Kept)
+	fmt.Fprintf(w, "  applied:       %d (rows written: a snapshot row replaces an older version even when equal)\n", rep.Result.Applied)
 	fmt.Fprintf(w, "  suppressed:    %d (the target already held that version or a newer one)\n", rep.Result.Suppressed)
 	fmt.Fprintf(w, "  tombstoned:    %d (target rows the source no longer had)\n", rep.Tombstoned)
 }

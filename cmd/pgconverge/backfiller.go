@@ -64,13 +64,22 @@ const (
 type backfillReport struct {
 	RunID    int64
 	Snapshot pglogrepl.LSN
-	// Rows were read from the source in this run; Reread of them had been read by an interrupted
-	// run in chunks that never completed; Kept rows are in chunks completed by earlier runs.
+	// Rows were read from the source in this run; Reread of them are in chunks an interrupted
+	// run had started; Kept rows were applied by interrupted runs and kept.
 	Rows, Reread, Kept int64
 	Result             apply.Result
 	// Tombstoned counts live target rows the source no longer had, turned into tombstones.
 	Tombstoned int64
-	Skipped    []string
+	// Tables lists the tables backfilled, each at the smallest S of its chunks.
+	Tables  []tableResult
+	Skipped []string
+}
+
+// tableResult is one table of a completed run.
+type tableResult struct {
+	Table        string
+	BackfilledAt pglogrepl.LSN
+	Rows         int64
 }
 
 // tableRun is the state of one table in a run.
@@ -85,6 +94,8 @@ type tableRun struct {
 	rows     int64 // rows of the completed chunks
 	// directConflicts counts chunks whose direct COPY met keys the target held.
 	directConflicts int
+	// result is set when the table's backfill completed.
+	result *tableResult
 	// unwritten is true when, as the run took the table's backfill lock, its target table was empty
 	// and no stream wrote it (apply.Unwritten): every row it holds at the end came from this run.
 	unwritten bool
@@ -145,7 +156,11 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 	}
 	rep.Snapshot = snap.LSN
 	log = log.With("run", rep.RunID, "snapshot_lsn", snap.LSN.String())
-	log.Info("backfill started", "tables", len(tables), "workers", job.Workers, "chunk_rows", job.ChunkRows)
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = t.String()
+	}
+	log.Info("backfill started", "trigger", job.Trigger, "tables", names, "workers", job.Workers, "chunk_rows", job.ChunkRows)
 	began := time.Now()
 	stopWarn := warnSnapshotAge(ctx, job.SnapshotWarn, log)
 	defer stopWarn()
@@ -226,6 +241,11 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 			rep.Tombstoned += n
 		}
 	}
+	for _, tr := range runs {
+		if tr.result != nil {
+			rep.Tables = append(rep.Tables, *tr.result)
+		}
+	}
 	secs := max(time.Since(began).Seconds(), 0.001)
 	log.Info("backfill completed", "rows", rep.Rows, "rows_per_s", int64(float64(rep.Rows)/secs), "reread", rep.Reread,
 		"kept_from_earlier_runs", rep.Kept, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
@@ -298,8 +318,11 @@ func addBackfillFlags(f *pflag.FlagSet, workers, chunkRows *int, snapshotWarn *t
 }
 
 // validateBackfillSizes checks the values of the backfill flags.
-func validateBackfillSizes(workers, chunkRows int) error {
+func validateBackfillSizes(workers, chunkRows int, snapshotWarn time.Duration) error {
 	var errs []error
+	if snapshotWarn < 0 {
+		errs = append(errs, errors.New("--snapshot-warn must not be negative (0 never warns)"))
+	}
 	if workers < 1 {
 		errs = append(errs, errors.New("--workers must be at least 1"))
 	}

@@ -349,6 +349,9 @@ func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
+	tr.mu.Lock()
+	tr.result = &tableResult{Table: tr.t.String(), BackfilledAt: s, Rows: tr.rows}
+	tr.mu.Unlock()
 	log.Info("backfilled table", "table", tr.t.String(), "rows", tr.rows, "backfilled_at", s.String(), "tombstoned_absent", n)
 	return n, nil
 }

@@ -41,7 +41,7 @@ func (p *barProgress) Start(total, done int64) {
 	p.bar = progressbar.NewOptions64(total, progressbar.OptionSetWriter(p.w), progressbar.OptionSetDescription(p.what),
 		progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("rows"),
 		progressbar.OptionSetPredictTime(true), progressbar.OptionThrottle(200*time.Millisecond),
-		progressbar.OptionFullWidth(), progressbar.OptionShowElapsedTimeOnFinish())
+		progressbar.OptionFullWidth(), progressbar.OptionClearOnFinish())
 	p.bar.Add64(done)
 }
 
@@ -52,10 +52,7 @@ func (p *barProgress) Add(rows int64) {
 	p.bar.Add64(rows)
 }
 
-func (p *barProgress) Finish() {
-	p.bar.Finish()
-	io.WriteString(p.w, "\n")
-}
+func (p *barProgress) Finish() { p.bar.Finish() }
 
 // logProgress logs rows, rows/s and the estimated time left every interval.
 type logProgress struct {

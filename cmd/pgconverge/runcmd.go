@@ -63,7 +63,7 @@ func (c *daemonConfig) Validate() error {
 	if err := cdc.ValidatePublicationName(c.Publication); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows))
+	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
 	return errors.Join(errs...)
 }
 

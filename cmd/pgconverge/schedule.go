@@ -82,7 +82,9 @@ func (s *session) startSchedule(ctx context.Context, start pglogrepl.LSN) func()
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				cfg.Logger.Error("scheduled backfill failed: the next tick resumes it", "err", err)
+				cfg.Logger.Error("scheduled backfill failed: the next tick resumes it", "run", rep.RunID, "err", err)
+			} else {
+				cfg.Logger.Warn("scheduled backfill interrupted by the session's end: the next tick resumes it", "run", rep.RunID)
 			}
 			hook(scheduleFailed)
 			return
