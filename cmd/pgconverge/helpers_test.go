@@ -146,18 +146,19 @@ func scalar[T any](t *testing.T, conn *pgx.Conn, sql string, args ...any) T {
 	return v
 }
 
-// waitStreaming polls until the daemon's walsender is attached to the slot: the slot exists, the
-// initial load is over and changes from now on arrive through the stream.
+// waitStreaming polls until the daemon's walsender streams from the slot (pg_stat_replication
+// state catchup or streaming, not merely holding the slot it created): the initial load is over
+// and changes from now on arrive through the stream.
 func waitStreaming(t *testing.T, env *pgtest.Env) {
 	t.Helper()
-	pgtest.Eventually(t, 60*time.Second, "slot "+env.Name+" active", func() (bool, string) {
-		var active bool
-		err := env.Source.QueryRow(context.Background(),
-			`select active from pg_replication_slots where slot_name = $1`, env.Name).Scan(&active)
+	pgtest.Eventually(t, 60*time.Second, "slot "+env.Name+" streaming", func() (bool, string) {
+		var state string
+		err := env.Source.QueryRow(context.Background(), `select coalesce(r.state, 'no walsender') from pg_replication_slots s
+left join pg_stat_replication r on r.pid = s.active_pid where s.slot_name = $1`, env.Name).Scan(&state)
 		if err != nil {
 			return false, err.Error()
 		}
-		return active, "slot exists, not active"
+		return state == "streaming" || state == "catchup", "walsender state " + state
 	})
 }
 
