@@ -203,23 +203,29 @@ where r.trigger = 'manual'`)
 	}
 }
 
-// backfillCrashChild runs `pgconverge backfill` of public.big with chunks of 1,000 rows and one
-// worker, and SIGKILLs itself after chunk at completed.
-func backfillCrashChild(at int) int {
+// backfillCrashChild runs `pgconverge backfill` of public.big with one worker and SIGKILLs
+// itself: at point "backfill-chunk" after chunk at (of 1,000 rows) completed, at
+// "backfill-batch" after merged batch at (chunks of 100,000 rows) committed.
+func backfillCrashChild(point string, at int) int {
 	var mu sync.Mutex
 	n := 0
+	hit := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if n++; n == at {
+			kill()
+		}
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	_, err := runBackfillCmd(context.Background(), backfillConfig{
+	cfg := backfillConfig{
 		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Tables: []string{"public.big"},
 		Workers: 1, ChunkRows: 1000, Resume: true, Logger: log, Progress: newProgress(nil, false, "backfill", log, time.Hour),
-		AfterChunk: func(string, int64) {
-			mu.Lock()
-			defer mu.Unlock()
-			if n++; n == at {
-				kill()
-			}
-		},
-	})
+		AfterChunk: func(string, int64) { hit() },
+	}
+	if point == "backfill-batch" {
+		cfg.ChunkRows, cfg.AfterChunk, cfg.AfterMergedBatch = 100_000, nil, hit
+	}
+	_, err := runBackfillCmd(context.Background(), cfg)
 	fmt.Fprintf(os.Stderr, "backfill child reached the end without crashing: %v\n", err)
 	return 3
 }
@@ -278,5 +284,34 @@ func TestBackfillNotResumedIntoANewTable(t *testing.T) {
 	got := pgtest.Rows(t, env.Target, `select status from pgconverge.backfills order by id`)
 	if d := pgtest.Diff([]string{"failed", "completed"}, got); d != "" {
 		t.Errorf("table backfills: %s", d)
+	}
+}
+
+// A repair backfill (the target holds the rows, so chunks are merged batch by batch) killed after
+// its first merged batch resumes after that batch's last key: the batch is kept, the rest is read
+// again, and the table ends equal.
+func TestRepairResumesInsideAChunk(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 25000) g`)
+	backfillNow(t, testBackfillConfig(t, env, "public.big"))
+	pgtest.Exec(t, env.Source, `update big set v = 'repaired' where id % 7 = 0`, `delete from big where id % 1000 = 1`)
+	out, err := crashChildCmd(env, "backfill-batch", 1).CombinedOutput()
+	requireKilled(t, err, out)
+	got := pgtest.Rows(t, env.Target, `select array_to_string(done_key, ',') || ' ' || done_rows from pgconverge.backfill_chunks
+where completed_at is null`)
+	// The first batch is the first 10,000 ids left: 1..10011 less the 11 deleted (1, 1001, …, 10001).
+	if d := pgtest.Diff([]string{"10011 10000"}, got); d != "" {
+		t.Fatalf("chunk progress after the kill (done_key, done_rows): %s", d)
+	}
+	rep := backfillNow(t, testBackfillConfig(t, env, "public.big"))
+	if rep.Kept != 10000 || rep.Rows != 24975-10000 {
+		t.Errorf("kept %d rows and read %d, want 10000 and 14975", rep.Kept, rep.Rows)
+	}
+	waitConverged(t, env, "big", "id")
+	got = pgtest.Rows(t, env.Target, `select count(*) || ' ' || count(*) filter (where done_key is not null or completed_at is null)
+from pgconverge.backfill_chunks c join pgconverge.backfills b on b.id = c.backfill_id where b.status = 'completed' and b.id = (select max(id) from pgconverge.backfills)`)
+	if d := pgtest.Diff([]string{"1 0"}, got); d != "" {
+		t.Errorf("chunks of the resumed backfill (all, open): %s", d)
 	}
 }

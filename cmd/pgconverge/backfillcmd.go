@@ -30,8 +30,9 @@ type backfillConfig struct {
 	Logger             *slog.Logger
 	// Progress reports rows; nil picks a bar on a terminal, else log lines.
 	Progress progress
-	// AfterChunk is a test hook run after each committed chunk.
-	AfterChunk func(table string, rows int64)
+	// AfterChunk and AfterMergedBatch are test hooks (backfillJob).
+	AfterChunk       func(table string, rows int64)
+	AfterMergedBatch func()
 }
 
 func newBackfillCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -150,7 +151,7 @@ func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, er
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: apply.TriggerManual,
 		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk,
+		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
 	})
 }
 

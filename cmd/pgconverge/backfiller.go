@@ -47,8 +47,10 @@ type backfillJob struct {
 	SnapshotWarn time.Duration
 	Logger       *slog.Logger
 	Progress     progress
-	// AfterChunk is a test hook run after each committed chunk with the table and rows so far.
-	AfterChunk func(table string, rows int64)
+	// AfterChunk is a test hook run after each committed chunk with the table and rows so far;
+	// AfterMergedBatch after each committed batch of a merged chunk.
+	AfterChunk       func(table string, rows int64)
+	AfterMergedBatch func()
 }
 
 // busyPolicy is what a backfill does with a table another backfill holds.

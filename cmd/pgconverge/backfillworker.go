@@ -30,6 +30,8 @@ type backfillWorker struct {
 	snap      backfill.Snapshot
 	batchRows int
 	log       *slog.Logger
+	// afterMergedBatch is backfillJob.AfterMergedBatch.
+	afterMergedBatch func()
 }
 
 // chunkDone is what applying one chunk did.
@@ -50,7 +52,8 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		src.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &backfillWorker{source: job.Source, src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows, log: job.Logger}, nil
+	return &backfillWorker{source: job.Source, src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
+		log: job.Logger, afterMergedBatch: job.AfterMergedBatch}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -311,6 +314,9 @@ func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, 
 	cw.doneKey = last
 	done.rows += n
 	done.result.Add(res)
+	if w.afterMergedBatch != nil {
+		w.afterMergedBatch()
+	}
 	return nil
 }
 

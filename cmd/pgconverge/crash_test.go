@@ -32,9 +32,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if point := os.Getenv(envCrashPoint); point == "backfill-chunk" {
+	if point := os.Getenv(envCrashPoint); point == "backfill-chunk" || point == "backfill-batch" {
 		at, _ := strconv.Atoi(os.Getenv(envCrashAt))
-		os.Exit(backfillCrashChild(at))
+		os.Exit(backfillCrashChild(point, at))
 	} else if point != "" {
 		os.Exit(crashChild(point))
 	}
