@@ -92,6 +92,7 @@ func (s *session) startSchedule(ctx context.Context, start pglogrepl.LSN) func()
 		hook(scheduleCompleted)
 	}))
 	c.Start()
+	cfg.Logger.Info("scheduled backfills on", "tables", len(s.tables), "next", cfg.BackfillSchedule.Next(time.Now()).Format(time.RFC3339))
 	return func() {
 		cancel()
 		<-c.Stop().Done() // done when a running backfill returned
