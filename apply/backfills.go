@@ -164,13 +164,14 @@ from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 }
 
 // StartTableBackfill records the running backfill of table t in run runID from snapshot LSN s,
-// chunked by the key columns keyCols, and returns its id. Backfills of t still recorded as running
-// are marked failed: the caller holds t's backfill lock, so their processes are gone.
+// chunked by the key columns keyCols, and returns its id. Earlier unfinished backfills of t are
+// marked abandoned: the new one supersedes them, and the caller holds t's backfill lock, so none
+// of them is still running.
 func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t changebatch.Table, s pglogrepl.LSN, slot string, keyCols []string) (int64, error) {
 	var id int64
 	err := conn.QueryRow(ctx, `with abandoned as (
-  update pgconverge.backfills set status = 'failed', finished_at = now()
-  where schema_name = $2 and table_name = $3 and status = 'running')
+  update pgconverge.backfills set status = 'abandoned', finished_at = coalesce(finished_at, now())
+  where schema_name = $2 and table_name = $3 and status in ('running', 'failed'))
 insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode)
 values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filenode($7::regclass)) returning id`,
 		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted()).Scan(&id)

@@ -25,8 +25,8 @@ create table pgconverge.backfill_runs (
 -- is only resumed into the same table file, not after the target table was dropped, truncated or
 -- rewritten. snapshot_lsn stays the S of its first run; a table counts as backfilled at the
 -- smallest S of its chunks.
--- A backfill is 'abandoned' when what it completed can no longer count: the stream stopped
--- covering the table, or the target table was created anew.
+-- A backfill is 'abandoned' when it is never to be resumed: a newer backfill of the table started,
+-- the stream stopped covering the table, or the target table was created anew.
 alter table pgconverge.backfills
     add column run_id bigint references pgconverge.backfill_runs (id),
     add column key_columns text[],

@@ -282,7 +282,7 @@ func TestBackfillNotResumedIntoANewTable(t *testing.T) {
 	}
 	waitConverged(t, env, "big", "id")
 	got := pgtest.Rows(t, env.Target, `select status from pgconverge.backfills order by id`)
-	if d := pgtest.Diff([]string{"failed", "completed"}, got); d != "" {
+	if d := pgtest.Diff([]string{"abandoned", "completed"}, got); d != "" {
 		t.Errorf("table backfills: %s", d)
 	}
 }
