@@ -73,7 +73,9 @@ func setup(t *testing.T) fixture {
 	return fixture{env: env, ap: apply.New(env.Target)}
 }
 
-func (f fixture) apply(t *testing.T, rec arrow.RecordBatch) apply.Result {
+// inTx runs fn in a target transaction, failing the test on its error, and commits unless fn
+// returns false.
+func (f fixture) inTx(t *testing.T, fn func(context.Context, *apply.Tx) (bool, error)) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := f.ap.Begin(ctx)
@@ -81,13 +83,25 @@ func (f fixture) apply(t *testing.T, rec arrow.RecordBatch) apply.Result {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	res, err := tx.Apply(ctx, rec)
+	commit, err := fn(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !commit {
+		return
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func (f fixture) apply(t *testing.T, rec arrow.RecordBatch) (res apply.Result) {
+	t.Helper()
+	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+		var err error
+		res, err = tx.Apply(ctx, rec)
+		return true, err
+	})
 	return res
 }
 

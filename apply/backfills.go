@@ -96,8 +96,7 @@ type ChunkRecord struct {
 	DoneKey  []string
 	DoneRows int64
 	// Rows is the number of rows of a completed chunk.
-	Rows     int64
-	Attempts int
+	Rows int64
 }
 
 // TableBackfill is a table's backfill as the ledger holds it.
@@ -134,7 +133,7 @@ from pgconverge.backfills where schema_name = $1 and table_name = $2 order by id
 		return nil, nil
 	}
 	rows, err := conn.Query(ctx, `select chunk, lower_key, upper_key, completed_at is not null, coalesce(snapshot_lsn::text, ''),
-  done_key, done_rows, coalesce(rows, 0), attempts
+  done_key, done_rows, coalesce(rows, 0)
 from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 	if err != nil {
 		return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
@@ -144,7 +143,7 @@ from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 	for rows.Next() {
 		var c ChunkRecord
 		var s string
-		if err := rows.Scan(&c.Ordinal, &c.Lower, &c.Upper, &c.Completed, &s, &c.DoneKey, &c.DoneRows, &c.Rows, &c.Attempts); err != nil {
+		if err := rows.Scan(&c.Ordinal, &c.Lower, &c.Upper, &c.Completed, &s, &c.DoneKey, &c.DoneRows, &c.Rows); err != nil {
 			return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
 		}
 		if s != "" {

@@ -10,49 +10,31 @@ import (
 )
 
 // applySnapshot applies rec with Tx.ApplySnapshot in its own transaction.
-func (f fixture) applySnapshot(t *testing.T, rec arrow.RecordBatch) apply.Result {
+func (f fixture) applySnapshot(t *testing.T, rec arrow.RecordBatch) (res apply.Result) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.ap.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	res, err := tx.ApplySnapshot(ctx, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+		var err error
+		res, err = tx.ApplySnapshot(ctx, rec)
+		return true, err
+	})
 	return res
 }
 
 // copySnapshot copies recs with Tx.CopySnapshot in one transaction, committed unless the target
 // held a key.
-func (f fixture) copySnapshot(t *testing.T, recs ...arrow.RecordBatch) (apply.Result, bool) {
+func (f fixture) copySnapshot(t *testing.T, recs ...arrow.RecordBatch) (res apply.Result, conflict bool) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.ap.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
 	ch := make(chan arrow.RecordBatch, len(recs))
 	for _, r := range recs {
 		r.Retain()
 		ch <- r
 	}
 	close(ch)
-	res, conflict, err := tx.CopySnapshot(ctx, acc, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !conflict {
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+		var err error
+		res, conflict, err = tx.CopySnapshot(ctx, acc, ch)
+		return !conflict, err
+	})
 	return res, conflict
 }
 

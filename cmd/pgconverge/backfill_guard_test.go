@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,27 +21,11 @@ func TestBackfillLetsSourceDDLThrough(t *testing.T) {
 	waitStreaming(t, env)
 	cfg := testBackfillConfig(t, env, "public.big")
 	cfg.ChunkRows = 500
-	reached := make(chan struct{})
-	var once sync.Once
-	cfg.AfterChunk = func(string, int64) { once.Do(func() { close(reached) }) }
-	done := make(chan error, 1)
-	go func() { _, err := runBackfillCmd(context.Background(), cfg); done <- err }()
-	select {
-	case <-reached:
-	case err := <-done:
-		t.Fatalf("backfill ended before its first chunk: %v", err)
-	}
+	finish := backfillAfterFirstChunk(t, cfg, false)
 	// Without the fix the planner's idle transaction held its lock until the end, and the
 	// TRUNCATE, and the chunk readers queued behind it, waited forever.
 	pgtest.Exec(t, env.Source, `set lock_timeout = '30s'`, `truncate big`, `insert into big values (1, 'after the truncate')`)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("backfill: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("backfill did not end within 60 s of the TRUNCATE")
-	}
+	finish()
 	waitConverged(t, env, "big", "id")
 }
 
@@ -80,25 +63,13 @@ func TestBackfillOutlivesIdleInTransactionTimeout(t *testing.T) {
 		fmt.Sprintf(`alter database %q set idle_in_transaction_session_timeout = '1s'`, env.Name))
 	cfg := testBackfillConfig(t, env, "public.g")
 	cfg.Workers = 1
-	reached, resume := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	cfg.AfterChunk = func(string, int64) { once.Do(func() { close(reached); <-resume }) }
-	done := make(chan error, 1)
-	go func() { _, err := runBackfillCmd(context.Background(), cfg); done <- err }()
-	select {
-	case <-reached:
-	case err := <-done:
-		t.Fatalf("backfill ended before its first chunk: %v", err)
-	}
+	finish := backfillAfterFirstChunk(t, cfg, true)
 	// Hold the run until a session of it has been idle in its transaction for 2 s.
 	pgtest.Eventually(t, 30*time.Second, "a session idle in transaction for 2 s", func() (bool, string) {
 		n := scalar[int64](t, env.Source, `select count(*) from pg_stat_activity
 where datname = current_database() and state like 'idle in transaction%' and now() - state_change > interval '2 s'`)
 		return n > 0, fmt.Sprintf("%d such sessions", n)
 	})
-	close(resume)
-	if err := <-done; err != nil {
-		t.Fatalf("backfill: %v", err)
-	}
+	finish()
 	waitConverged(t, env, "g", "id")
 }

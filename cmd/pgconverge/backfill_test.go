@@ -36,6 +36,51 @@ func backfillNow(t *testing.T, cfg backfillConfig) backfillReport {
 	return rep
 }
 
+// backfillAfterFirstChunk starts the backfill cfg in a goroutine and returns once its first chunk
+// committed, holding it there when hold is set. finish lets it go on and returns its report; it
+// fails the test when the backfill fails or takes more than 60 s.
+func backfillAfterFirstChunk(t *testing.T, cfg backfillConfig, hold bool) (finish func() backfillReport) {
+	t.Helper()
+	reached, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.AfterChunk = func(string, int64) {
+		once.Do(func() {
+			close(reached)
+			if hold {
+				<-resume
+			}
+		})
+	}
+	type outcome struct {
+		rep backfillReport
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		rep, err := runBackfillCmd(context.Background(), cfg)
+		done <- outcome{rep, err}
+	}()
+	select {
+	case <-reached:
+	case o := <-done:
+		t.Fatalf("backfill ended before its first chunk: %v", o.err)
+	}
+	return func() backfillReport {
+		t.Helper()
+		close(resume)
+		select {
+		case o := <-done:
+			if o.err != nil {
+				t.Fatalf("backfill: %v", o.err)
+			}
+			return o.rep
+		case <-time.After(60 * time.Second):
+			t.Fatal("backfill did not end within 60 s")
+			return backfillReport{}
+		}
+	}
+}
+
 // rowVersion returns the target row's value of v and its _cdc_lsn.
 func rowVersion(t *testing.T, env *pgtest.Env, id int) (string, string) {
 	t.Helper()
@@ -78,24 +123,10 @@ func TestBackfillWorkedCases(t *testing.T) {
 	// that key, applied later, is suppressed.
 	cfg := testBackfillConfig(t, env, "public.acc")
 	cfg.Workers, cfg.ChunkRows = 1, 1
-	reached, resume := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	cfg.AfterChunk = func(string, int64) { // chunk (-inf, 1] is in; row 3 is read later, at the snapshot
-		once.Do(func() { close(reached); <-resume })
-	}
-	done := make(chan backfillReport, 1)
-	go func() {
-		rep, err := runBackfillCmd(context.Background(), cfg)
-		if err != nil {
-			t.Errorf("case 3 backfill: %v", err)
-		}
-		done <- rep
-	}()
-	<-reached
+	finish := backfillAfterFirstChunk(t, cfg, true) // chunk (-inf, 1] is in; row 3 is read later, at the snapshot
 	pgtest.Exec(t, env.Source, `update acc set v = 'three, after the snapshot' where id = 3`)
 	waitConverged(t, env, "acc", "id")
-	close(resume)
-	rep = <-done
+	rep = finish()
 	v, lsn := rowVersion(t, env, 3)
 	if l, err := pglogrepl.ParseLSN(lsn); err != nil || v != "three, after the snapshot" || l <= rep.Snapshot {
 		t.Errorf("case 3: row 3 = %q at %s, want the stream's update, newer than the snapshot %s", v, lsn, rep.Snapshot)

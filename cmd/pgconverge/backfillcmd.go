@@ -83,29 +83,18 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Source, "source", os.Getenv("PGCONVERGE_SOURCE"), "source PostgreSQL URL ($PGCONVERGE_SOURCE)")
-	f.StringVar(&cfg.Target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
+	addURLFlags(f, &cfg.Source, &cfg.Target)
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to backfill as schema.table, repeated or comma-separated; unquoted names fold to lower case as in SQL")
 	addBackfillFlags(f, &cfg.Workers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.BoolVar(&cfg.Resume, "resume", true, "keep the completed chunks of an interrupted backfill of a table and read only the rest; --resume=false starts over")
 	f.BoolVar(&cfg.Wait, "wait", false, "wait for another running backfill of a table to end instead of failing")
-	f.StringVar(&logFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }
 
 // Validate reports every problem of the configuration at once.
 func (c *backfillConfig) Validate() error {
-	var errs []error
-	if c.Source == "" {
-		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
-	}
-	if c.Target == "" {
-		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
-	}
-	if c.Source != "" && c.Source == c.Target {
-		errs = append(errs, errors.New("source and target are the same URL: backfill into another database"))
-	}
+	errs := validateURLs(c.Source, c.Target)
 	if len(c.Tables) == 0 {
 		errs = append(errs, errors.New("no table: name each table to backfill with --table schema.table"))
 	}

@@ -121,8 +121,8 @@ func (cw chunkWork) rest() backfill.Chunk {
 	return backfill.Chunk{Lower: cw.doneKey, Upper: cw.chunk.Upper}
 }
 
-// runBackfill runs job and returns its report; on failure the run is recorded as failed and its
-// completed chunks stay for the next run to resume.
+// runBackfill runs job and returns its report. On an error the run is recorded as failed, on a
+// cancelled ctx as interrupted; either way what it completed stays for the next run to resume.
 func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err error) {
 	log := job.Logger
 	ctrl, err := pgsession.Connect(ctx, job.Target, "target")
@@ -290,22 +290,11 @@ func warnSnapshotAge(ctx context.Context, d time.Duration, log *slog.Logger) fun
 	if d <= 0 {
 		return func() {}
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	began := time.Now()
-	go func() {
-		t := time.NewTicker(d)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				log.Warn("the backfill has held its snapshot for long: it holds back VACUUM on the source; more --workers or a smaller table list shorten it",
-					"held_for", time.Since(began).Round(time.Second).String())
-			}
-		}
-	}()
-	return cancel
+	return every(ctx, d, func() {
+		log.Warn("the backfill has held its snapshot for long: it holds back VACUUM on the source; more --workers or a smaller table list shorten it",
+			"held_for", time.Since(began).Round(time.Second).String())
+	})
 }
 
 // backfillBatchRows is the number of rows per change batch within a chunk: it bounds the memory a

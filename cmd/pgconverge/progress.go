@@ -64,25 +64,30 @@ type logProgress struct {
 	done     int64
 	began    time.Time
 	start    int64
-	stop     context.CancelFunc
+	stop     func()
 }
 
 func (p *logProgress) Start(total, done int64) {
 	p.total, p.done, p.start, p.began = total, done, done, time.Now()
-	ctx, cancel := context.WithCancel(context.Background())
-	p.stop = cancel
+	p.stop = every(context.Background(), p.interval, p.report)
+}
+
+// every calls fn every d in a goroutine until ctx ends or the returned function is called.
+func every(ctx context.Context, d time.Duration, fn func()) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
 	go func() {
-		t := time.NewTicker(p.interval)
+		t := time.NewTicker(d)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				p.report()
+				fn()
 			}
 		}
 	}()
+	return cancel
 }
 
 func (p *logProgress) report() {

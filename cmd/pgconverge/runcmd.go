@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -47,16 +46,7 @@ type daemonKnobs struct {
 
 // Validate reports every problem of the configuration at once.
 func (c *daemonConfig) Validate() error {
-	var errs []error
-	if c.Source == "" {
-		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
-	}
-	if c.Target == "" {
-		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
-	}
-	if c.Source != "" && c.Source == c.Target {
-		errs = append(errs, errors.New("source and target are the same URL: replicate into another database"))
-	}
+	errs := validateURLs(c.Source, c.Target)
 	if err := cdc.ValidateSlotName(c.Slot); err != nil {
 		errs = append(errs, err)
 	}
@@ -96,15 +86,13 @@ published tables that are not selected are skipped: such a table is loaded again
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Source, "source", os.Getenv("PGCONVERGE_SOURCE"), "source PostgreSQL URL ($PGCONVERGE_SOURCE)")
-	f.StringVar(&cfg.Target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
+	addURLFlags(f, &cfg.Source, &cfg.Target)
 	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"' (default: the publication's tables, else every table with a primary key)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
-	f.StringVar(&logFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }
 
