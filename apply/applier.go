@@ -111,7 +111,7 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 			res.Add(r)
 		}
 		if i < v.Len() {
-			if _, err := t.Fence(ctx, v.Table, v.Version(i)); err != nil {
+			if err := t.truncate(ctx, v.Table, v.Version(i)); err != nil {
 				return res, err
 			}
 			res.Truncates++
@@ -284,6 +284,20 @@ func (t *Tx) Fence(ctx context.Context, tab changebatch.Table, ver changebatch.V
 	return tag.RowsAffected(), nil
 }
 
+// truncate applies a streamed TRUNCATE at ver: the fence, and the ledger's record that history
+// before it is void (pgconverge.tables.truncated_lsn, which the coverage ledger counts as covered).
+func (t *Tx) truncate(ctx context.Context, tab changebatch.Table, ver changebatch.Version) error {
+	if _, err := t.Fence(ctx, tab, ver); err != nil {
+		return err
+	}
+	_, err := t.tx.Exec(ctx, `update pgconverge.tables set truncated_lsn = greatest(truncated_lsn, $3::pg_lsn)
+where schema_name = $1 and table_name = $2`, tab.Schema, tab.Name, ver.LSN.String())
+	if err != nil {
+		return fmt.Errorf("record truncate of %s at %s: %w", tab, ver, err)
+	}
+	return nil
+}
+
 // RaiseFence raises tab's fence to ver, so that no version at or below it is ever written again,
 // without touching the table's rows: Fence without its tombstones, for a caller that knows the
 // table holds no live row older than ver.
@@ -298,7 +312,12 @@ func (t *Tx) RaiseFence(ctx context.Context, tab changebatch.Table, ver changeba
 // SetProgress records that the target holds every change of the source up to lsn for slot, in
 // this transaction. It never lowers the stored position.
 func (t *Tx) SetProgress(ctx context.Context, slot string, lsn pglogrepl.LSN) error {
-	_, err := t.tx.Exec(ctx, `insert into pgconverge.progress as p (slot, applied_lsn) values ($1, $2::pg_lsn)
+	return SetProgressTx(ctx, t.tx, slot, lsn)
+}
+
+// SetProgressTx is Tx.SetProgress in a transaction of the caller's.
+func SetProgressTx(ctx context.Context, tx pgx.Tx, slot string, lsn pglogrepl.LSN) error {
+	_, err := tx.Exec(ctx, `insert into pgconverge.progress as p (slot, applied_lsn) values ($1, $2::pg_lsn)
 on conflict (slot) do update set applied_lsn = excluded.applied_lsn, updated_at = now()
 where p.applied_lsn <= excluded.applied_lsn`, slot, lsn.String())
 	if err != nil {

@@ -19,6 +19,8 @@ const (
 	TriggerInitial  = "initial"
 	TriggerManual   = "manual"
 	TriggerSchedule = "schedule"
+	// TriggerGap is a daemon's backfill of tables the coverage ledger shows a gap for (run --on-gap).
+	TriggerGap = "gap"
 )
 
 // runLockClass is the first key of the session advisory lock a run's process holds while the run
@@ -171,8 +173,9 @@ func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t chan
 	err := conn.QueryRow(ctx, `with abandoned as (
   update pgconverge.backfills set status = 'abandoned', finished_at = coalesce(finished_at, now())
   where schema_name = $2 and table_name = $3 and status in ('running', 'failed'))
-insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode)
-values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filenode($7::regclass)) returning id`,
+insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode, generation)
+values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filenode($7::regclass),
+  coalesce((select generation from pgconverge.tables where schema_name = $2 and table_name = $3), 1)) returning id`,
 		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted()).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
@@ -297,6 +300,19 @@ func LockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table, wait
 		return false, fmt.Errorf("take the backfill lock of %s: %w", t, err)
 	}
 	return ok, nil
+}
+
+// BackfillHeld reports whether some session holds table t's backfill lock: a backfill of t is
+// running now.
+func BackfillHeld(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (bool, error) {
+	var held bool
+	err := conn.QueryRow(ctx, `select exists (select 1 from pg_locks where locktype = 'advisory' and granted and objsubid = 2
+  and database = (select oid from pg_database where datname = current_database())
+  and classid = $1::int::oid and objid = hashtext($2)::oid)`, backfillLockClass, t.String()).Scan(&held)
+	if err != nil {
+		return false, fmt.Errorf("look up the backfill lock of %s: %w", t, err)
+	}
+	return held, nil
 }
 
 // UnlockBackfill releases table t's backfill lock held by conn's session.

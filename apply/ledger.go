@@ -115,11 +115,12 @@ where schema_name = $1 and table_name = $2`, t.Schema, t.Name)
 	return nil
 }
 
-// SyncMembership records token as table t's publication membership (cdc.Memberships). When it
-// differs from a token recorded before, the table left the publication in between and the stream
-// missed its changes: the table is marked for loading and SyncMembership returns true.
-func SyncMembership(ctx context.Context, conn *pgx.Conn, t changebatch.Table, token string) (bool, error) {
-	var changed bool
+// SyncMembership records token as table t's publication membership (cdc.Memberships) and returns
+// the token recorded before ("" when none was). When it differs from a token recorded before, the
+// table left the publication in between and the stream missed its changes: the table is marked
+// for loading.
+func SyncMembership(ctx context.Context, conn *pgx.Conn, t changebatch.Table, token string) (string, error) {
+	var old *string
 	err := conn.QueryRow(ctx, `with old as (
   select membership from pgconverge.tables where schema_name = $1 and table_name = $2 for update)
 update pgconverge.tables t set membership = $3,
@@ -127,12 +128,15 @@ update pgconverge.tables t set membership = $3,
   loaded_at = case when old.membership is distinct from $3 then null else t.loaded_at end,
   slot = case when old.membership is distinct from $3 then null else t.slot end
 from old where t.schema_name = $1 and t.table_name = $2
-returning old.membership is not null and old.membership <> $3`, t.Schema, t.Name, token).Scan(&changed)
+returning old.membership`, t.Schema, t.Name, token).Scan(&old)
 	if err != nil {
-		return false, fmt.Errorf("record publication membership of %s: %w", t, err)
+		return "", fmt.Errorf("record publication membership of %s: %w", t, err)
 	}
-	if changed {
-		return true, abandonBackfills(ctx, conn, t.Schema, t.Name)
+	if old != nil && *old != token {
+		return *old, abandonBackfills(ctx, conn, t.Schema, t.Name)
 	}
-	return false, nil
+	if old == nil {
+		return "", nil
+	}
+	return *old, nil
 }

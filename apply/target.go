@@ -10,8 +10,8 @@ import (
 )
 
 // EnsureTable creates the target table for t when it is missing (see createTableSQL) and registers
-// it in pgconverge.tables; a table it had to create (again) is registered as not loaded, so the
-// daemon loads it. When the table exists it checks that it has every source column and the metadata
+// it in pgconverge.tables; a table it had to create (again) is registered as not loaded and in a
+// new generation (what older backfills and streams wrote is gone), so the daemon loads it. When the table exists it checks that it has every source column and the metadata
 // columns, and returns an error naming what is missing otherwise.
 func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error {
 	var exists bool
@@ -26,7 +26,8 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error
 			return fmt.Errorf("create target table %s (the target role needs CREATE on schema %q): %w", t, t.Schema, err)
 		}
 		_, err := conn.Exec(ctx, `insert into pgconverge.tables (schema_name, table_name) values ($1, $2)
-on conflict (schema_name, table_name) do update set loaded_lsn = null, loaded_at = null, slot = null`, t.Schema, t.Name)
+on conflict (schema_name, table_name) do update set loaded_lsn = null, loaded_at = null, slot = null,
+  generation = pgconverge.tables.generation + 1, truncated_lsn = null`, t.Schema, t.Name)
 		if err != nil {
 			return fmt.Errorf("register table %s: %w", t, err)
 		}

@@ -66,15 +66,38 @@ func (s SlotInfo) Busy(name string) error {
 }
 
 // Usable returns an error naming the problem and the fix when the existing slot cannot be streamed
-// from database db: another plugin, another database, WAL already removed.
+// from database db: another plugin, another database. A slot whose WAL was removed (Lost) is
+// usable by no one; the daemon replaces it.
 func (s SlotInfo) Usable(name, db string) error {
 	switch {
 	case s.Plugin != "pgoutput":
 		return fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: choose another --slot or drop it with SELECT pg_drop_replication_slot('%s')", name, s.Plugin, name)
 	case s.Database != db:
 		return fmt.Errorf("replication slot %q belongs to database %q, not %q: choose another --slot", name, s.Database, db)
-	case s.WALStatus == "lost":
-		return fmt.Errorf("replication slot %q is invalidated (wal_status lost): the source removed WAL it still needed, so changes were lost; drop it with SELECT pg_drop_replication_slot('%s') and restart to reload the tables", name, name)
+	}
+	return nil
+}
+
+// CurrentLSN returns the source's current WAL insert position (pg_current_wal_insert_lsn()): at
+// or after every record inserted so far, commits not yet written under synchronous_commit = off
+// included, which pg_current_wal_lsn() (the write position) can miss.
+func CurrentLSN(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
+	var v string
+	if err := conn.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text").Scan(&v); err != nil {
+		return 0, fmt.Errorf("read the source's current WAL position: %w", err)
+	}
+	return pglogrepl.ParseLSN(v)
+}
+
+// Lost reports whether the source invalidated the slot because it removed WAL the slot still
+// needed (wal_status lost, PostgreSQL docs §54.19 pg_replication_slots; see max_slot_wal_keep_size).
+func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
+
+// DropSlot drops replication slot name on the source (pg_drop_replication_slot); the slot must be
+// inactive.
+func DropSlot(ctx context.Context, conn *pgx.Conn, name string) error {
+	if _, err := conn.Exec(ctx, `select pg_drop_replication_slot($1)`, name); err != nil {
+		return fmt.Errorf("drop replication slot %q: %w", name, err)
 	}
 	return nil
 }

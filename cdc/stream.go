@@ -47,7 +47,7 @@ type StreamConfig struct {
 	// MaxPendingBytes bounds the memory held for one group (default 64 MiB); a transaction larger
 	// than that is applied in parts, and the progress LSN stays before it until its commit.
 	MaxPendingBytes int
-	// SourceWALEnd returns the source's current WAL position as last sampled (pg_current_wal_lsn);
+	// SourceWALEnd returns the source's current WAL position as last sampled (CurrentLSN);
 	// it measures lag for logs. Optional: without it, lag is measured against the walsender's
 	// sent position, which understates it while the stream is behind.
 	SourceWALEnd func() pglogrepl.LSN
@@ -101,7 +101,7 @@ type Stats struct {
 	Flushed pglogrepl.LSN
 	// ServerSent is the position up to which the walsender decoded and sent, from its keepalives.
 	ServerSent pglogrepl.LSN
-	// SourceWALEnd is the source's pg_current_wal_lsn() as last sampled through
+	// SourceWALEnd is the source's WAL position (CurrentLSN) as last sampled through
 	// StreamConfig.SourceWALEnd, or 0 without a sampler.
 	SourceWALEnd pglogrepl.LSN
 	// Transactions and Changes count whole transactions and row changes received.

@@ -7,7 +7,7 @@
 # 2. starts two private PostgreSQL 15 clusters with scripts/pgcluster.sh under ROOT:
 #    `source` on 127.0.0.1:54341 (wal_level=logical) and `target` on 127.0.0.1:54342;
 # 3. runs `go test -race -count=1 -p 1 -timeout 30m ./... "$@"` (then, without extra arguments,
-#    15 s of the pgoutput fuzz test) against them, with these variables exported:
+#    15 s of the pgoutput fuzz test and 10 s of the coverage gap fuzz test) against them, with these variables exported:
 #      PGCONVERGE_TEST_SOURCE          URL of the source cluster
 #      PGCONVERGE_TEST_TARGET          URL of the target cluster
 #      PGCONVERGE_TEST_RESTART_SOURCE  shell command that restarts the source cluster
@@ -81,6 +81,8 @@ go test -race -count=1 -p 1 -timeout 30m ./... "$@" || status=$?
 if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
 	echo "== go test -run '^$' -fuzz FuzzAssemble -fuzztime 15s ./cdc (pgoutput decoding and assembly)"
 	go test -run '^$' -fuzz FuzzAssemble -fuzztime 15s ./cdc || status=$?
+	echo "== go test -run '^$' -fuzz FuzzGaps -fuzztime 10s ./coverage (coverage gap computation)"
+	go test -run '^$' -fuzz FuzzGaps -fuzztime 10s ./coverage || status=$?
 fi
 if [ "$status" -ne 0 ]; then
 	echo "go test failed (exit $status); server logs: $ROOT/source.log, $ROOT/target.log" \

@@ -25,7 +25,7 @@ import (
 type backfillJob struct {
 	Source, Target string
 	Tables         []changebatch.Table
-	// Trigger is apply.TriggerInitial, TriggerManual or TriggerSchedule.
+	// Trigger is apply.TriggerInitial, TriggerManual, TriggerSchedule or TriggerGap.
 	Trigger string
 	// Slot names the slot whose stream follows the tables; "" when none does.
 	Slot string
@@ -51,6 +51,8 @@ type backfillJob struct {
 	// AfterMergedBatch after each committed batch of a merged chunk.
 	AfterChunk       func(table string, rows int64)
 	AfterMergedBatch func()
+	// Metrics counts the rows applied; nil counts nothing.
+	Metrics *metrics
 }
 
 // busyPolicy is what a backfill does with a table another backfill holds.
@@ -210,6 +212,7 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 				mu.Lock()
 				rep.Rows += done.rows
 				rep.Result.Add(done.result)
+				job.Metrics.backfillChunk(cw.tr.t.String(), done.rows, done.result)
 				if done.reread {
 					rep.Reread += done.rows
 				}

@@ -34,7 +34,7 @@ func testConfig(t *testing.T, env *pgtest.Env) daemonConfig {
 	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
 	return daemonConfig{
 		Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name, Publication: env.Name,
-		BackfillWorkers: 2, ChunkRows: 1000,
+		BackfillWorkers: 2, ChunkRows: 1000, OnGap: onGapBackfill,
 		Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }

@@ -22,6 +22,10 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgconverge:", err)
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.Code)
+		}
 		os.Exit(1)
 	}
 }
@@ -46,7 +50,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr))
+	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout))
 	err := root.ExecuteContext(ctx)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil

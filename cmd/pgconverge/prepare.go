@@ -13,42 +13,41 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-// prepareSlot makes sure the slot exists and every table is loaded, and returns the LSN to start
-// streaming from. A new slot's own exported snapshot loads every table; with an existing slot,
-// tables that have no completed load followed by this slot load from a fresh snapshot of a
-// temporary slot (keeping what an interrupted load completed), while the main slot keeps their
-// later changes.
+// prepareSlot makes sure a usable slot exists, records in the coverage ledger where this
+// session's stream covers what, loads the tables that need it, and returns the LSN to start
+// streaming from.
+//
+// A slot that is missing or invalidated (wal_status lost) is created anew; when the ledger had a
+// segment for it, that segment ends at the target's progress and the range up to the new slot's
+// consistent point is a gap. A slot whose confirmed_flush_lsn is past the target's progress
+// (another consumer, or a target restored from an older backup) streams from there, and the range
+// skipped is a gap too: the stream never silently starts later than the ledger's watermark.
+// Tables that never completed a backfill are loaded; tables with a gap are loaded when
+// --on-gap=backfill. A new slot's own exported snapshot loads them; with an existing slot they load
+// from a fresh snapshot of a temporary slot (keeping what an interrupted load completed), while the
+// main slot keeps their later changes.
 func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	cfg := s.cfg
 	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
 	if err != nil {
 		return 0, err
 	}
+	if slot.Exists {
+		if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
+			return 0, permanent(err)
+		}
+		if err := slot.Busy(cfg.Slot); err != nil {
+			return 0, err
+		}
+	}
+	if slot.Exists && slot.Lost() {
+		if err := cdc.DropSlot(ctx, s.src, cfg.Slot); err != nil {
+			return 0, err
+		}
+		return s.newSlot(ctx, fmt.Sprintf("slot %q was invalidated (wal_status lost): the source removed WAL it still needed (max_slot_wal_keep_size)", cfg.Slot))
+	}
 	if !slot.Exists {
-		created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false)
-		if err != nil {
-			return 0, err
-		}
-		cfg.Logger.Info("created replication slot", "slot", cfg.Slot, "consistent_point", created.ConsistentPoint.String())
-		tx, err := s.ap.Begin(ctx)
-		if err != nil {
-			return 0, err
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		if err := apply.StartSlot(ctx, tx.Conn(), cfg.Slot, created.ConsistentPoint); err != nil {
-			return 0, err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return 0, err
-		}
-		snap := backfill.Snapshot{Name: created.SnapshotName, LSN: created.ConsistentPoint}
-		return created.ConsistentPoint, s.loadTables(ctx, s.tables, &snap, created.ConsistentPoint)
-	}
-	if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
-		return 0, permanent(err)
-	}
-	if err := slot.Busy(cfg.Slot); err != nil {
-		return 0, err
+		return s.newSlot(ctx, fmt.Sprintf("slot %q is missing: it was dropped", cfg.Slot))
 	}
 	progress, known, err := apply.ReadProgress(ctx, s.tgt, cfg.Slot)
 	if err != nil {
@@ -58,55 +57,74 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	if err != nil {
 		return 0, err
 	}
+	brk := ""
+	start := progress
 	switch {
 	case !known:
-		cfg.Logger.Warn("the target has no progress for the existing slot: loading every table from a new snapshot",
-			"slot", cfg.Slot, "confirmed_flush_lsn", slot.ConfirmedFlush.String())
-		loaded = nil
-		progress = slot.ConfirmedFlush
-		if err := s.recordProgress(ctx, progress); err != nil {
+		brk = fmt.Sprintf("the target has no progress for slot %q", cfg.Slot)
+		start, loaded = slot.ConfirmedFlush, nil
+	case progress < slot.ConfirmedFlush:
+		brk = fmt.Sprintf("slot %q has confirmed_flush_lsn %s, past the target's progress %s: another client consumed changes from the slot, or the target was restored from an older backup",
+			cfg.Slot, slot.ConfirmedFlush, progress)
+		start, loaded = slot.ConfirmedFlush, nil
+	}
+	if err := s.recordCoverage(ctx, coverageStart{Stream: start, Break: brk}); err != nil {
+		return 0, err
+	}
+	need, trigger, err := s.tablesToLoad(ctx, loaded)
+	if err != nil {
+		return 0, err
+	}
+	if len(need) > 0 {
+		if err := s.loadTables(ctx, need, trigger, nil, start); err != nil {
 			return 0, err
 		}
-	case progress < slot.ConfirmedFlush:
-		return 0, permanent(fmt.Errorf("slot %q has confirmed_flush_lsn %s, ahead of the target's progress %s: another client consumed changes from this slot, or the target was restored from an older backup, so changes in between are missing; drop the slot (SELECT pg_drop_replication_slot('%s')) and restart to reload the tables",
-			cfg.Slot, slot.ConfirmedFlush, progress, cfg.Slot))
 	}
-	var need []changebatch.Table
-	for _, t := range s.tables {
-		if _, ok := loaded[t.String()]; !ok {
-			need = append(need, t)
+	return start, s.publishCoverage(ctx)
+}
+
+// newSlot creates the slot, records its new segment, and loads the tables that need it from the
+// slot's exported snapshot. brk says why a segment the ledger had open for the slot ended.
+func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error) {
+	cfg := s.cfg
+	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false)
+	if err != nil {
+		return 0, err
+	}
+	cfg.Logger.Info("created replication slot", "slot", cfg.Slot, "consistent_point", created.ConsistentPoint.String())
+	c := created.ConsistentPoint
+	if err := s.recordCoverage(ctx, coverageStart{Stream: c, Created: c, Break: brk}); err != nil {
+		return 0, err
+	}
+	need, trigger, err := s.tablesToLoad(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	if len(need) > 0 {
+		snap := backfill.Snapshot{Name: created.SnapshotName, LSN: c}
+		if err := s.loadTables(ctx, need, trigger, &snap, c); err != nil {
+			return 0, err
 		}
 	}
-	if len(need) == 0 {
-		return progress, nil
-	}
-	return progress, s.loadTables(ctx, need, nil, progress)
+	return c, s.publishCoverage(ctx)
 }
 
-func (s *session) recordProgress(ctx context.Context, lsn pglogrepl.LSN) error {
-	tx, err := s.ap.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := tx.SetProgress(ctx, s.cfg.Slot, lsn); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
-}
-
-// loadTables backfills tables before streaming starts (a backfill run with trigger "initial"):
-// from snap when it is set (a new slot's own exported snapshot, which stays importable while the
-// replication connection is idle), else from a temporary slot's. Chunks an interrupted load
-// completed at an S at or above keepFrom, where the stream resumes, are kept.
-func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, snap *backfill.Snapshot, keepFrom pglogrepl.LSN) error {
+// loadTables backfills tables before streaming starts (a backfill run with trigger "initial" or
+// "gap"): from snap when it is set (a new slot's own exported snapshot, which stays importable
+// while the replication connection is idle), else from a temporary slot's. Chunks an interrupted
+// load completed at an S at or above keepFrom, where the stream resumes, are kept.
+func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, trigger string, snap *backfill.Snapshot, keepFrom pglogrepl.LSN) error {
 	cfg := s.cfg
+	what := "initial load"
+	if trigger == apply.TriggerGap {
+		what = "gap backfill"
+	}
 	_, err := runBackfill(ctx, backfillJob{
-		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: apply.TriggerInitial, Slot: cfg.Slot,
+		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger, Slot: cfg.Slot,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows, Snapshot: snap,
 		Resume: true, KeepFrom: keepFrom, Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-		Progress:   newProgress(nil, false, "initial load", cfg.Logger, 10*time.Second),
-		AfterChunk: cfg.Knobs.AfterLoadChunk,
+		Progress:   cfg.Metrics.progress(trigger, newProgress(nil, false, what, cfg.Logger, 10*time.Second)),
+		AfterChunk: cfg.Knobs.AfterLoadChunk, Metrics: cfg.Metrics,
 	})
 	return err
 }

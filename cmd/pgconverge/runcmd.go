@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"time"
@@ -28,8 +29,14 @@ type daemonConfig struct {
 	SnapshotWarn time.Duration
 	// BackfillSchedule, when set, backfills every selected table again at its ticks while streaming.
 	BackfillSchedule cron.Schedule
-	Logger           *slog.Logger
-	Knobs            daemonKnobs
+	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
+	// session: onGapBackfill backfills it before streaming, onGapAlert only reports it.
+	OnGap string
+	// MetricsAddr, when set, is the HOST:PORT where Prometheus metrics are served.
+	MetricsAddr string
+	Metrics     *metrics
+	Logger      *slog.Logger
+	Knobs       daemonKnobs
 }
 
 // daemonKnobs are fault-injection hooks for tests; nil hooks do nothing.
@@ -54,6 +61,9 @@ func (c *daemonConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
+	if c.OnGap != onGapBackfill && c.OnGap != onGapAlert {
+		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s or %s", c.OnGap, onGapBackfill, onGapAlert))
+	}
 	return errors.Join(errs...)
 }
 
@@ -92,6 +102,8 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
+	f.StringVar(&cfg.OnGap, "on-gap", onGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187); off when empty")
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }
@@ -99,6 +111,12 @@ published tables that are not selected are skipped: such a table is loaded again
 // runDaemon runs sessions until ctx ends, reconnecting with exponential backoff after transient
 // failures of the source or the target; it returns the first permanent failure.
 func runDaemon(ctx context.Context, cfg daemonConfig) error {
+	if cfg.MetricsAddr != "" {
+		cfg.Metrics = newMetrics()
+		if err := cfg.Metrics.serve(ctx, cfg.MetricsAddr, cfg.Logger); err != nil {
+			return err
+		}
+	}
 	b := backoff.NewExponentialBackOff()
 	b.MaxInterval = 30 * time.Second
 	for {

@@ -73,8 +73,8 @@ func (s *session) startSchedule(ctx context.Context, start pglogrepl.LSN) func()
 			Source: cfg.Source, Target: cfg.Target, Tables: s.tables, Trigger: apply.TriggerSchedule, Slot: cfg.Slot,
 			Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
 			Resume: true, KeepFrom: start, Busy: busySkip, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-			Progress:   newProgress(nil, false, "scheduled backfill", cfg.Logger, 10*time.Second),
-			AfterChunk: cfg.Knobs.AfterScheduledChunk,
+			Progress:   cfg.Metrics.progress(apply.TriggerSchedule, newProgress(nil, false, "scheduled backfill", cfg.Logger, 10*time.Second)),
+			AfterChunk: cfg.Knobs.AfterScheduledChunk, Metrics: cfg.Metrics,
 		})
 		for _, t := range rep.Skipped {
 			n := skipped.Add(1)

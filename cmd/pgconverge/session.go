@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
@@ -12,6 +14,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 )
@@ -27,6 +30,16 @@ type session struct {
 	repl        *pgconn.PgConn
 	ap          *apply.Applier
 	tables      []changebatch.Table
+	// joined are the tables whose publication membership is new since it was last recorded;
+	// memberBefore and memberAfter are source positions read before and after the memberships
+	// were read at the start (syncMemberships).
+	joined                    map[cdc.TableName]bool
+	memberBefore, memberAfter pglogrepl.LSN
+	// confirmed is a source position up to which every table was published as at the start,
+	// offered by checkMemberships to the stream, which records it (coverage.ConfirmSpans);
+	// recorded is the last position recorded. lastCheck belongs to checkMemberships.
+	confirmed           atomic.Uint64
+	recorded, lastCheck pglogrepl.LSN
 }
 
 // errMembershipChanged ends a session when a table's publication membership changed while
@@ -106,6 +119,8 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if err != nil {
 		return permanent(err)
 	}
+	cfg.Metrics.follow(streamer.Stats)
+	defer cfg.Metrics.follow(nil)
 	err = streamer.Run(ctx, s.repl)
 	if cause := context.Cause(ctx); errors.Is(cause, errMembershipChanged) {
 		return cause
@@ -219,24 +234,42 @@ func (s *session) warnUnselected(ctx context.Context, selected []cdc.TableName) 
 	return nil
 }
 
-// applyStream is the stream's ApplyFunc: one target transaction with the batches and the progress.
+// applyStream is the stream's ApplyFunc: one target transaction with the batches, the progress
+// and, every few seconds, the position up to which the tables' publication membership is
+// confirmed.
 func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error {
+	began := time.Now()
 	tx, err := s.ap.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	results := map[string]apply.Result{}
 	for _, b := range batches {
-		if _, err := tx.Apply(ctx, b); err != nil {
+		res, err := tx.Apply(ctx, b)
+		if err != nil {
 			return err
+		}
+		if v, err := changebatch.NewView(b); err == nil {
+			r := results[v.Table.String()]
+			r.Add(res)
+			results[v.Table.String()] = r
 		}
 	}
 	if err := tx.SetProgress(ctx, s.cfg.Slot, end); err != nil {
 		return err
 	}
+	confirmed := pglogrepl.LSN(s.confirmed.Load())
+	if confirmed > s.recorded {
+		if err := coverage.ConfirmSpans(ctx, tx.Conn(), s.cfg.Slot, s.names, confirmed); err != nil {
+			return err
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
+	s.recorded = max(s.recorded, confirmed)
+	s.cfg.Metrics.streamApplied(results, time.Since(began))
 	if len(batches) > 0 {
 		s.cfg.Logger.Debug("applied", "lsn", end.String(), "applied", tx.Result.Applied,
 			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)

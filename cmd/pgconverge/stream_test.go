@@ -162,15 +162,3 @@ func TestClusterRestartMidStream(t *testing.T) {
 		})
 	}
 }
-
-func TestSlotAheadOfTargetIsRefused(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table items (id int primary key)`, `insert into items values (1)`)
-	d := startDaemon(t, testConfig(t, env))
-	waitConverged(t, env, "items", "id")
-	pgtest.Exec(t, env.Source, `insert into items values (2)`)
-	waitSlotCaughtUp(t, env)
-	d.stop(t)
-	pgtest.Exec(t, env.Target, `update pgconverge.progress set applied_lsn = '0/1'`)
-	requireRefusal(t, testConfig(t, env), "ahead of the target's progress")
-}

@@ -13,36 +13,59 @@ import (
 
 // syncMemberships records each table's publication membership in the target; a table whose
 // membership changed since it was recorded (it left the publication and came back, or was
-// recreated) is marked for loading.
+// recreated) is marked for loading. It notes, for the coverage ledger, a source position read
+// before the memberships (up to which unchanged tables were certainly published) and one read
+// after (from which every table certainly is), and which tables joined since they were recorded.
 func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) error {
+	before, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
 	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, names)
 	if err != nil {
 		return err
 	}
+	after, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	s.joined = map[cdc.TableName]bool{}
 	for _, t := range s.tables {
-		tok := tokens[cdc.TableName{Schema: t.Schema, Name: t.Name}]
+		n := cdc.TableName{Schema: t.Schema, Name: t.Name}
+		tok := tokens[n]
 		if tok == "" {
 			return fmt.Errorf("table %s is not in publication %q after it was added: it was removed concurrently; restart", t, s.cfg.Publication)
 		}
-		changed, err := apply.SyncMembership(ctx, s.tgt, t, tok)
+		old, err := apply.SyncMembership(ctx, s.tgt, t, tok)
 		if err != nil {
 			return err
 		}
-		if changed {
+		if old != tok {
+			s.joined[n] = true
+		}
+		if old != "" && old != tok {
 			s.cfg.Logger.Warn("the table's publication membership changed since it was loaded (it left the publication and came back, was recreated, or the publication was altered): loading it again",
 				"table", t.String(), "publication", s.cfg.Publication)
 		}
 	}
 	s.names, s.memberships = names, tokens
+	s.memberBefore, s.memberAfter = before, after
 	return nil
 }
 
 // checkMemberships ends the session (errMembershipChanged) when a table's publication membership
-// differs from the one recorded at the session's start.
+// differs from the one recorded at the session's start. Otherwise every table was published, as
+// at the start, up to the source position read before the previous check (a commit before it was
+// visible to this check, however late its commit record was written); that position goes to the
+// stream, which records it in the ledger with its next transaction (coverage.ConfirmSpans).
 func (s *session) checkMemberships(ctx context.Context) {
-	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, s.names)
+	before, err := cdc.CurrentLSN(ctx, s.src)
 	if err != nil {
 		return // a failing source ends the stream by itself
+	}
+	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, s.names)
+	if err != nil {
+		return
 	}
 	for n, tok := range s.memberships {
 		if tokens[n] != tok {
@@ -51,20 +74,21 @@ func (s *session) checkMemberships(ctx context.Context) {
 			return
 		}
 	}
+	if s.lastCheck != 0 {
+		s.confirmed.Store(uint64(s.lastCheck))
+	}
+	s.lastCheck = before
 }
 
-// sampleWALEnd reads the source's pg_current_wal_lsn() now and then every second on the source
+// sampleWALEnd reads the source's current WAL position (cdc.CurrentLSN) now and then every second on the source
 // connection, which is otherwise idle while streaming, until stop is called; every 5 s it also
 // checks the tables' publication membership (checkMemberships). The returned function
 // gives the last value read; errors leave it unchanged (the stream reports a failed source).
 func (s *session) sampleWALEnd(ctx context.Context) (last func() pglogrepl.LSN, stop func()) {
 	var lsn atomic.Uint64
 	read := func(ctx context.Context) {
-		var v string
-		if err := s.src.QueryRow(ctx, "select pg_current_wal_lsn()::text").Scan(&v); err == nil {
-			if l, err := pglogrepl.ParseLSN(v); err == nil {
-				lsn.Store(uint64(l))
-			}
+		if l, err := cdc.CurrentLSN(ctx, s.src); err == nil {
+			lsn.Store(uint64(l))
 		}
 	}
 	read(ctx)

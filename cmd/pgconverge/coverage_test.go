@@ -1,0 +1,304 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// coverageOf runs `pgconverge coverage --format json --fail-on-gap` for the test's databases and
+// returns the report and the exit status the process would have.
+func coverageOf(t *testing.T, env *pgtest.Env) (coverage.Report, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"coverage", "--source", env.SourceURL, "--target", env.TargetURL,
+		"--slot", env.Name, "--format", "json", "--fail-on-gap"}, &out, &errb)
+	code := 0
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.Code
+	case err != nil:
+		t.Fatalf("coverage: %v", err)
+	}
+	var rep coverage.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("coverage JSON: %v\n%s", err, out.String())
+	}
+	return rep, code
+}
+
+func tableReport(t *testing.T, rep coverage.Report, table string) coverage.TableReport {
+	t.Helper()
+	for _, tr := range rep.Tables {
+		if tr.Table == table {
+			return tr
+		}
+	}
+	t.Fatalf("report has no table %s: %+v", table, rep.Tables)
+	return coverage.TableReport{}
+}
+
+// lsnOf reads an LSN from the source.
+func lsnOf(t *testing.T, env *pgtest.Env, query string) pglogrepl.LSN {
+	t.Helper()
+	l, err := pglogrepl.ParseLSN(scalar[string](t, env.Source, query))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// requireGapCovers requires table to have status and exactly one gap, holding [from, to).
+func requireGapCovers(t *testing.T, rep coverage.Report, table string, status coverage.Status, from, to pglogrepl.LSN) coverage.GapReport {
+	t.Helper()
+	tr := tableReport(t, rep, table)
+	if tr.Status != status || len(tr.Gaps) != 1 {
+		t.Fatalf("%s: status %s with gaps %+v, want %s with one gap", table, tr.Status, tr.Gaps, status)
+	}
+	g := tr.Gaps[0]
+	if pglogrepl.LSN(g.FromLSN) > from || pglogrepl.LSN(g.ToLSN) < to || g.Bytes != uint64(g.ToLSN-g.FromLSN) || g.Keys != nil {
+		t.Fatalf("%s: gap %+v does not hold the writes' range [%s, %s) for all keys", table, g, from, to)
+	}
+	return g
+}
+
+// waitCovered polls the report until every table is covered (exit status 0).
+func waitCovered(t *testing.T, env *pgtest.Env) coverage.Report {
+	t.Helper()
+	var rep coverage.Report
+	pgtest.Eventually(t, 60*time.Second, "coverage without gaps", func() (bool, string) {
+		var code int
+		rep, code = coverageOf(t, env)
+		return code == 0 && rep.Covered, fmt.Sprintf("exit %d: %+v", code, rep.Tables)
+	})
+	return rep
+}
+
+// A normal run — initial load, then streaming — is covered, and exits 0.
+func TestCoverageAfterLoadAndStream(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key)`,
+		`insert into a select g, 'v' from generate_series(1, 2500) g`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `update a set v = 'w' where id < 100`, `insert into b values (1)`)
+	lsn := waitSlotCaughtUp(t, env)
+	rep := waitCovered(t, env)
+	for _, name := range []string{"public.a", "public.b"} {
+		tr := tableReport(t, rep, name)
+		if tr.BackfillLSN == nil || tr.StreamStartLSN == nil || *tr.StreamStartLSN > *tr.BackfillLSN || len(tr.Gaps) != 0 {
+			t.Errorf("%s: %+v, want a backfill at or after the stream's start and no gap", name, tr)
+		}
+		if tr.WatermarkLSN.String() < "" || pglogrepl.LSN(tr.WatermarkLSN) < lsnMust(t, lsn) {
+			t.Errorf("%s: watermark %s below the caught-up position %s", name, tr.WatermarkLSN, lsn)
+		}
+	}
+	if len(rep.Slots) != 1 || !rep.Slots[0].Exists || !rep.Slots[0].Active || rep.Slots[0].Warning != "" {
+		t.Errorf("slot health %+v, want one active slot without warning", rep.Slots)
+	}
+}
+
+func lsnMust(t *testing.T, s string) pglogrepl.LSN {
+	t.Helper()
+	l, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A dropped slot is a gap from the target's watermark to the new slot: reported (exit 3) while
+// the daemon is down and with --on-gap=alert, closed by the backfill of --on-gap=backfill.
+func TestDroppedSlotIsAGapUntilBackfilled(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
+		`insert into a select g, 'v' from generate_series(1, 3000) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitSlotCaughtUp(t, env)
+	d.stop(t)
+	pgtest.Exec(t, env.Source, fmt.Sprintf(`select pg_drop_replication_slot('%s')`, env.Name))
+	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Exec(t, env.Source, `update a set v = 'lost' where id % 10 = 0`, `delete from a where id > 2900`,
+		`insert into a values (5000, 'lost too')`)
+	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+
+	rep, code := coverageOf(t, env)
+	if code != exitGap || rep.Covered || rep.Slots[0].Exists {
+		t.Fatalf("exit %d, covered %v, slots %+v: want exit 3 and a missing slot", code, rep.Covered, rep.Slots)
+	}
+	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
+
+	alert := testConfig(t, env)
+	alert.OnGap = onGapAlert
+	d = startDaemon(t, alert)
+	waitStreaming(t, env)
+	rep, code = coverageOf(t, env)
+	g := requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
+	if code != exitGap {
+		t.Fatalf("with --on-gap=alert: exit %d, want 3", code)
+	}
+	if n := scalar[int64](t, env.Target, `select count(*) from a where v = 'lost' and not _cdc_deleted`); n != 0 {
+		t.Fatalf("--on-gap=alert backfilled %d rows", n)
+	}
+	if r := scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, "missing") {
+		t.Errorf("ended segment's reason %q does not say the slot was missing", r)
+	}
+	d.stop(t)
+
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	rep = waitCovered(t, env)
+	if b := tableReport(t, rep, "public.a").BackfillLSN; b == nil || *b < g.ToLSN {
+		t.Errorf("backfill LSN %v, want at or after the gap's end %s", b, g.ToLSN)
+	}
+	if n := scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs where trigger = 'gap' and status = 'completed'`); n != 1 {
+		t.Errorf("%d completed gap backfill runs, want 1", n)
+	}
+}
+
+// A slot advanced by another consumer past the target's progress is never streamed from silently:
+// the range it skipped is a gap, which the daemon backfills.
+func TestSlotAdvancedElsewhereIsAGap(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'x')`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitSlotCaughtUp(t, env)
+	d.stop(t)
+	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Exec(t, env.Source, `insert into a values (2, 'skipped')`, `update a set v = 'skipped' where id = 1`)
+	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	// The slot advances up to the flushed WAL, which follows the insert position shortly.
+	// (The stopped daemon's walsender may still hold the slot for a moment.)
+	pgtest.Eventually(t, 10*time.Second, "slot advanced past "+to.String(), func() (bool, string) {
+		var end string
+		err := env.Source.QueryRow(context.Background(), `select end_lsn::text from pg_replication_slot_advance($1, $2::pg_lsn)`,
+			env.Name, to.String()).Scan(&end)
+		if err != nil {
+			return false, err.Error()
+		}
+		return lsnMust(t, end) >= to, end
+	})
+
+	alert := testConfig(t, env)
+	alert.OnGap = onGapAlert
+	d = startDaemon(t, alert)
+	waitStreaming(t, env)
+	rep, code := coverageOf(t, env)
+	if code != exitGap {
+		t.Fatalf("exit %d, want 3", code)
+	}
+	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
+	d.stop(t)
+
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+}
+
+// A table added to --tables later has a gap until its load completes: the report says loading
+// while it runs.
+func TestTableAddedLaterIsAGapUntilLoaded(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key, v text)`,
+		`insert into a values (1)`, `insert into b select g, 'v' from generate_series(1, 3000) g`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.a"}
+	d := startDaemon(t, cfg)
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.stop(t)
+
+	reached, release := make(chan struct{}), make(chan struct{})
+	cfg = testConfig(t, env)
+	cfg.Tables = []string{"public.a", "public.b"}
+	var once sync.Once
+	cfg.Knobs.AfterLoadChunk = func(table string, rows int64) {
+		if table == "public.b" {
+			once.Do(func() { close(reached); <-release })
+		}
+	}
+	startDaemon(t, cfg)
+	<-reached
+	rep, code := coverageOf(t, env)
+	close(release)
+	b := tableReport(t, rep, "public.b")
+	if code != exitGap || b.Status != coverage.Loading || len(b.Gaps) != 1 || b.Gaps[0].FromLSN != 0 || b.BackfillLSN != nil {
+		t.Fatalf("exit %d, public.b %+v: want exit 3, loading, one gap from 0/0 and no backfill", code, b)
+	}
+	if a := tableReport(t, rep, "public.a"); a.Status != coverage.Covered {
+		t.Errorf("public.a %s during b's load, want covered", a.Status)
+	}
+	waitConverged(t, env, "b", "id")
+	waitCovered(t, env)
+}
+
+// An idle source whose only writes go to unpublished tables does not look stale: keepalives move
+// the watermark, and the lag stays small.
+func TestIdleSourceWatermarkAdvances(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.a"}
+	startDaemon(t, cfg)
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `create table noise (id serial primary key, v text)`,
+		`insert into noise (v) select repeat('x', 200) from generate_series(1, 20000)`)
+	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Eventually(t, 60*time.Second, "watermark passes "+after.String(), func() (bool, string) {
+		rep, _ := coverageOf(t, env)
+		a := tableReport(t, rep, "public.a")
+		return pglogrepl.LSN(a.WatermarkLSN) >= after && a.Status == coverage.Covered, fmt.Sprintf("%+v", a)
+	})
+}
+
+// A slot the source invalidated (WAL removed past max_slot_wal_keep_size while the daemon was
+// down) is reported as a gap, then replaced: the daemon streams again, backfills, converges.
+func TestInvalidatedSlotIsAGapNotACrashLoop(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table noise (v text)`,
+		`insert into a select g, 'v' from generate_series(1, 1000) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitSlotCaughtUp(t, env)
+	d.stop(t)
+	pgtest.Exec(t, env.Source, `alter system set max_slot_wal_keep_size = '1MB'`, `select pg_reload_conf()`)
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.Connect(t, env.SourceURL), `alter system reset max_slot_wal_keep_size`, `select pg_reload_conf()`)
+	})
+	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Exec(t, env.Source, `update a set v = 'lost' where id <= 500`, `delete from a where id > 990`)
+	pgtest.Eventually(t, 60*time.Second, "slot invalidated", func() (bool, string) {
+		pgtest.Exec(t, env.Source, `insert into noise select repeat('x', 1000) from generate_series(1, 2000)`,
+			`select pg_switch_wal()`, `checkpoint`)
+		st := scalar[string](t, env.Source, `select coalesce(wal_status, '') from pg_replication_slots where slot_name = $1`, env.Name)
+		return st == "lost", "wal_status " + st
+	})
+	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	rep, code := coverageOf(t, env)
+	if code != exitGap || len(rep.Slots) != 1 || rep.Slots[0].WALStatus != "lost" || !strings.Contains(rep.Slots[0].Warning, "invalidated") {
+		t.Fatalf("exit %d, slots %+v: want exit 3 and a lost slot with a warning", code, rep.Slots)
+	}
+	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
+
+	d = startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.requireRunning(t)
+	if r := scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, "wal_status lost") {
+		t.Errorf("ended segment's reason %q does not say the slot was invalidated", r)
+	}
+}

@@ -1,0 +1,209 @@
+package coverage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+// DB is what the ledger needs of the target: a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Segment is a stream segment of the ledger (pgconverge.stream_segments).
+type Segment struct {
+	ID   int64
+	Slot string
+	// SlotCreated is the consistent point of the slot incarnation, 0 when not known.
+	SlotCreated pglogrepl.LSN
+	// Start is the first LSN covered; End the end (the slot's progress while the segment is open).
+	Start, End pglogrepl.LSN
+	Open       bool
+	EndReason  string
+}
+
+// OpenSegment returns slot's open segment, with End its slot's progress, and false when it has
+// none.
+func OpenSegment(ctx context.Context, db DB, slot string) (Segment, bool, error) {
+	seg := Segment{Slot: slot, Open: true}
+	var created, start, end *string
+	err := db.QueryRow(ctx, `select s.id, s.slot_created_lsn::text, s.start_lsn::text, p.applied_lsn::text
+from pgconverge.stream_segments s left join pgconverge.progress p on p.slot = s.slot
+where s.slot = $1 and s.end_lsn is null`, slot).Scan(&seg.ID, &created, &start, &end)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Segment{}, false, nil
+	}
+	if err != nil {
+		return Segment{}, false, fmt.Errorf("read open stream segment of slot %q: %w", slot, err)
+	}
+	if err := parseLSNs([]*string{created, start, end}, []*pglogrepl.LSN{&seg.SlotCreated, &seg.Start, &seg.End}); err != nil {
+		return Segment{}, false, fmt.Errorf("read open stream segment of slot %q: %w", slot, err)
+	}
+	if seg.End < seg.Start {
+		seg.End = seg.Start
+	}
+	return seg, true, nil
+}
+
+// StartSegment opens a segment of slot from start, for a slot incarnation created at created (0:
+// not known), and returns its id. The slot must have no open segment (EndSegment).
+func StartSegment(ctx context.Context, db DB, slot string, created, start pglogrepl.LSN) (int64, error) {
+	var id int64
+	err := db.QueryRow(ctx, `insert into pgconverge.stream_segments (slot, slot_created_lsn, start_lsn)
+values ($1, nullif($2, '0/0')::pg_lsn, $3::pg_lsn) returning id`, slot, created.String(), start.String()).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record stream segment of slot %q from %s: %w", slot, start, err)
+	}
+	return id, nil
+}
+
+// UsePublication records the publication slot's open segment streams: the one its tables'
+// publication membership tokens refer to.
+func UsePublication(ctx context.Context, db DB, slot, publication string) error {
+	_, err := db.Exec(ctx, `update pgconverge.stream_segments set publication = $2 where slot = $1 and end_lsn is null`, slot, publication)
+	if err != nil {
+		return fmt.Errorf("record publication of slot %q's stream segment: %w", slot, err)
+	}
+	return nil
+}
+
+// EndSegment ends slot's open segment at end for reason, and its open table spans at end or,
+// earlier, at their confirmed_lsn. It reports whether there was an open segment.
+func EndSegment(ctx context.Context, db DB, slot string, end pglogrepl.LSN, reason string) (bool, error) {
+	var id int64
+	err := db.QueryRow(ctx, `update pgconverge.stream_segments set end_lsn = greatest(start_lsn, $2::pg_lsn),
+  end_reason = $3, ended_at = now() where slot = $1 and end_lsn is null returning id`, slot, end.String(), reason).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("end stream segment of slot %q at %s: %w", slot, end, err)
+	}
+	_, err = db.Exec(ctx, `update pgconverge.table_spans set end_lsn = greatest(start_lsn, least(confirmed_lsn, $2::pg_lsn)),
+  end_reason = $3, ended_at = now() where segment_id = $1 and end_lsn is null`, id, end.String(), reason)
+	if err != nil {
+		return false, fmt.Errorf("end table spans of slot %q at %s: %w", slot, end, err)
+	}
+	return true, nil
+}
+
+// Span end reasons that operators and the report branch on.
+const (
+	// ReasonDeselected ends a span when the table left the daemon's selection (--tables).
+	ReasonDeselected = "deselected"
+	// ReasonMembership ends a span when the table's publication membership changed.
+	ReasonMembership = "publication membership changed"
+)
+
+// EndSpans ends the open spans of tables in slot's open segment for reason, at the slot's
+// progress or, earlier, at their confirmed_lsn.
+func EndSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, reason string) error {
+	schemas, names := split(tables)
+	_, err := db.Exec(ctx, `update pgconverge.table_spans t set
+  end_lsn = greatest(t.start_lsn, least(t.confirmed_lsn, coalesce((select applied_lsn from pgconverge.progress where slot = $1), t.confirmed_lsn))),
+  end_reason = $4, ended_at = now()
+from pgconverge.stream_segments s
+where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is null
+  and (t.schema_name, t.table_name) in (select * from unnest($2::text[], $3::text[]))`, slot, schemas, names, reason)
+	if err != nil {
+		return fmt.Errorf("end table spans of slot %q (%s): %w", slot, reason, err)
+	}
+	return nil
+}
+
+// EndSpansExcept ends, for reason, the open spans in slot's open segment of every table not among
+// keep, at the slot's progress or, earlier, at their confirmed_lsn, and returns their tables.
+func EndSpansExcept(ctx context.Context, db DB, slot string, keep []cdc.TableName, reason string) ([]cdc.TableName, error) {
+	schemas, names := split(keep)
+	rows, err := db.Query(ctx, `update pgconverge.table_spans t set
+  end_lsn = greatest(t.start_lsn, least(t.confirmed_lsn, coalesce((select applied_lsn from pgconverge.progress where slot = $1), t.confirmed_lsn))),
+  end_reason = $4, ended_at = now()
+from pgconverge.stream_segments s
+where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is null
+  and (t.schema_name, t.table_name) not in (select * from unnest($2::text[], $3::text[]))
+returning t.schema_name, t.table_name`, slot, schemas, names, reason)
+	if err != nil {
+		return nil, fmt.Errorf("end table spans of slot %q (%s): %w", slot, reason, err)
+	}
+	ended, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cdc.TableName, error) {
+		var n cdc.TableName
+		return n, r.Scan(&n.Schema, &n.Name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("end table spans of slot %q (%s): %w", slot, reason, err)
+	}
+	return ended, nil
+}
+
+// ConfirmSpans records that tables were still published, with the membership their spans began
+// with, at lsn: a source position read before the membership was checked.
+func ConfirmSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, lsn pglogrepl.LSN) error {
+	schemas, names := split(tables)
+	_, err := db.Exec(ctx, `update pgconverge.table_spans t set confirmed_lsn = greatest(t.confirmed_lsn, $4::pg_lsn)
+from pgconverge.stream_segments s
+where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is null
+  and (t.schema_name, t.table_name) in (select * from unnest($2::text[], $3::text[]))`, slot, schemas, names, lsn.String())
+	if err != nil {
+		return fmt.Errorf("confirm publication membership of slot %q's tables at %s: %w", slot, lsn, err)
+	}
+	return nil
+}
+
+// StartSpans opens a span in slot's open segment, from starts[table], for each table that has
+// none in its target table's current generation; the span of an older generation is ended. It
+// returns the tables it opened a span for.
+func StartSpans(ctx context.Context, db DB, slot string, starts map[cdc.TableName]pglogrepl.LSN) ([]cdc.TableName, error) {
+	var opened []cdc.TableName
+	for n, start := range starts {
+		_, err := db.Exec(ctx, `update pgconverge.table_spans t set end_lsn = t.start_lsn, end_reason = 'target table created anew', ended_at = now()
+from pgconverge.stream_segments s, pgconverge.tables g
+where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is null
+  and t.schema_name = $2 and t.table_name = $3 and g.schema_name = $2 and g.table_name = $3 and t.generation <> g.generation`,
+			slot, n.Schema, n.Name)
+		if err != nil {
+			return nil, fmt.Errorf("end stream span of %s's earlier target table: %w", n, err)
+		}
+		tag, err := db.Exec(ctx, `insert into pgconverge.table_spans (segment_id, schema_name, table_name, generation, start_lsn, confirmed_lsn)
+select s.id, $2, $3, g.generation, $4::pg_lsn, $4::pg_lsn
+from pgconverge.stream_segments s, pgconverge.tables g
+where s.slot = $1 and s.end_lsn is null and g.schema_name = $2 and g.table_name = $3
+on conflict do nothing`, slot, n.Schema, n.Name, start.String())
+		if err != nil {
+			return nil, fmt.Errorf("record stream span of %s in slot %q from %s: %w", n, slot, start, err)
+		}
+		if tag.RowsAffected() > 0 {
+			opened = append(opened, n)
+		}
+	}
+	return opened, nil
+}
+
+func split(tables []cdc.TableName) ([]string, []string) {
+	schemas, names := make([]string, len(tables)), make([]string, len(tables))
+	for i, t := range tables {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	return schemas, names
+}
+
+func parseLSNs(in []*string, out []*pglogrepl.LSN) error {
+	for i, s := range in {
+		if s == nil {
+			continue
+		}
+		l, err := pglogrepl.ParseLSN(*s)
+		if err != nil {
+			return err
+		}
+		*out[i] = l
+	}
+	return nil
+}

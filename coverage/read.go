@@ -1,0 +1,146 @@
+package coverage
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+// TableState is what the ledger holds about one table in its target table's current generation.
+type TableState struct {
+	Table cdc.TableName
+	// Ledger is the input of Gaps; its Watermark is where the table's open span ends (its slot's
+	// progress), or where its last span ended when no stream follows it now.
+	Ledger TableLedger
+	// Backfilled is the smallest S of the chunks of the latest completed backfill, 0 when the
+	// table never completed one; BackfillID is that backfill's id.
+	Backfilled pglogrepl.LSN
+	BackfillID int64
+	// Streaming is true when a stream follows the table now (an open span): Slot's, since
+	// StreamStart, membership confirmed up to Confirmed. Otherwise LastEndReason says why its last
+	// span ended ("" when it never had one).
+	Streaming     bool
+	Slot          string
+	StreamStart   pglogrepl.LSN
+	Confirmed     pglogrepl.LSN
+	LastEndReason string
+	// Membership is the publication membership token recorded at the last daemon start, for
+	// Publication, the publication of the stream that follows the table.
+	Membership, Publication string
+}
+
+// ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
+func ReadTables(ctx context.Context, db DB) (map[cdc.TableName]*TableState, error) {
+	out := map[cdc.TableName]*TableState{}
+	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(membership, '')
+from pgconverge.tables`)
+	if err != nil {
+		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
+	}
+	for rows.Next() {
+		st := &TableState{}
+		var truncated string
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &st.Membership); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
+		}
+		if st.Ledger.Truncated, err = pglogrepl.ParseLSN(truncated); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[st.Table] = st
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
+	}
+	if err := readSpans(ctx, db, out); err != nil {
+		return nil, err
+	}
+	if err := readBackfills(ctx, db, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// readSpans adds the stream spans of the tables' current generation, oldest first.
+func readSpans(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
+	rows, err := db.Query(ctx, `select t.schema_name, t.table_name, s.slot, coalesce(s.publication, ''), t.start_lsn::text,
+  coalesce(t.end_lsn, greatest(t.start_lsn, p.applied_lsn), t.start_lsn)::text, t.end_lsn is null,
+  t.confirmed_lsn::text, coalesce(t.end_reason, '')
+from pgconverge.table_spans t
+join pgconverge.stream_segments s on s.id = t.segment_id
+join pgconverge.tables g on g.schema_name = t.schema_name and g.table_name = t.table_name and g.generation = t.generation
+left join pgconverge.progress p on p.slot = s.slot
+order by t.id`)
+	if err != nil {
+		return fmt.Errorf("read coverage ledger spans: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n cdc.TableName
+		var slot, pub, start, end, confirmed, reason string
+		var open bool
+		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &start, &end, &open, &confirmed, &reason); err != nil {
+			return fmt.Errorf("read coverage ledger spans: %w", err)
+		}
+		st := out[n]
+		if st == nil {
+			continue
+		}
+		var sp Span
+		var conf pglogrepl.LSN
+		if err := parseLSNs([]*string{&start, &end, &confirmed}, []*pglogrepl.LSN{&sp.From, &sp.To, &conf}); err != nil {
+			return fmt.Errorf("read coverage ledger spans: %w", err)
+		}
+		st.Ledger.Spans = append(st.Ledger.Spans, sp)
+		st.Ledger.Watermark = sp.To
+		st.Streaming, st.LastEndReason = open, reason
+		if open {
+			st.Slot, st.StreamStart, st.Confirmed, st.Publication = slot, sp.From, conf, pub
+		}
+	}
+	return rows.Err()
+}
+
+// readBackfills adds the chunks of each table's latest completed backfill of its current
+// generation (one chunk at the backfill's S for a backfill recorded without chunks).
+func readBackfills(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
+	rows, err := db.Query(ctx, `with latest as (
+  select distinct on (b.schema_name, b.table_name) b.id, b.schema_name, b.table_name, b.snapshot_lsn
+  from pgconverge.backfills b
+  join pgconverge.tables g on g.schema_name = b.schema_name and g.table_name = b.table_name and g.generation = b.generation
+  where b.status = 'completed'
+  order by b.schema_name, b.table_name, b.id desc)
+select l.schema_name, l.table_name, l.id, c.lower_key, c.upper_key, coalesce(c.snapshot_lsn, l.snapshot_lsn)::text
+from latest l left join pgconverge.backfill_chunks c on c.backfill_id = l.id
+order by l.id, c.chunk`)
+	if err != nil {
+		return fmt.Errorf("read coverage ledger backfills: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n cdc.TableName
+		var id int64
+		var c Chunk
+		var s string
+		if err := rows.Scan(&n.Schema, &n.Name, &id, &c.Lower, &c.Upper, &s); err != nil {
+			return fmt.Errorf("read coverage ledger backfills: %w", err)
+		}
+		if c.S, err = pglogrepl.ParseLSN(s); err != nil {
+			return fmt.Errorf("read coverage ledger backfills: %w", err)
+		}
+		st := out[n]
+		if st == nil {
+			continue
+		}
+		st.BackfillID = id
+		st.Ledger.Chunks = append(st.Ledger.Chunks, c)
+		if st.Backfilled == 0 || c.S < st.Backfilled {
+			st.Backfilled = c.S
+		}
+	}
+	return rows.Err()
+}

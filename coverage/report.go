@@ -1,0 +1,247 @@
+package coverage
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+// Status is a table's coverage status in a Report.
+type Status string
+
+// Table statuses. Every status but Covered and NotStreamed means a gap exists.
+const (
+	// Covered: every change below the watermark was delivered by a backfill or the stream.
+	Covered Status = "covered"
+	// GapStatus: some LSN range below the watermark was delivered by no path.
+	GapStatus Status = "gap"
+	// Loading: a backfill of the table runs now; until it completes, the table has a gap.
+	Loading Status = "loading"
+	// NeverLoaded: the table never completed a backfill into its current target table.
+	NeverLoaded Status = "never-loaded"
+	// NotStreamed: no stream follows the table now (it left the daemon's selection); its target
+	// copy stopped following the source, and it is not counted as a gap.
+	NotStreamed Status = "not-streamed"
+)
+
+// LSN is an LSN printed X/Y in reports, JSON included.
+type LSN pglogrepl.LSN
+
+// MarshalText returns the LSN as X/Y.
+func (l LSN) MarshalText() ([]byte, error) { return []byte(pglogrepl.LSN(l).String()), nil }
+
+// UnmarshalText parses an LSN written X/Y.
+func (l *LSN) UnmarshalText(b []byte) error {
+	v, err := pglogrepl.ParseLSN(string(b))
+	*l = LSN(v)
+	return err
+}
+
+func (l LSN) String() string { return pglogrepl.LSN(l).String() }
+
+// Report is the coverage of every table the ledger registers; its JSON form is documented in
+// README ("Coverage report") and stays stable.
+type Report struct {
+	// SourceLSN is the source's current WAL position when the report was made.
+	SourceLSN LSN `json:"source_lsn"`
+	// Covered is true when no streamed table has a gap.
+	Covered bool          `json:"covered"`
+	Slots   []SlotHealth  `json:"slots"`
+	Tables  []TableReport `json:"tables"`
+}
+
+// TableReport is one table's coverage.
+type TableReport struct {
+	Table  string `json:"table"`
+	Status Status `json:"status"`
+	// BackfillLSN is the S the table counts as backfilled at (smallest S of the chunks of its last
+	// completed backfill); nil when it never completed one.
+	BackfillLSN *LSN `json:"last_backfill_lsn"`
+	// Slot and StreamStartLSN: the slot whose stream follows the table, continuously since then.
+	Slot           string `json:"slot,omitempty"`
+	StreamStartLSN *LSN   `json:"stream_start_lsn"`
+	// WatermarkLSN is the position up to which the target holds every change streamed for it;
+	// LagBytes how far the source's current position is beyond it.
+	WatermarkLSN LSN    `json:"watermark_lsn"`
+	LagBytes     uint64 `json:"lag_bytes"`
+	// GapBytes sums the gaps' sizes; Gaps lists them in LSN order.
+	GapBytes uint64      `json:"gap_bytes"`
+	Gaps     []GapReport `json:"gaps"`
+	// Note explains a status: why the stream stopped or broke.
+	Note string `json:"note,omitempty"`
+}
+
+// GapReport is one gap: the LSN range [from, to), its size in bytes of WAL, and the key ranges it
+// misses (nil: every key).
+type GapReport struct {
+	FromLSN LSN        `json:"from_lsn"`
+	ToLSN   LSN        `json:"to_lsn"`
+	Bytes   uint64     `json:"bytes"`
+	Keys    []KeyRange `json:"keys"`
+}
+
+// KeyRange is the key range (Lower, Upper] of a backfill chunk, key column values in text form;
+// a nil bound is unbounded.
+type KeyRange struct {
+	Lower []string `json:"lower"`
+	Upper []string `json:"upper"`
+}
+
+// Options says which slot to describe when no table is streamed.
+type Options struct {
+	Slot string
+}
+
+// Build reads the ledger in tgt and the source's slots and publication in src and returns the
+// report. A slot that is lost or missing, or a table whose publication membership changed since
+// the daemon recorded it, cannot deliver what follows its watermark: the range from there to the
+// source's current position is reported as a gap at once, before the daemon notices.
+func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error) {
+	var rep Report
+	if err := checkLedger(ctx, tgt); err != nil {
+		return rep, err
+	}
+	states, err := ReadTables(ctx, tgt)
+	if err != nil {
+		return rep, err
+	}
+	now, err := cdc.CurrentLSN(ctx, src)
+	if err != nil {
+		return rep, err
+	}
+	rep.SourceLSN = LSN(now)
+	slots := map[string]SlotHealth{}
+	byPublication := map[string][]cdc.TableName{}
+	for n, st := range states {
+		if st.Streaming {
+			byPublication[st.Publication] = append(byPublication[st.Publication], n)
+			slots[st.Slot] = SlotHealth{}
+		}
+	}
+	if len(slots) == 0 {
+		slots[opt.Slot] = SlotHealth{}
+	}
+	for name := range slots {
+		if slots[name], err = ReadSlotHealth(ctx, src, name, now); err != nil {
+			return rep, err
+		}
+		rep.Slots = append(rep.Slots, slots[name])
+	}
+	slices.SortFunc(rep.Slots, func(a, b SlotHealth) int { return strings.Compare(a.Name, b.Name) })
+	tokens := map[cdc.TableName]string{}
+	for pub, names := range byPublication {
+		got, err := cdc.Memberships(ctx, src, pub, names)
+		if err != nil {
+			return rep, err
+		}
+		for n, tok := range got {
+			tokens[n] = tok
+		}
+	}
+	rep.Covered = true
+	for _, st := range states {
+		tr, err := tableReport(ctx, tgt, st, slots[st.Slot], tokens, now)
+		if err != nil {
+			return rep, err
+		}
+		if tr.Status != Covered && tr.Status != NotStreamed {
+			rep.Covered = false
+		}
+		rep.Tables = append(rep.Tables, tr)
+	}
+	slices.SortFunc(rep.Tables, func(a, b TableReport) int { return strings.Compare(a.Table, b.Table) })
+	return rep, nil
+}
+
+// tableReport builds one table's report from its ledger, its slot's health and the current
+// publication memberships.
+func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHealth, tokens map[cdc.TableName]string, now pglogrepl.LSN) (TableReport, error) {
+	led := st.Ledger
+	led.Spans = slices.Clone(led.Spans)
+	tr := TableReport{Table: st.Table.String(), WatermarkLSN: LSN(led.Watermark), Gaps: []GapReport{}}
+	if now > led.Watermark {
+		tr.LagBytes = uint64(now - led.Watermark)
+	}
+	if st.Backfilled != 0 {
+		b := LSN(st.Backfilled)
+		tr.BackfillLSN = &b
+	}
+	if !st.Streaming {
+		tr.Status, tr.Note = NotStreamed, "no stream follows this table"
+		if st.LastEndReason != "" {
+			tr.Note += " (its stream ended: " + st.LastEndReason + ")"
+		}
+		return tr, nil
+	}
+	start := LSN(st.StreamStart)
+	tr.Slot, tr.StreamStartLSN = st.Slot, &start
+	switch {
+	case !slot.Exists || slot.WALStatus == "lost":
+		tr.Note = "the stream cannot continue: " + slot.Warning
+		led.Watermark = max(led.Watermark, now)
+	case tokens[st.Table] != st.Membership:
+		tr.Note = "the table's publication membership changed since the daemon recorded it: its stream ended at the last confirmed position"
+		last := &led.Spans[len(led.Spans)-1]
+		last.To = max(last.From, min(last.To, st.Confirmed))
+		led.Watermark = max(led.Watermark, now)
+	}
+	gaps := Gaps(led)
+	for _, g := range gaps {
+		gr := GapReport{FromLSN: LSN(g.From), ToLSN: LSN(g.To), Bytes: g.Bytes()}
+		for _, i := range g.Chunks {
+			gr.Keys = append(gr.Keys, KeyRange{Lower: led.Chunks[i].Lower, Upper: led.Chunks[i].Upper})
+		}
+		tr.Gaps = append(tr.Gaps, gr)
+	}
+	tr.GapBytes = Total(gaps)
+	held, err := apply.BackfillHeld(ctx, tgt, changebatch.Table{Schema: st.Table.Schema, Name: st.Table.Name})
+	if err != nil {
+		return tr, err
+	}
+	switch {
+	case len(gaps) == 0:
+		tr.Status = Covered
+	case held:
+		tr.Status = Loading
+	case st.Backfilled == 0:
+		tr.Status = NeverLoaded
+	default:
+		tr.Status = GapStatus
+	}
+	return tr, nil
+}
+
+// checkLedger returns an error naming the fix when tgt holds no coverage ledger.
+func checkLedger(ctx context.Context, tgt *pgx.Conn) error {
+	var ok bool
+	if err := tgt.QueryRow(ctx, `select to_regclass('pgconverge.stream_segments') is not null`).Scan(&ok); err != nil {
+		return fmt.Errorf("look up the coverage ledger: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("the target database %q has no pgconverge coverage ledger (schema pgconverge, version 3 or later): run pgconverge run against it first", tgt.Config().Database)
+	}
+	return nil
+}
+
+// DescribeKeys returns the key ranges of the chunks at idx, for logs: "(lower, upper]" each,
+// "-inf"/"+inf" for unbounded ends.
+func DescribeKeys(chunks []Chunk, idx []int) string {
+	parts := make([]string, 0, len(idx))
+	bound := func(k []string, inf string) string {
+		if k == nil {
+			return inf
+		}
+		return "(" + strings.Join(k, ",") + ")"
+	}
+	for _, i := range idx {
+		parts = append(parts, "("+bound(chunks[i].Lower, "-inf")+", "+bound(chunks[i].Upper, "+inf")+"]")
+	}
+	return strings.Join(parts, " ")
+}

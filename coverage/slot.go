@@ -1,0 +1,93 @@
+package coverage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// SlotHealth is what the source says of a replication slot's hold on WAL (PostgreSQL docs §54.19,
+// pg_replication_slots; §20.6.1, max_slot_wal_keep_size).
+type SlotHealth struct {
+	Name   string `json:"name"`
+	Exists bool   `json:"exists"`
+	// Active is true while a walsender streams from the slot (a running daemon).
+	Active bool `json:"active"`
+	// WALStatus is reserved, extended, unreserved or lost ("" when the slot is missing).
+	WALStatus string `json:"wal_status"`
+	// SafeWALSizeBytes is how many bytes of WAL can still be written before the slot is at risk of
+	// being invalidated; nil when max_slot_wal_keep_size is -1 (unlimited) or the slot is lost.
+	SafeWALSizeBytes *int64 `json:"safe_wal_size_bytes"`
+	// RestartLSN is the oldest WAL position the slot keeps; RestartLagBytes the WAL it holds back.
+	RestartLSN      *LSN   `json:"restart_lsn"`
+	RestartLagBytes uint64 `json:"restart_lag_bytes"`
+	// ConfirmedFlushLSN is the position the consumer confirmed.
+	ConfirmedFlushLSN *LSN `json:"confirmed_flush_lsn"`
+	// MaxSlotWALKeepSizeBytes is the source's max_slot_wal_keep_size in bytes, -1 for unlimited.
+	MaxSlotWALKeepSizeBytes int64 `json:"max_slot_wal_keep_size_bytes"`
+	// Warning says when the slot is lost, missing or at risk of losing WAL; "" when healthy.
+	Warning string `json:"warning,omitempty"`
+}
+
+// riskFraction is the share of max_slot_wal_keep_size below which a slot's safe_wal_size warns.
+const riskFraction = 0.2
+
+// ReadSlotHealth returns the health of slot name on src; now is the source's current position.
+func ReadSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogrepl.LSN) (SlotHealth, error) {
+	h := SlotHealth{Name: name}
+	if err := src.QueryRow(ctx, `select pg_size_bytes(current_setting('max_slot_wal_keep_size'))`).Scan(&h.MaxSlotWALKeepSizeBytes); err != nil {
+		return h, fmt.Errorf("read max_slot_wal_keep_size: %w", err)
+	}
+	var status, restart, flush *string
+	err := src.QueryRow(ctx, `select wal_status, safe_wal_size, restart_lsn::text, confirmed_flush_lsn::text, active
+from pg_replication_slots where slot_name = $1`, name).Scan(&status, &h.SafeWALSizeBytes, &restart, &flush, &h.Active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		h.Warning = fmt.Sprintf("slot %q does not exist: changes after the watermark were not kept for pgconverge; pgconverge run creates a new slot and, with --on-gap=backfill, backfills the gap", name)
+		return h, nil
+	}
+	if err != nil {
+		return h, fmt.Errorf("read replication slot %q: %w", name, err)
+	}
+	h.Exists = true
+	if status != nil {
+		h.WALStatus = *status
+	}
+	if restart != nil {
+		l, err := pglogrepl.ParseLSN(*restart)
+		if err != nil {
+			return h, err
+		}
+		r := LSN(l)
+		h.RestartLSN = &r
+		if now > l {
+			h.RestartLagBytes = uint64(now - l)
+		}
+	}
+	if flush != nil {
+		l, err := pglogrepl.ParseLSN(*flush)
+		if err != nil {
+			return h, err
+		}
+		f := LSN(l)
+		h.ConfirmedFlushLSN = &f
+	}
+	h.Warning = h.risk()
+	return h, nil
+}
+
+// risk returns the warning for an existing slot, or "".
+func (h SlotHealth) risk() string {
+	switch {
+	case h.WALStatus == "lost":
+		return fmt.Sprintf("slot %q is invalidated (wal_status lost): the source removed WAL it still needed, so changes after the watermark are lost; pgconverge run replaces the slot and, with --on-gap=backfill, backfills the gap", h.Name)
+	case h.WALStatus == "unreserved":
+		return fmt.Sprintf("slot %q holds more WAL than max_slot_wal_keep_size (wal_status unreserved): the next checkpoint removes WAL it needs unless the stream catches up first", h.Name)
+	case h.SafeWALSizeBytes != nil && h.MaxSlotWALKeepSizeBytes > 0 && float64(*h.SafeWALSizeBytes) < riskFraction*float64(h.MaxSlotWALKeepSizeBytes):
+		return fmt.Sprintf("slot %q is at risk: only %d bytes of WAL may be written before the source invalidates it (max_slot_wal_keep_size %d bytes); make sure pgconverge run is streaming and keeping up",
+			h.Name, *h.SafeWALSizeBytes, h.MaxSlotWALKeepSizeBytes)
+	}
+	return ""
+}
