@@ -45,7 +45,7 @@ func newMetrics() *metrics {
 	m.transactions = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgconverge_transactions_applied_total",
 		Help: "Source transactions applied by the stream."})
 	m.applySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "pgconverge_apply_batch_seconds",
-		Help: "Duration of one stream apply: a target transaction with a group of source transactions and the progress LSN.",
+		Help:    "Duration of one stream apply: a target transaction with a group of source transactions and the progress LSN.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)})
 	m.gapBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_coverage_gap_bytes",
 		Help: "Bytes of WAL in the table's coverage gaps (ranges no backfill and no stream delivered); 0 when covered."}, []string{"table"})
