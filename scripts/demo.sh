@@ -11,7 +11,12 @@
 #    still writes and the daemon streams, runs `pgconverge backfill` of pgbench_accounts, to show
 #    that a backfill racing the stream does not disturb it;
 # 5. waits until the slot confirms the source's final WAL position, then compares every table
-#    (row count and checksum of the live rows, source columns only) between source and target.
+#    (row count and checksum of the live rows, source columns only) between source and target,
+#    and shows `pgconverge coverage` (exit 0: every table covered);
+# 6. makes a hole on purpose: stops the daemon, drops its slot, runs 200 pgbench transactions;
+#    `pgconverge coverage --fail-on-gap` shows the gap and exits 3; restarts the daemon, which
+#    creates a new slot and backfills the gap (--on-gap=backfill); coverage is back to exit 0 and
+#    the tables are compared again.
 # Exits 0 if all tables are equal, 1 if one differs or a wait times out.
 #
 # Everything lives in ROOT=/tmp/pgconverge-demo (binary, clusters, daemon.log, pgbench.log) and is
@@ -72,6 +77,23 @@ start_daemon() {
 	echo "daemon started (pid $DAEMON_PID), logging to $DAEMON_LOG"
 }
 
+# stop_daemon sends SIGTERM and waits up to 20 s for a clean exit.
+stop_daemon() {
+	kill -TERM "$DAEMON_PID" 2>/dev/null || true
+	for _ in $(seq 1 40); do
+		kill -0 "$DAEMON_PID" 2>/dev/null || break
+		sleep 0.5
+	done
+	if kill -0 "$DAEMON_PID" 2>/dev/null; then
+		fail "the daemon did not exit within 20 s of SIGTERM"
+	fi
+	local rc=0
+	wait "$DAEMON_PID" || rc=$?
+	DAEMON_PID=
+	echo "daemon exited with status $rc"
+	[ "$rc" -eq 0 ] || fail "the daemon exited with status $rc"
+}
+
 # A daemon or pgbench left behind by an earlier run that was killed before it could clean up
 # would keep writing to the new clusters; stop them. ROOT/NAME.pid holds their PIDs.
 stop_stale() { # NAME COMMAND-LINE-PREFIX
@@ -117,6 +139,8 @@ initial_load_done() {
 	                                   'pgbench_tellers', 'pgbench_history')" 2>/dev/null) || return 1
 	[ "$n" -ge 4 ]
 }
+
+covered() { "$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap --format json >/dev/null 2>&1; }
 
 slot_caught_up() { # LSN
 	[ "$(q "$SRC" "SELECT confirmed_flush_lsn >= '$1'::pg_lsn FROM pg_replication_slots
@@ -267,19 +291,34 @@ grep -E 'backfilled table|backfill completed|caught up' "$DAEMON_LOG" | tail -n 
 echo "(a pgbench transaction changes 4 rows: 3 updates and 1 insert; the 'caught up' line after the"
 echo " restart gives the rows per second pgconverge applied while it worked off the backlog)"
 
-step "stopping the daemon with SIGTERM"
-kill -TERM "$DAEMON_PID" 2>/dev/null || true
-for _ in $(seq 1 40); do
-	kill -0 "$DAEMON_PID" 2>/dev/null || break
-	sleep 0.5
-done
-if kill -0 "$DAEMON_PID" 2>/dev/null; then
-	fail "the daemon did not exit within 20 s of SIGTERM"
-fi
+step "coverage: pgconverge coverage --fail-on-gap (every table covered, exit 0)"
+"$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap || fail "pgconverge coverage reports a gap or failed"
+
+step "a hole on purpose: stop the daemon, drop its slot, run 200 pgbench transactions"
+stop_daemon
+q "$SRC" "SELECT pg_drop_replication_slot('pgconverge')" >/dev/null
+"$PGBIN/pgbench" -c 1 -t 200 "$SRC" </dev/null >>"$PGBENCH_LOG" 2>&1 || fail "pgbench failed"
 rc=0
-wait "$DAEMON_PID" || rc=$?
-DAEMON_PID=
-echo "daemon exited with status $rc"
+"$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap || rc=$?
+[ "$rc" -eq 3 ] || fail "pgconverge coverage exited $rc after the slot was dropped, want 3 (a gap)"
+echo "(exit status 3: the writes made while no slot kept WAL for pgconverge are a gap, to the byte)"
+
+step "restarting the daemon: it creates a new slot and, with --on-gap=backfill (the default), backfills the gap"
+echo "---- demo.sh: slot dropped, restarting ----" >>"$DAEMON_LOG"
+start_daemon
+poll "pgconverge coverage --fail-on-gap to exit 0" covered
+"$BIN" coverage --source "$SRC" --target "$TGT"
+grep -E 'coverage gap|stream coverage broken' "$DAEMON_LOG" | cut -c1-220 || true
+LSN=$(q "$SRC" "SELECT pg_current_wal_insert_lsn()")
+poll "confirmed_flush_lsn >= $LSN" slot_caught_up "$LSN"
+step "comparing source and target again, after the gap backfill"
+printf '%-18s %12s %12s  %-12s  %s\n' table rows_source rows_target checksum equal
+for t in "${TABLES[@]}"; do
+	compare_table "$t"
+done
+
+step "stopping the daemon with SIGTERM"
+stop_daemon
 
 if [ "$DIFFERENT" -ne 0 ]; then
 	echo
@@ -287,4 +326,4 @@ if [ "$DIFFERENT" -ne 0 ]; then
 	exit 1
 fi
 echo
-echo "demo: OK — all ${#TABLES[@]} tables are equal in source and target, despite the kill -9."
+echo "demo: OK — all ${#TABLES[@]} tables are equal in source and target, despite the kill -9 and the dropped slot."

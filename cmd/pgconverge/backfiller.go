@@ -145,8 +145,23 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 		return rep, err
 	}
 	defer func() {
-		if e := apply.EndRun(context.WithoutCancel(ctx), ctrl, rep.RunID, rep.Rows, rep.Reread, err); e != nil && err == nil {
-			err = e
+		// A cancellation during a query closes the connection (pgx); record the end over a new one.
+		conn, ectx := ctrl, context.WithoutCancel(ctx)
+		if conn.IsClosed() {
+			c, e := pgsession.Connect(ectx, job.Target, "target")
+			if e != nil {
+				log.Error("record the end of the backfill run", "run", rep.RunID, "err", e)
+				return
+			}
+			defer c.Close(ectx)
+			conn = c
+		}
+		if e := apply.EndRun(ectx, conn, rep.RunID, rep.Rows, rep.Reread, err); e != nil {
+			if err == nil {
+				err = e
+			} else {
+				log.Error("record the end of the backfill run", "run", rep.RunID, "err", e)
+			}
 		}
 	}()
 	snap := job.Snapshot
