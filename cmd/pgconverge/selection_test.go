@@ -123,6 +123,12 @@ func TestPublicationDropAndReAddWhileStreaming(t *testing.T) {
 	waitConverged(t, env, "a", "id")
 	waitConverged(t, env, "b", "id")
 	d.requireRunning(t)
+	// The ledger ended b's span where its membership was last confirmed; the gap backfill closed it.
+	if n := scalar[int64](t, env.Target, `select count(*) from pgconverge.table_spans
+where table_name = 'b' and end_reason = 'publication membership changed'`); n != 1 {
+		t.Errorf("%d spans of b ended by the membership change, want 1", n)
+	}
+	waitCovered(t, env)
 }
 
 // While the daemon is stopped a row is inserted, the table leaves the publication, the row is
