@@ -10,9 +10,10 @@ import (
 )
 
 // EnsureTable creates the target table for t when it is missing (see createTableSQL) and registers
-// it in pgconverge.tables; a table it had to create (again) is registered as not loaded and in a
-// new generation (what older backfills and streams wrote is gone), so the daemon loads it. When the table exists it checks that it has every source column and the metadata
-// columns, and returns an error naming what is missing otherwise.
+// it in pgconverge.tables (register); a table it had to create again, or that was replaced by hand,
+// is registered as not loaded and in a new generation, so the daemon loads it. When the table
+// exists it checks that it has every source column and the metadata columns, and returns an error
+// naming what is missing otherwise.
 func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, `select to_regclass($1) is not null`, t.Quoted()).Scan(&exists); err != nil {
@@ -24,15 +25,6 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error
 		}
 		if _, err := conn.Exec(ctx, createTableSQL(t)); err != nil {
 			return fmt.Errorf("create target table %s (the target role needs CREATE on schema %q): %w", t, t.Schema, err)
-		}
-		_, err := conn.Exec(ctx, `insert into pgconverge.tables (schema_name, table_name) values ($1, $2)
-on conflict (schema_name, table_name) do update set loaded_lsn = null, loaded_at = null, slot = null,
-  generation = pgconverge.tables.generation + 1, truncated_lsn = null`, t.Schema, t.Name)
-		if err != nil {
-			return fmt.Errorf("register table %s: %w", t, err)
-		}
-		if err := abandonBackfills(ctx, conn, t.Schema, t.Name); err != nil {
-			return err
 		}
 	}
 	rows, err := conn.Query(ctx, `select attname from pg_attribute
@@ -63,10 +55,33 @@ where attrelid = $1::regclass and attnum > 0 and not attisdropped`, t.Quoted())
 		return fmt.Errorf("target table %s exists but lacks columns %s: drop it (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
 			t, strings.Join(missing, ", "), t.Quoted())
 	}
-	_, err = conn.Exec(ctx, `insert into pgconverge.tables (schema_name, table_name) values ($1, $2)
-on conflict do nothing`, t.Schema, t.Name)
+	return register(ctx, conn, t, !exists)
+}
+
+// register records t's target table in pgconverge.tables with its oid. A registered table that
+// pgconverge just created anew (created), or whose oid changed (someone dropped or replaced it by
+// hand), starts a new generation: not loaded, no truncate recorded, its unfinished backfills
+// abandoned, and what older backfills and streams wrote no longer counts as coverage. A table
+// registered without an oid (by an older version) adopts its current one.
+func register(ctx context.Context, conn *pgx.Conn, t changebatch.Table, created bool) error {
+	var renewed bool
+	err := conn.QueryRow(ctx, `with old as (
+  select target_oid from pgconverge.tables where schema_name = $1 and table_name = $2 for update),
+r as (
+  select exists (select 1 from old) and ($4 or coalesce((select target_oid <> $3::regclass::oid from old), false)) as renew)
+insert into pgconverge.tables as g (schema_name, table_name, target_oid) values ($1, $2, $3::regclass::oid)
+on conflict (schema_name, table_name) do update set target_oid = excluded.target_oid,
+  loaded_lsn = case when (select renew from r) then null else g.loaded_lsn end,
+  loaded_at = case when (select renew from r) then null else g.loaded_at end,
+  slot = case when (select renew from r) then null else g.slot end,
+  truncated_lsn = case when (select renew from r) then null else g.truncated_lsn end,
+  generation = g.generation + (select renew from r)::int
+returning (select renew from r)`, t.Schema, t.Name, t.Quoted(), created).Scan(&renewed)
 	if err != nil {
 		return fmt.Errorf("register table %s: %w", t, err)
+	}
+	if renewed {
+		return abandonBackfills(ctx, conn, t.Schema, t.Name)
 	}
 	return nil
 }

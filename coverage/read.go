@@ -26,6 +26,9 @@ type TableState struct {
 	StreamStart   pglogrepl.LSN
 	Confirmed     pglogrepl.LSN
 	LastEndReason string
+	// TargetReplaced is true when the target table is missing or is not the one the ledger
+	// registered (dropped or replaced by hand): nothing the ledger recorded is in it.
+	TargetReplaced bool
 	// Membership is the publication membership token recorded at the last daemon start, for
 	// Publication, the publication of the stream that follows the table.
 	Membership, Publication string
@@ -34,7 +37,9 @@ type TableState struct {
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
 func ReadTables(ctx context.Context, db DB) (map[cdc.TableName]*TableState, error) {
 	out := map[cdc.TableName]*TableState{}
-	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(membership, '')
+	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(membership, ''),
+  to_regclass(format('%I.%I', schema_name, table_name)) is null
+    or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false)
 from pgconverge.tables`)
 	if err != nil {
 		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
@@ -42,7 +47,7 @@ from pgconverge.tables`)
 	for rows.Next() {
 		st := &TableState{}
 		var truncated string
-		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &st.Membership); err != nil {
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &st.Membership, &st.TargetReplaced); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}

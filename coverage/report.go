@@ -182,7 +182,13 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 	}
 	start := LSN(st.StreamStart)
 	tr.Slot, tr.StreamStartLSN = st.Slot, &start
+	backfilled := st.Backfilled
 	switch {
+	case st.TargetReplaced:
+		// Nothing recorded is in the target table now: no backfill, no span counts.
+		led = TableLedger{Watermark: led.Watermark}
+		tr.BackfillLSN, tr.StreamStartLSN, backfilled = nil, nil, 0
+		tr.Note = "the target table is missing or was replaced by hand since pgconverge registered it: pgconverge run recreates it if needed and loads it"
 	case !slot.Exists || slot.WALStatus == "lost":
 		tr.Note = "the stream cannot continue: " + slot.Warning
 		led.Watermark = max(led.Watermark, now)
@@ -210,7 +216,7 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		tr.Status = Covered
 	case held:
 		tr.Status = Loading
-	case st.Backfilled == 0:
+	case backfilled == 0:
 		tr.Status = NeverLoaded
 	default:
 		tr.Status = GapStatus

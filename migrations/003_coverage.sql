@@ -50,9 +50,12 @@ create index on pgconverge.table_spans (schema_name, table_name);
 -- target table anew, and backfills and spans of older generations no longer count as coverage.
 -- truncated_lsn is the commit LSN of the latest TRUNCATE the stream applied in this generation:
 -- history before it is void, so covered.
+-- target_oid is the target table's oid in this generation: a table dropped or replaced by hand
+-- behind pgconverge's back is noticed, as a new generation, when its oid changed.
 alter table pgconverge.tables
     add column generation int not null default 1,
-    add column truncated_lsn pg_lsn;
+    add column truncated_lsn pg_lsn,
+    add column target_oid oid;
 alter table pgconverge.backfills add column generation int not null default 1;
 
 -- 'gap': a backfill the daemon started because the coverage ledger showed a gap (run --on-gap).

@@ -26,11 +26,16 @@ func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
 	pgtest.Exec(t, env.Source, `insert into a values (2, 'a2')`, `insert into b values (2, 'missed while left out')`)
 	waitConverged(t, env, "a", "id")
 	waitSlotCaughtUp(t, env)
+	rep, code := coverageOf(t, env)
+	if b := tableReport(t, rep, "public.b"); code != 0 || b.Status != "not-streamed" {
+		t.Errorf("exit %d, b %+v: want exit 0 and b not-streamed while it is left out", code, b)
+	}
 	d.stop(t)
 
 	startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "b", "id")
 	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
 }
 
 // A target table dropped by hand is recreated and loaded again, never left empty.
@@ -43,8 +48,31 @@ func TestDroppedTargetTableIsReloaded(t *testing.T) {
 	d.stop(t)
 	pgtest.Exec(t, env.Target, `drop table a`)
 	pgtest.Exec(t, env.Source, `update a set v = 'changed' where id <= 10`)
+	rep, code := coverageOf(t, env)
+	if a := tableReport(t, rep, "public.a"); code != exitGap || a.Status != "never-loaded" || len(a.Gaps) != 1 || a.Gaps[0].FromLSN != 0 {
+		t.Fatalf("exit %d, %+v: want exit 3, never-loaded, one gap from 0/0", code, a)
+	}
 	startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+}
+
+// A target table replaced by hand (dropped and created again with the same columns) is a new
+// target table: nothing loaded or streamed before is in it, so it is loaded again.
+func TestTargetTableReplacedByHandIsReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
+		`insert into a select g, 'v' || g from generate_series(1, 100) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	d.stop(t)
+	pgtest.Exec(t, env.Target, `create table a2 (like a including all)`, `drop table a`, `alter table a2 rename to a`)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	if g := scalar[int32](t, env.Target, `select generation from pgconverge.tables where table_name = 'a'`); g != 2 {
+		t.Errorf("generation %d, want 2", g)
+	}
 }
 
 func TestRefusesTargetThatIsTheSourceUnderAnotherName(t *testing.T) {
