@@ -22,7 +22,11 @@ const Schema = "pgconverge"
 
 // Apply brings the target's pgconverge schema to the newest version. It returns an error naming
 // the migration that failed, or a privilege problem (the role needs CREATE on the database).
-func Apply(ctx context.Context, conn *pgx.Conn) error {
+func Apply(ctx context.Context, conn *pgx.Conn) error { return ApplyTo(ctx, conn, 0) }
+
+// ApplyTo brings the target's pgconverge schema to version (0: the newest), as Apply; tests build
+// an older schema with it to check an upgrade.
+func ApplyTo(ctx context.Context, conn *pgx.Conn, version int32) error {
 	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{Schema}.Sanitize()); err != nil {
 		return fmt.Errorf("create schema %s on the target (the role needs CREATE on the database): %w", Schema, err)
 	}
@@ -33,7 +37,10 @@ func Apply(ctx context.Context, conn *pgx.Conn) error {
 	if err := m.LoadMigrations(files); err != nil {
 		return fmt.Errorf("load embedded migrations: %w", err)
 	}
-	if err := m.Migrate(ctx); err != nil {
+	if version == 0 {
+		version = int32(len(m.Migrations))
+	}
+	if err := m.MigrateTo(ctx, version); err != nil {
 		return fmt.Errorf("migrate target schema %s: %w", Schema, err)
 	}
 	return nil
