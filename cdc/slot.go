@@ -89,6 +89,17 @@ func CurrentLSN(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(v)
 }
 
+// SourceID identifies the database conn is connected to across restarts and host names: the
+// cluster's system identifier (pg_control_system()) and the database name, "ID/NAME".
+func SourceID(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var id string
+	err := conn.QueryRow(ctx, `select system_identifier::text || '/' || current_database() from pg_control_system()`).Scan(&id)
+	if err != nil {
+		return "", fmt.Errorf("identify the source database: %w", err)
+	}
+	return id, nil
+}
+
 // Lost reports whether the source invalidated the slot because it removed WAL the slot still
 // needed (wal_status lost, PostgreSQL docs §54.19 pg_replication_slots; see max_slot_wal_keep_size).
 func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }

@@ -65,10 +65,30 @@ values ($1, nullif($2, '0/0')::pg_lsn, $3::pg_lsn) returning id`, slot, created.
 	return id, nil
 }
 
-// UsePublication records the publication slot's open segment streams: the one its tables'
-// publication membership tokens refer to.
-func UsePublication(ctx context.Context, db DB, slot, publication string) error {
-	_, err := db.Exec(ctx, `update pgconverge.stream_segments set publication = $2 where slot = $1 and end_lsn is null`, slot, publication)
+// ErrOtherSource is returned when the ledger's stream reads another source database than the one
+// given.
+var ErrOtherSource = errors.New("another source")
+
+// CheckSource returns an error wrapping ErrOtherSource when slot's open segment streams from
+// another source database than source (cdc.SourceID); a segment that recorded none matches.
+func CheckSource(ctx context.Context, db DB, slot, source string) error {
+	var recorded *string
+	err := db.QueryRow(ctx, `select source from pgconverge.stream_segments where slot = $1 and end_lsn is null`, slot).Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && (recorded == nil || *recorded == source) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the source of slot %q's stream segment: %w", slot, err)
+	}
+	return fmt.Errorf("%w: the target's ledger follows slot %q on source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from, or another --slot or target",
+		ErrOtherSource, slot, *recorded, source)
+}
+
+// UseSource records the publication and the source database (cdc.SourceID) slot's open segment
+// streams from: its tables' publication membership tokens refer to that publication.
+func UseSource(ctx context.Context, db DB, slot, publication, source string) error {
+	_, err := db.Exec(ctx, `update pgconverge.stream_segments set publication = $2, source = $3 where slot = $1 and end_lsn is null`,
+		slot, publication, source)
 	if err != nil {
 		return fmt.Errorf("record publication of slot %q's stream segment: %w", slot, err)
 	}
@@ -97,8 +117,9 @@ func EndSegment(ctx context.Context, db DB, slot string, end pglogrepl.LSN, reas
 
 // Span end reasons that operators and the report branch on.
 const (
-	// ReasonDeselected ends a span when the table left the daemon's selection (--tables).
-	ReasonDeselected = "deselected"
+	// ReasonDeselected ends a span when the table left the daemon's selection: --tables, or,
+	// without --tables, the publication.
+	ReasonDeselected = "no longer selected (not in --tables, or not in the publication without --tables)"
 	// ReasonMembership ends a span when the table's publication membership changed.
 	ReasonMembership = "publication membership changed"
 )

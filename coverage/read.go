@@ -32,6 +32,8 @@ type TableState struct {
 	// Membership is the publication membership token recorded at the last daemon start, for
 	// Publication, the publication of the stream that follows the table.
 	Membership, Publication string
+	// Source is the source database the stream reads (cdc.SourceID), "" when not recorded.
+	Source string
 }
 
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
@@ -72,7 +74,7 @@ from pgconverge.tables`)
 
 // readSpans adds the stream spans of the tables' current generation, oldest first.
 func readSpans(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
-	rows, err := db.Query(ctx, `select t.schema_name, t.table_name, s.slot, coalesce(s.publication, ''), t.start_lsn::text,
+	rows, err := db.Query(ctx, `select t.schema_name, t.table_name, s.slot, coalesce(s.publication, ''), coalesce(s.source, ''), t.start_lsn::text,
   coalesce(t.end_lsn, greatest(t.start_lsn, p.applied_lsn), t.start_lsn)::text, t.end_lsn is null,
   t.confirmed_lsn::text, coalesce(t.end_reason, '')
 from pgconverge.table_spans t
@@ -86,9 +88,9 @@ order by t.id`)
 	defer rows.Close()
 	for rows.Next() {
 		var n cdc.TableName
-		var slot, pub, start, end, confirmed, reason string
+		var slot, pub, source, start, end, confirmed, reason string
 		var open bool
-		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &start, &end, &open, &confirmed, &reason); err != nil {
+		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &source, &start, &end, &open, &confirmed, &reason); err != nil {
 			return fmt.Errorf("read coverage ledger spans: %w", err)
 		}
 		st := out[n]
@@ -104,7 +106,7 @@ order by t.id`)
 		st.Ledger.Watermark = sp.To
 		st.Streaming, st.LastEndReason = open, reason
 		if open {
-			st.Slot, st.StreamStart, st.Confirmed, st.Publication = slot, sp.From, conf, pub
+			st.Slot, st.StreamStart, st.Confirmed, st.Publication, st.Source = slot, sp.From, conf, pub, source
 		}
 	}
 	return rows.Err()

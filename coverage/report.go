@@ -116,6 +116,16 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 	if err != nil {
 		return rep, err
 	}
+	srcID, err := cdc.SourceID(ctx, src)
+	if err != nil {
+		return rep, err
+	}
+	for _, st := range states {
+		if st.Streaming && st.Source != "" && st.Source != srcID {
+			return rep, fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
+				ErrOtherSource, st.Table, st.Source, srcID)
+		}
+	}
 	rep.SourceLSN = LSN(now)
 	slots := map[string]SlotHealth{}
 	byPublication := map[string][]cdc.TableName{}

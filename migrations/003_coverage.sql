@@ -7,12 +7,15 @@
 -- dropped or invalidated (wal_status lost), or when the slot had moved past the target's progress
 -- (another consumer, or a target restored from an older backup): end_reason says which, and
 -- history from end_lsn to the next segment's start is a gap. publication is the publication the
--- stream last used (tables' membership tokens refer to it; NULL when not known).
+-- stream last used (tables' membership tokens refer to it; NULL when not known); source identifies
+-- the source database it streams from (cdc.SourceID: the cluster's system identifier and the
+-- database name), so a report or a daemon pointed at another source is refused.
 create table pgconverge.stream_segments (
     id                bigserial primary key,
     slot              text not null,
     slot_created_lsn  pg_lsn,
     publication       text,
+    source            text,
     start_lsn         pg_lsn not null,
     end_lsn           pg_lsn,
     end_reason        text,

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -106,6 +107,13 @@ func TestCoverageAfterLoadAndStream(t *testing.T) {
 	}
 	if len(rep.Slots) != 1 || !rep.Slots[0].Exists || !rep.Slots[0].Active || rep.Slots[0].Warning != "" {
 		t.Errorf("slot health %+v, want one active slot without warning", rep.Slots)
+	}
+	// Another database of the source cluster is not the source: an error, not a report of gaps.
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"coverage", "--source", os.Getenv("PGCONVERGE_TEST_SOURCE"),
+		"--target", env.TargetURL, "--fail-on-gap"}, &out, &errb)
+	if !errors.Is(err, coverage.ErrOtherSource) {
+		t.Errorf("coverage against another source database: %v, want %v", err, coverage.ErrOtherSource)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -196,5 +197,29 @@ func TestPublishOptionChangedWhileStreaming(t *testing.T) {
 		`alter publication `+pub+` set (publish = 'insert, update, delete, truncate')`,
 		`insert into b values (1000, 'after')`)
 	waitConverged(t, env, "b", "id")
+	d.requireRunning(t)
+}
+
+// Without --tables the selection is the publication's tables: a table dropped from it and added
+// back while the daemon runs is followed again, its missed changes backfilled.
+func TestDefaultSelectionFollowsThePublication(t *testing.T) {
+	env := pgtest.New(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source,
+		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
+		`insert into b select g, 'v' from generate_series(1, 100) g`, `create publication `+pub+` for table a, b`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "b", "id")
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `alter publication `+pub+` drop table b`)
+	pgtest.Eventually(t, 30*time.Second, "b no longer streamed", func() (bool, string) {
+		rep, _ := coverageOf(t, env)
+		b := tableReport(t, rep, "public.b")
+		return b.Status == "not-streamed", string(b.Status)
+	})
+	pgtest.Exec(t, env.Source, `update b set v = 'missed' where id <= 50`,
+		`alter publication `+pub+` add table b`, `insert into b values (1000, 'after')`)
+	waitConverged(t, env, "b", "id")
+	waitCovered(t, env)
 	d.requireRunning(t)
 }

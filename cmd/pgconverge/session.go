@@ -33,6 +33,7 @@ type session struct {
 	// joined are the tables whose publication membership is new since it was last recorded;
 	// memberBefore and memberAfter are source positions read before and after the memberships
 	// were read at the start (syncMemberships).
+	sourceID                  string // cdc.SourceID of the source
 	joined                    map[cdc.TableName]bool
 	memberBefore, memberAfter pglogrepl.LSN
 	// confirmed is a source position up to which every table was published as at the start,
@@ -66,12 +67,18 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if err := cdc.CheckSource(ctx, s.src); err != nil {
 		return permanent(err)
 	}
+	if s.sourceID, err = cdc.SourceID(ctx, s.src); err != nil {
+		return err
+	}
 	names, err := s.selectTables(ctx)
 	if err != nil {
 		return err
 	}
 	if err := migrations.Apply(ctx, s.tgt); err != nil {
 		return err
+	}
+	if err := coverage.CheckSource(ctx, s.tgt, cfg.Slot, s.sourceID); err != nil {
+		return permanent(err)
 	}
 	for _, t := range s.tables {
 		if err := apply.EnsureTable(ctx, s.tgt, t); err != nil {

@@ -85,7 +85,7 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 			return err
 		}
 	}
-	if err := coverage.UsePublication(ctx, tx, cfg.Slot, cfg.Publication); err != nil {
+	if err := coverage.UseSource(ctx, tx, cfg.Slot, cfg.Publication, s.sourceID); err != nil {
 		return err
 	}
 	if _, err := coverage.StartSpans(ctx, tx, cfg.Slot, starts); err != nil {

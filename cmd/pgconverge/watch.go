@@ -54,7 +54,8 @@ func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) er
 }
 
 // checkMemberships ends the session (errMembershipChanged) when a table's publication membership
-// differs from the one recorded at the session's start. Otherwise every table was published, as
+// differs from the one recorded at the session's start, or, with the default selection (no
+// --tables), when a table joined the publication. Otherwise every table was published, as
 // at the start, up to the source position read before the previous check (a commit before it was
 // visible to this check, however late its commit record was written); that position goes to the
 // stream, which records it in the ledger with its next transaction (coverage.ConfirmSpans).
@@ -72,6 +73,20 @@ func (s *session) checkMemberships(ctx context.Context) {
 			s.cancel(fmt.Errorf("%w for table %s (ALTER PUBLICATION … DROP/ADD TABLE, or the table was recreated): restarting the session to load it again",
 				errMembershipChanged, n))
 			return
+		}
+	}
+	if len(s.cfg.Tables) == 0 {
+		// The default selection is the publication's tables: one added to it is selected now.
+		names, _, err := cdc.DefaultTables(ctx, s.src, s.cfg.Publication)
+		if err != nil {
+			return
+		}
+		for _, n := range names {
+			if _, ok := s.memberships[n]; !ok {
+				s.cancel(fmt.Errorf("%w: table %s joined publication %q: restarting the session to load and stream it",
+					errMembershipChanged, n, s.cfg.Publication))
+				return
+			}
 		}
 	}
 	if s.lastCheck != 0 {
