@@ -123,13 +123,11 @@ func (s *Streamer) sourceWALEnd() pglogrepl.LSN {
 	return s.cfg.SourceWALEnd()
 }
 
-// Lag returns how many bytes of WAL the target is behind: the source's sampled WAL end (or, without
-// a sampler, the walsender's sent position) minus the flushed position; never negative.
+// Lag returns how many bytes of WAL the target is behind: the latest known source position (the
+// sampled WAL end, the walsender's sent position or the end of the WAL data received, whichever is
+// highest, as each may be a moment old) minus the flushed position; never negative.
 func (st Stats) Lag() int64 {
-	end := st.SourceWALEnd
-	if end == 0 {
-		end = st.ServerSent
-	}
+	end := max(st.SourceWALEnd, st.ServerSent, st.Received)
 	if end <= st.Flushed {
 		return 0
 	}

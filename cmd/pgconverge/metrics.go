@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -29,9 +30,41 @@ type metrics struct {
 	backfillRows *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
 
-	mu     sync.Mutex
-	stream func() cdc.Stats // the current session's streamer, nil between sessions
-	txSeen int64            // transactions of the current streamer already counted
+	changes      prometheus.Counter
+	slotSafe     *prometheus.GaugeVec
+	slotHeld     *prometheus.GaugeVec
+	slotStatus   *prometheus.GaugeVec
+
+	mu          sync.Mutex
+	stream      func() cdc.Stats // the current session's streamer, nil between sessions
+	txSeen      int64            // transactions of the current streamer already counted
+	changesSeen int64            // changes of the current streamer already counted
+}
+
+// Descriptions of the metrics streamCollector reports while a stream runs.
+var (
+	lagDesc = prometheus.NewDesc("pgconverge_replication_lag_bytes",
+		"Bytes of WAL between the latest known source position and the position the target committed; absent while not streaming.", nil, nil)
+	watermarkDesc = prometheus.NewDesc("pgconverge_watermark_lsn",
+		"The stream's watermark, the LSN up to which the target holds every change, as a number; absent while not streaming.", nil, nil)
+)
+
+// streamCollector reports the current stream's lag and watermark, and nothing between streams
+// (during loads and reconnects), so that a dashboard never reads a made-up 0.
+type streamCollector struct{ m *metrics }
+
+func (c streamCollector) Describe(ch chan<- *prometheus.Desc) { ch <- lagDesc; ch <- watermarkDesc }
+
+func (c streamCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	stream := c.m.stream
+	c.m.mu.Unlock()
+	if stream == nil {
+		return
+	}
+	st := stream()
+	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(st.Lag()))
+	ch <- prometheus.MustNewConstMetric(watermarkDesc, prometheus.GaugeValue, float64(st.Flushed))
 }
 
 // newMetrics registers every metric in a new registry.
@@ -50,26 +83,23 @@ func newMetrics() *metrics {
 	m.gapBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_coverage_gap_bytes",
 		Help: "Bytes of WAL in the table's coverage gaps (ranges no backfill and no stream delivered); 0 when covered."}, []string{"table"})
 	m.backfillRows = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_rows_total",
-		Help: "Rows read from source snapshots and applied by backfills, by table."}, []string{"table"})
+		Help: "Rows read from source snapshots by backfills, by table (of which rows_applied_total{path=\"backfill\"} were written)."}, []string{"table"})
 	m.backfillDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_backfill_progress_ratio",
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
 	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone} {
 		f(c)
 	}
-	stat := func(name, help string, v func(cdc.Stats) float64) {
-		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			if m.stream == nil {
-				return 0
-			}
-			return v(m.stream())
-		}))
+	m.changes = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgconverge_changes_received_total",
+		Help: "Row changes received from the stream (before changes of one key in one apply are collapsed into the newest)."})
+	m.slotSafe = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_safe_wal_size_bytes",
+		Help: "Bytes of WAL the source may still write before it invalidates the slot (pg_replication_slots.safe_wal_size; absent when unlimited)."}, []string{"slot"})
+	m.slotHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_restart_lag_bytes",
+		Help: "Bytes of WAL the slot holds back on the source: current position minus restart_lsn."}, []string{"slot"})
+	m.slotStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_wal_status",
+		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others."}, []string{"slot", "wal_status"})
+	for _, c := range []prometheus.Collector{m.changes, m.slotSafe, m.slotHeld, m.slotStatus, streamCollector{m}} {
+		f(c)
 	}
-	stat("pgconverge_replication_lag_bytes", "Bytes of WAL between the source's current position and the position the target committed.",
-		func(s cdc.Stats) float64 { return float64(s.Lag()) })
-	stat("pgconverge_watermark_lsn", "The stream's watermark: the LSN up to which the target holds every change, as a number (0 while not streaming).",
-		func(s cdc.Stats) float64 { return float64(s.Flushed) })
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -101,7 +131,7 @@ func (m *metrics) follow(stats func() cdc.Stats) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.stream, m.txSeen = stats, 0
+	m.stream, m.txSeen, m.changesSeen = stats, 0, 0
 }
 
 // streamApplied counts one committed stream apply of table results that took d.
@@ -118,9 +148,10 @@ func (m *metrics) streamApplied(results map[string]apply.Result, d time.Duration
 	defer m.mu.Unlock()
 	if m.stream != nil {
 		// Every whole transaction received so far was in this apply or an earlier one.
-		n := m.stream().Transactions
-		m.transactions.Add(float64(n - m.txSeen))
-		m.txSeen = n
+		st := m.stream()
+		m.transactions.Add(float64(st.Transactions - m.txSeen))
+		m.changes.Add(float64(st.Changes - m.changesSeen))
+		m.txSeen, m.changesSeen = st.Transactions, st.Changes
 	}
 }
 
@@ -132,6 +163,26 @@ func (m *metrics) backfillChunk(table string, rows int64, r apply.Result) {
 	m.backfillRows.WithLabelValues(table).Add(float64(rows))
 	m.applied.WithLabelValues(table, "backfill").Add(float64(r.Applied))
 	m.suppressed.WithLabelValues(table, "backfill").Add(float64(r.Suppressed))
+}
+
+// setSlot sets the slot health gauges.
+func (m *metrics) setSlot(h coverage.SlotHealth) {
+	if m == nil {
+		return
+	}
+	if h.SafeWALSizeBytes != nil {
+		m.slotSafe.WithLabelValues(h.Name).Set(float64(*h.SafeWALSizeBytes))
+	} else {
+		m.slotSafe.DeleteLabelValues(h.Name)
+	}
+	m.slotHeld.WithLabelValues(h.Name).Set(float64(h.RestartLagBytes))
+	for _, s := range []string{"reserved", "extended", "unreserved", "lost"} {
+		v := 0.0
+		if s == h.WALStatus {
+			v = 1
+		}
+		m.slotStatus.WithLabelValues(h.Name, s).Set(v)
+	}
 }
 
 // setGap sets table's coverage gap gauge.

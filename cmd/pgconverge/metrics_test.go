@@ -59,16 +59,19 @@ func TestMetrics(t *testing.T) {
 		`update a set v = 'u' where id <= 10`)
 	waitSlotCaughtUp(t, env)
 	want := map[string]string{
-		`pgconverge_backfill_rows_total{table="public.a"}`:                       "50",
-		`pgconverge_rows_applied_total{path="backfill",table="public.a"}`:        "50",
-		`pgconverge_rows_applied_total{path="stream",table="public.a"}`:          "110",
-		`pgconverge_duplicates_suppressed_total{path="stream",table="public.a"}`: "0",
-		`pgconverge_transactions_applied_total`:                                  "2",
-		`pgconverge_coverage_gap_bytes{table="public.a"}`:                        "0",
-		`pgconverge_backfill_progress_ratio{trigger="initial"}`:                  "1",
-		`pgconverge_apply_batch_seconds_count`:                                   "",
-		`pgconverge_replication_lag_bytes`:                                       "",
-		`pgconverge_watermark_lsn`:                                               "",
+		`pgconverge_backfill_rows_total{table="public.a"}`:                          "50",
+		`pgconverge_rows_applied_total{path="backfill",table="public.a"}`:           "50",
+		`pgconverge_rows_applied_total{path="stream",table="public.a"}`:             "110",
+		`pgconverge_duplicates_suppressed_total{path="stream",table="public.a"}`:    "0",
+		`pgconverge_transactions_applied_total`:                                     "2",
+		`pgconverge_changes_received_total`:                                         "110",
+		`pgconverge_slot_wal_status{slot="` + env.Name + `",wal_status="reserved"}`: "1",
+		`pgconverge_slot_restart_lag_bytes{slot="` + env.Name + `"}`:                "",
+		`pgconverge_coverage_gap_bytes{table="public.a"}`:                           "0",
+		`pgconverge_backfill_progress_ratio{trigger="initial"}`:                     "1",
+		`pgconverge_apply_batch_seconds_count`:                                      "",
+		`pgconverge_replication_lag_bytes`:                                          "",
+		`pgconverge_watermark_lsn`:                                                  "",
 	}
 	pgtest.Eventually(t, 30*time.Second, "metrics", func() (bool, string) {
 		got := scrape(t, cfg.MetricsAddr)

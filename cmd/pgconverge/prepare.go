@@ -80,7 +80,7 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 			return 0, err
 		}
 	}
-	return start, s.publishCoverage(ctx)
+	return start, s.publishCoverage(ctx, true)
 }
 
 // newSlot creates the slot, records its new segment, and loads the tables that need it from the
@@ -106,7 +106,7 @@ func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error
 			return 0, err
 		}
 	}
-	return c, s.publishCoverage(ctx)
+	return c, s.publishCoverage(ctx, true)
 }
 
 // loadTables backfills tables before streaming starts (a backfill run with trigger "initial" or

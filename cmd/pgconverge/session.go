@@ -41,6 +41,8 @@ type session struct {
 	// recorded is the last position recorded. lastCheck belongs to checkMemberships.
 	confirmed           atomic.Uint64
 	recorded, lastCheck pglogrepl.LSN
+	// gapsPublished is when the gap metric was last computed (publishCoverage).
+	gapsPublished time.Time
 }
 
 // errMembershipChanged ends a session when a table's publication membership changed while
@@ -277,6 +279,11 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	}
 	s.recorded = max(s.recorded, confirmed)
 	s.cfg.Metrics.streamApplied(results, time.Since(began))
+	if s.cfg.Metrics != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
+		if err := s.publishCoverage(ctx, false); err != nil {
+			return err
+		}
+	}
 	if len(batches) > 0 {
 		s.cfg.Logger.Debug("applied", "lsn", end.String(), "applied", tx.Result.Applied,
 			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply"
@@ -108,10 +109,14 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 	for _, t := range s.tables {
 		st := states[cdc.TableName{Schema: t.Schema, Name: t.Name}]
 		if st == nil || st.Backfilled == 0 {
+			if st != nil {
+				s.cfg.Metrics.setGap(t.String(), coverage.Total(coverage.Gaps(st.Ledger)))
+			}
 			need = append(need, t)
 			continue
 		}
 		gaps := coverage.Gaps(st.Ledger)
+		s.cfg.Metrics.setGap(t.String(), coverage.Total(gaps))
 		for _, g := range gaps {
 			s.logGap(t.String(), st, g)
 		}
@@ -139,9 +144,14 @@ func (s *session) logGap(table string, st *coverage.TableState, g coverage.Gap) 
 		"on_gap", s.cfg.OnGap)
 }
 
-// publishCoverage recomputes the selected tables' gaps from the ledger for the metrics, and logs
-// the gaps that remain after the loads of --on-gap=backfill at ERROR.
-func (s *session) publishCoverage(ctx context.Context) error {
+// gapRefreshEvery is how often the stream recomputes the gap metric from the ledger, which a
+// `pgconverge backfill` next to the daemon may have closed.
+const gapRefreshEvery = 30 * time.Second
+
+// publishCoverage recomputes the selected tables' gaps from the ledger for the metrics; with
+// logRemaining it logs the gaps that remain after the loads of --on-gap=backfill at ERROR.
+func (s *session) publishCoverage(ctx context.Context, logRemaining bool) error {
+	s.gapsPublished = time.Now()
 	states, err := coverage.ReadTables(ctx, s.tgt)
 	if err != nil {
 		return err
@@ -153,7 +163,7 @@ func (s *session) publishCoverage(ctx context.Context) error {
 		}
 		gaps := coverage.Gaps(st.Ledger)
 		s.cfg.Metrics.setGap(t.String(), coverage.Total(gaps))
-		if s.cfg.OnGap != onGapAlert {
+		if logRemaining && s.cfg.OnGap != onGapAlert {
 			for _, g := range gaps {
 				s.logGap(t.String(), st, g)
 			}

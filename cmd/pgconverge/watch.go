@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 )
 
 // syncMemberships records each table's publication membership in the target; a table whose
@@ -95,6 +96,16 @@ func (s *session) checkMemberships(ctx context.Context) {
 	s.lastCheck = before
 }
 
+// sampleSlotHealth sets the slot health metrics, when metrics are served.
+func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
+	if s.cfg.Metrics == nil {
+		return
+	}
+	if h, err := coverage.ReadSlotHealth(ctx, s.src, s.cfg.Slot, now); err == nil {
+		s.cfg.Metrics.setSlot(h)
+	}
+}
+
 // sampleWALEnd reads the source's current WAL position (cdc.CurrentLSN) now and then every second on the source
 // connection, which is otherwise idle while streaming, until stop is called; every 5 s it also
 // checks the tables' publication membership (checkMemberships). The returned function
@@ -121,6 +132,7 @@ func (s *session) sampleWALEnd(ctx context.Context) (last func() pglogrepl.LSN, 
 				read(ctx)
 				if n%5 == 0 {
 					s.checkMemberships(ctx)
+					s.sampleSlotHealth(ctx, pglogrepl.LSN(lsn.Load()))
 				}
 			}
 		}
