@@ -199,8 +199,11 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		led = TableLedger{Watermark: led.Watermark}
 		tr.BackfillLSN, tr.StreamStartLSN, backfilled = nil, nil, 0
 		tr.Note = "the target table is missing or was replaced by hand since pgconverge registered it: pgconverge run recreates it if needed and loads it"
-	case !slot.Exists || slot.WALStatus == "lost":
-		tr.Note = "the stream cannot continue: " + slot.Warning
+	case !slot.Exists:
+		tr.Note = fmt.Sprintf("slot %s is missing: its stream cannot deliver what follows the watermark", slot.Name)
+		led.Watermark = max(led.Watermark, now)
+	case slot.WALStatus == "lost":
+		tr.Note = fmt.Sprintf("slot %s is invalidated: its stream cannot deliver what follows the watermark", slot.Name)
 		led.Watermark = max(led.Watermark, now)
 	case tokens[st.Table] != st.Membership:
 		tr.Note = "the table's publication membership changed since the daemon recorded it: its stream ended at the last confirmed position"
@@ -210,11 +213,7 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 	}
 	gaps := Gaps(led)
 	for _, g := range gaps {
-		gr := GapReport{FromLSN: LSN(g.From), ToLSN: LSN(g.To), Bytes: g.Bytes()}
-		for _, i := range g.Chunks {
-			gr.Keys = append(gr.Keys, KeyRange{Lower: led.Chunks[i].Lower, Upper: led.Chunks[i].Upper})
-		}
-		tr.Gaps = append(tr.Gaps, gr)
+		tr.Gaps = append(tr.Gaps, GapReport{FromLSN: LSN(g.From), ToLSN: LSN(g.To), Bytes: g.Bytes(), Keys: keyRanges(led.Chunks, g.Chunks)})
 	}
 	tr.GapBytes = Total(gaps)
 	held, err := apply.BackfillHeld(ctx, tgt, changebatch.Table{Schema: st.Table.Schema, Name: st.Table.Name})
@@ -234,6 +233,20 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 	return tr, nil
 }
 
+// keyRanges returns the key ranges of the chunks at idx (in key order), adjacent chunks merged
+// into one range; nil for nil (every key).
+func keyRanges(chunks []Chunk, idx []int) []KeyRange {
+	var out []KeyRange
+	for k, i := range idx {
+		if k > 0 && idx[k-1] == i-1 {
+			out[len(out)-1].Upper = chunks[i].Upper
+			continue
+		}
+		out = append(out, KeyRange{Lower: chunks[i].Lower, Upper: chunks[i].Upper})
+	}
+	return out
+}
+
 // checkLedger returns an error naming the fix when tgt holds no coverage ledger.
 func checkLedger(ctx context.Context, tgt *pgx.Conn) error {
 	var ok bool
@@ -246,18 +259,18 @@ func checkLedger(ctx context.Context, tgt *pgx.Conn) error {
 	return nil
 }
 
-// DescribeKeys returns the key ranges of the chunks at idx, for logs: "(lower, upper]" each,
-// "-inf"/"+inf" for unbounded ends.
+// DescribeKeys returns the key ranges of the chunks at idx, adjacent ones merged, for logs:
+// "(lower, upper]" each, -inf and +inf for unbounded ends.
 func DescribeKeys(chunks []Chunk, idx []int) string {
-	parts := make([]string, 0, len(idx))
 	bound := func(k []string, inf string) string {
 		if k == nil {
 			return inf
 		}
 		return "(" + strings.Join(k, ",") + ")"
 	}
-	for _, i := range idx {
-		parts = append(parts, "("+bound(chunks[i].Lower, "-inf")+", "+bound(chunks[i].Upper, "+inf")+"]")
+	var parts []string
+	for _, r := range keyRanges(chunks, idx) {
+		parts = append(parts, "("+bound(r.Lower, "-inf")+", "+bound(r.Upper, "+inf")+"]")
 	}
 	return strings.Join(parts, " ")
 }

@@ -86,8 +86,21 @@ func (h SlotHealth) risk() string {
 	case h.WALStatus == "unreserved":
 		return fmt.Sprintf("slot %q holds more WAL than max_slot_wal_keep_size (wal_status unreserved): the next checkpoint removes WAL it needs unless the stream catches up first", h.Name)
 	case h.SafeWALSizeBytes != nil && h.MaxSlotWALKeepSizeBytes > 0 && float64(*h.SafeWALSizeBytes) < riskFraction*float64(h.MaxSlotWALKeepSizeBytes):
-		return fmt.Sprintf("slot %q is at risk: only %d bytes of WAL may be written before the source invalidates it (max_slot_wal_keep_size %d bytes); make sure pgconverge run is streaming and keeping up",
-			h.Name, *h.SafeWALSizeBytes, h.MaxSlotWALKeepSizeBytes)
+		return fmt.Sprintf("slot %q is at risk: only %s of WAL may be written before the source invalidates it (max_slot_wal_keep_size %s); make sure pgconverge run is streaming and keeping up",
+			h.Name, HumanBytes(uint64(max(*h.SafeWALSizeBytes, 0))), HumanBytes(uint64(h.MaxSlotWALKeepSizeBytes)))
 	}
 	return ""
+}
+
+// HumanBytes prints a size in bytes with a binary unit: "512 B", "1.5 MiB".
+func HumanBytes(b uint64) string {
+	if b < 1024 {
+		return fmt.Sprintf("%d B", b)
+	}
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
+	v, u := float64(b)/1024, 0
+	for v >= 1024 && u < len(units)-1 {
+		v, u = v/1024, u+1
+	}
+	return fmt.Sprintf("%.1f %s", v, units[u])
 }

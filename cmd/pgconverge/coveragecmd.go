@@ -58,8 +58,9 @@ its size in bytes and the key ranges it misses. It also reports each slot's heal
 safe_wal_size, restart_lsn lag, and a warning when the slot is lost, missing or at risk of losing WAL
 (max_slot_wal_keep_size). A lost or missing slot makes everything after the watermark a gap at once.
 
-Exit status: 0 when the report was made (and, with --fail-on-gap, no table has a gap), 3 with
---fail-on-gap when some table has a gap, 1 on an error. URLs default to $PGCONVERGE_SOURCE and
+Exit status: 0 when the report was made (and, with --fail-on-gap, every streamed table is
+covered), 3 with --fail-on-gap when a table is gap, loading or never-loaded, 1 on an error (also
+when the source URL is not the database the ledger's stream reads). URLs default to $PGCONVERGE_SOURCE and
 $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -117,22 +118,26 @@ func uncovered(rep coverage.Report) []string {
 	return out
 }
 
-// printCoverage writes the report for a terminal: the slots, one line per table, its gaps below it.
+// printCoverage writes the report for a terminal: the slots, one line per table, then the gaps
+// and notes.
 func printCoverage(w io.Writer, rep coverage.Report) {
 	fmt.Fprintf(w, "source at %s\n", rep.SourceLSN)
 	for _, s := range rep.Slots {
-		if !s.Exists {
+		switch {
+		case !s.Exists:
 			fmt.Fprintf(w, "slot %s: missing\n", s.Name)
-		} else {
+		case s.WALStatus == "lost":
+			fmt.Fprintf(w, "slot %s: wal_status lost\n", s.Name)
+		default:
 			safe := "unlimited"
 			if s.SafeWALSizeBytes != nil {
-				safe = size(uint64(max(*s.SafeWALSizeBytes, 0)))
+				safe = coverage.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
 			}
-			active := "inactive (no daemon streams from it)"
+			active := "no walsender streams from it now (the daemon is stopped, loading or reconnecting)"
 			if s.Active {
-				active = "active"
+				active = "streaming"
 			}
-			fmt.Fprintf(w, "slot %s: wal_status %s, safe_wal_size %s, restart_lsn lag %s, %s\n", s.Name, s.WALStatus, safe, size(s.RestartLagBytes), active)
+			fmt.Fprintf(w, "slot %s: wal_status %s, safe_wal_size %s, holds %s of WAL, %s\n", s.Name, s.WALStatus, safe, coverage.HumanBytes(s.RestartLagBytes), active)
 		}
 		if s.Warning != "" {
 			fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
@@ -142,31 +147,37 @@ func printCoverage(w io.Writer, rep coverage.Report) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TABLE\tSTATUS\tBACKFILLED AT\tSTREAMED SINCE\tWATERMARK\tLAG\tGAPS")
 	for _, t := range rep.Tables {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Table, t.Status, lsnOr(t.BackfillLSN), lsnOr(t.StreamStartLSN),
-			t.WatermarkLSN, size(t.LagBytes), gapSummary(t))
-		for _, g := range t.Gaps {
-			fmt.Fprintf(tw, "  gap [%s, %s)\t\t\t\t\t\t%s, %s\n", g.FromLSN, g.ToLSN, size(g.Bytes), keysText(g.Keys))
+		gaps := "-"
+		if len(t.Gaps) > 0 {
+			gaps = fmt.Sprintf("%d, %s", len(t.Gaps), coverage.HumanBytes(t.GapBytes))
 		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Table, t.Status, lsnOr(t.BackfillLSN), lsnOr(t.StreamStartLSN),
+			t.WatermarkLSN, coverage.HumanBytes(t.LagBytes), gaps)
 	}
 	tw.Flush()
+	var gapLines, notes []string
 	for _, t := range rep.Tables {
-		if t.Note != "" && t.Status != coverage.Covered {
-			fmt.Fprintf(w, "%s: %s\n", t.Table, t.Note)
+		for _, g := range t.Gaps {
+			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, coverage.HumanBytes(g.Bytes), keysText(g.Keys)))
 		}
+		if t.Note != "" && t.Status != coverage.Covered {
+			notes = append(notes, fmt.Sprintf("  %s: %s", t.Table, t.Note))
+		}
+	}
+	if len(gapLines) > 0 {
+		fmt.Fprintln(w, "\ngaps (LSN ranges no backfill and no stream delivered):")
+		fmt.Fprintln(w, strings.Join(gapLines, "\n"))
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w, "\nnotes:")
+		fmt.Fprintln(w, strings.Join(notes, "\n"))
 	}
 	if rep.Covered {
 		fmt.Fprintln(w, "\nevery streamed table is covered up to its watermark")
 	} else {
-		fmt.Fprintf(w, "\ncoverage gap in %s: with run --on-gap=backfill (the default) the daemon backfills them when it (re)starts; or run pgconverge backfill --table for each\n",
-			strings.Join(uncovered(rep), ", "))
+		fmt.Fprintf(w, "\nnot covered: %s\n", strings.Join(uncovered(rep), ", "))
+		fmt.Fprintln(w, "pgconverge run backfills never-loaded tables and, with --on-gap=backfill (the default), gaps when a session starts; loading tables are being backfilled now; or run pgconverge backfill --table for each")
 	}
-}
-
-func gapSummary(t coverage.TableReport) string {
-	if len(t.Gaps) == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%d (%s)", len(t.Gaps), size(t.GapBytes))
 }
 
 func keysText(keys []coverage.KeyRange) string {
@@ -191,17 +202,4 @@ func lsnOr(l *coverage.LSN) string {
 		return "-"
 	}
 	return l.String()
-}
-
-// size prints bytes exactly, with a binary-unit rounding for large values.
-func size(b uint64) string {
-	units := []string{"KiB", "MiB", "GiB", "TiB"}
-	if b < 1024 {
-		return fmt.Sprintf("%d B", b)
-	}
-	v, u := float64(b)/1024, 0
-	for v >= 1024 && u < len(units)-1 {
-		v, u = v/1024, u+1
-	}
-	return fmt.Sprintf("%d B (%.1f %s)", b, v, units[u])
 }

@@ -24,7 +24,7 @@ func validateURLs(source, target string) []error {
 		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
 	}
 	if source != "" && source == target {
-		errs = append(errs, errors.New("source and target are the same URL: write into another database"))
+		errs = append(errs, errors.New("source and target are the same URL: they must be two different databases"))
 	}
 	return errs
 }
