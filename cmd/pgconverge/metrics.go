@@ -30,10 +30,10 @@ type metrics struct {
 	backfillRows *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
 
-	changes      prometheus.Counter
-	slotSafe     *prometheus.GaugeVec
-	slotHeld     *prometheus.GaugeVec
-	slotStatus   *prometheus.GaugeVec
+	changes    prometheus.Counter
+	slotSafe   *prometheus.GaugeVec
+	slotHeld   *prometheus.GaugeVec
+	slotStatus *prometheus.GaugeVec
 
 	mu          sync.Mutex
 	stream      func() cdc.Stats // the current session's streamer, nil between sessions
