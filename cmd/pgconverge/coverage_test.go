@@ -135,6 +135,7 @@ func TestDroppedSlotIsAGapUntilBackfilled(t *testing.T) {
 	d := startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "a", "id")
 	waitSlotCaughtUp(t, env)
+	waitCovered(t, env) // the initial load completed, not just its chunks
 	d.stop(t)
 	pgtest.Exec(t, env.Source, fmt.Sprintf(`select pg_drop_replication_slot('%s')`, env.Name))
 	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
@@ -184,6 +185,7 @@ func TestSlotAdvancedElsewhereIsAGap(t *testing.T) {
 	d := startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "a", "id")
 	waitSlotCaughtUp(t, env)
+	waitCovered(t, env) // the initial load completed, not just its chunks
 	d.stop(t)
 	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
 	pgtest.Exec(t, env.Source, `insert into a values (2, 'skipped')`, `update a set v = 'skipped' where id = 1`)
@@ -281,6 +283,7 @@ func TestInvalidatedSlotIsAGapNotACrashLoop(t *testing.T) {
 	d := startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "a", "id")
 	waitSlotCaughtUp(t, env)
+	waitCovered(t, env) // the initial load completed, not just its chunks
 	d.stop(t)
 	pgtest.Exec(t, env.Source, `alter system set max_slot_wal_keep_size = '1MB'`, `select pg_reload_conf()`)
 	t.Cleanup(func() {
