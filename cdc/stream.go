@@ -51,6 +51,11 @@ type StreamConfig struct {
 	// it measures lag for logs. Optional: without it, lag is measured against the walsender's
 	// sent position, which understates it while the stream is behind.
 	SourceWALEnd func() pglogrepl.LSN
+	// CheckStart, when set, runs once START_REPLICATION holds the slot and before anything is
+	// received: no one else can move the slot then, so it can check that the server streams from
+	// Start and not from a later position (PostgreSQL silently forwards a start position below
+	// the slot's confirmed_flush_lsn). An error ends Run.
+	CheckStart func(ctx context.Context) error
 	// StatusInterval is the period of standby status updates and progress log lines (default 10 s).
 	StatusInterval time.Duration
 	Logger         *slog.Logger
@@ -166,6 +171,11 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	})
 	if err != nil {
 		return fmt.Errorf("start replication on slot %q at %s: %w", cfg.Slot, cfg.Start, err)
+	}
+	if cfg.CheckStart != nil {
+		if err := cfg.CheckStart(ctx); err != nil {
+			return err
+		}
 	}
 	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String())
 	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables)}

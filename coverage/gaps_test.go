@@ -58,10 +58,17 @@ func TestKeyRangesMergeAdjacentChunks(t *testing.T) {
 	chunks := []Chunk{{Upper: []string{"10"}}, {Lower: []string{"10"}, Upper: []string{"20"}},
 		{Lower: []string{"20"}, Upper: []string{"30"}}, {Lower: []string{"30"}}}
 	got := DescribeKeys(chunks, []int{0, 1, 3})
-	if want := "(-inf, (20)] ((30), +inf]"; got != want {
+	if want := "(-inf, 20] (30, +inf]"; got != want {
 		t.Fatalf("DescribeKeys = %q, want %q", got, want)
 	}
 	if r := keyRanges(chunks, nil); r != nil {
 		t.Fatalf("keyRanges(nil) = %v, want nil (every key)", r)
+	}
+}
+
+func TestFormatKeyRangesQuotesAmbiguousValues(t *testing.T) {
+	got := FormatKeyRanges([]KeyRange{{Lower: []string{"1", "a,b"}, Upper: []string{"2", ""}}})
+	if want := `((1,"a,b"), (2,"")]`; got != want {
+		t.Fatalf("FormatKeyRanges = %s, want %s", got, want)
 	}
 }

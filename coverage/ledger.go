@@ -178,10 +178,16 @@ where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is
 	return nil
 }
 
-// StartSpans opens a span in slot's open segment, from starts[table], for each table that has
-// none in its target table's current generation; the span of an older generation is ended. It
-// returns the tables it opened a span for.
-func StartSpans(ctx context.Context, db DB, slot string, starts map[cdc.TableName]pglogrepl.LSN) ([]cdc.TableName, error) {
+// SpanStart is where a new span of a table starts and the table's publication membership token.
+type SpanStart struct {
+	LSN        pglogrepl.LSN
+	Membership string
+}
+
+// StartSpans opens a span in slot's open segment for each table of starts that has none in its
+// target table's current generation; the span of an older generation is ended. It returns the
+// tables it opened a span for.
+func StartSpans(ctx context.Context, db DB, slot string, starts map[cdc.TableName]SpanStart) ([]cdc.TableName, error) {
 	var opened []cdc.TableName
 	for n, start := range starts {
 		_, err := db.Exec(ctx, `update pgconverge.table_spans t set end_lsn = t.start_lsn, end_reason = 'target table created anew', ended_at = now()
@@ -192,19 +198,54 @@ where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is
 		if err != nil {
 			return nil, fmt.Errorf("end stream span of %s's earlier target table: %w", n, err)
 		}
-		tag, err := db.Exec(ctx, `insert into pgconverge.table_spans (segment_id, schema_name, table_name, generation, start_lsn, confirmed_lsn)
-select s.id, $2, $3, g.generation, $4::pg_lsn, $4::pg_lsn
+		tag, err := db.Exec(ctx, `insert into pgconverge.table_spans (segment_id, schema_name, table_name, generation, membership, start_lsn, confirmed_lsn)
+select s.id, $2, $3, g.generation, nullif($5, ''), $4::pg_lsn, $4::pg_lsn
 from pgconverge.stream_segments s, pgconverge.tables g
 where s.slot = $1 and s.end_lsn is null and g.schema_name = $2 and g.table_name = $3
-on conflict do nothing`, slot, n.Schema, n.Name, start.String())
+on conflict do nothing`, slot, n.Schema, n.Name, start.LSN.String(), start.Membership)
 		if err != nil {
-			return nil, fmt.Errorf("record stream span of %s in slot %q from %s: %w", n, slot, start, err)
+			return nil, fmt.Errorf("record stream span of %s in slot %q from %s: %w", n, slot, start.LSN, err)
 		}
 		if tag.RowsAffected() > 0 {
 			opened = append(opened, n)
 		}
 	}
 	return opened, nil
+}
+
+// LatestSpan is the latest span of a table in its target table's current generation.
+type LatestSpan struct {
+	// Open is true when it is open in slot's open segment (as LatestSpans was asked).
+	Open bool
+	// Membership is the table's publication membership token when the span began.
+	Membership string
+}
+
+// LatestSpans returns, for each of tables that has one, its latest span in its target table's
+// current generation, in any slot's segment.
+func LatestSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName) (map[cdc.TableName]LatestSpan, error) {
+	schemas, names := split(tables)
+	rows, err := db.Query(ctx, `select distinct on (t.schema_name, t.table_name) t.schema_name, t.table_name,
+  t.end_lsn is null and s.slot = $1 and s.end_lsn is null, coalesce(t.membership, '')
+from pgconverge.table_spans t
+join pgconverge.stream_segments s on s.id = t.segment_id
+join pgconverge.tables g on g.schema_name = t.schema_name and g.table_name = t.table_name and g.generation = t.generation
+where (t.schema_name, t.table_name) in (select * from unnest($2::text[], $3::text[]))
+order by t.schema_name, t.table_name, t.id desc`, slot, schemas, names)
+	if err != nil {
+		return nil, fmt.Errorf("read the latest stream spans: %w", err)
+	}
+	defer rows.Close()
+	out := map[cdc.TableName]LatestSpan{}
+	for rows.Next() {
+		var n cdc.TableName
+		var l LatestSpan
+		if err := rows.Scan(&n.Schema, &n.Name, &l.Open, &l.Membership); err != nil {
+			return nil, fmt.Errorf("read the latest stream spans: %w", err)
+		}
+		out[n] = l
+	}
+	return out, rows.Err()
 }
 
 func split(tables []cdc.TableName) ([]string, []string) {

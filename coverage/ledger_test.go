@@ -5,7 +5,6 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -46,13 +45,13 @@ func TestSegmentsAndSpans(t *testing.T) {
 	}
 	_, err := StartSegment(ctx, db, "s", 0x100, 0x100)
 	must(err)
-	opened, err := StartSpans(ctx, db, "s", map[cdc.TableName]pglogrepl.LSN{a: 0x100, b: 0x300})
+	opened, err := StartSpans(ctx, db, "s", map[cdc.TableName]SpanStart{a: {LSN: 0x100}, b: {LSN: 0x300}})
 	must(err)
 	if len(opened) != 2 {
 		t.Fatalf("opened %v", opened)
 	}
 	// Opening again does nothing: each table has its open span.
-	opened, err = StartSpans(ctx, db, "s", map[cdc.TableName]pglogrepl.LSN{a: 0x400})
+	opened, err = StartSpans(ctx, db, "s", map[cdc.TableName]SpanStart{a: {LSN: 0x400}})
 	must(err)
 	if len(opened) != 0 {
 		t.Fatalf("opened %v again", opened)
@@ -79,7 +78,7 @@ func TestSegmentsAndSpans(t *testing.T) {
 	_, err = StartSegment(ctx, db, "s", 0x900, 0x900)
 	must(err)
 	pgtest.Exec(t, db, `update pgconverge.progress set applied_lsn = '0/A00'`)
-	_, err = StartSpans(ctx, db, "s", map[cdc.TableName]pglogrepl.LSN{a: 0x900})
+	_, err = StartSpans(ctx, db, "s", map[cdc.TableName]SpanStart{a: {LSN: 0x900}})
 	must(err)
 	st = ledgerOf(t, db, a)
 	st.Ledger.Chunks = []Chunk{{S: 0x100}}

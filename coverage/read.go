@@ -29,8 +29,8 @@ type TableState struct {
 	// TargetReplaced is true when the target table is missing or is not the one the ledger
 	// registered (dropped or replaced by hand): nothing the ledger recorded is in it.
 	TargetReplaced bool
-	// Membership is the publication membership token recorded at the last daemon start, for
-	// Publication, the publication of the stream that follows the table.
+	// Membership is the publication membership token (of Publication, the publication of the
+	// stream that follows the table) the open span began with.
 	Membership, Publication string
 	// Source is the source database the stream reads (cdc.SourceID), "" when not recorded.
 	Source string
@@ -76,7 +76,7 @@ from pgconverge.tables`)
 func readSpans(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `select t.schema_name, t.table_name, s.slot, coalesce(s.publication, ''), coalesce(s.source, ''), t.start_lsn::text,
   coalesce(t.end_lsn, greatest(t.start_lsn, p.applied_lsn), t.start_lsn)::text, t.end_lsn is null,
-  t.confirmed_lsn::text, coalesce(t.end_reason, '')
+  t.confirmed_lsn::text, coalesce(t.end_reason, ''), coalesce(t.membership, '')
 from pgconverge.table_spans t
 join pgconverge.stream_segments s on s.id = t.segment_id
 join pgconverge.tables g on g.schema_name = t.schema_name and g.table_name = t.table_name and g.generation = t.generation
@@ -88,9 +88,9 @@ order by t.id`)
 	defer rows.Close()
 	for rows.Next() {
 		var n cdc.TableName
-		var slot, pub, source, start, end, confirmed, reason string
+		var slot, pub, source, start, end, confirmed, reason, member string
 		var open bool
-		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &source, &start, &end, &open, &confirmed, &reason); err != nil {
+		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &source, &start, &end, &open, &confirmed, &reason, &member); err != nil {
 			return fmt.Errorf("read coverage ledger spans: %w", err)
 		}
 		st := out[n]
@@ -107,6 +107,9 @@ order by t.id`)
 		st.Streaming, st.LastEndReason = open, reason
 		if open {
 			st.Slot, st.StreamStart, st.Confirmed, st.Publication, st.Source = slot, sp.From, conf, pub, source
+			if member != "" {
+				st.Membership = member
+			}
 		}
 	}
 	return rows.Err()

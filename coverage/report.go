@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -108,11 +109,33 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 	if err := checkLedger(ctx, tgt); err != nil {
 		return rep, err
 	}
-	states, err := ReadTables(ctx, tgt)
+	// The slots are read before the ledger: a streaming daemon's confirmed_flush_lsn, read first,
+	// is then never above the progress read after it, unless someone else moved the slot.
+	rows, err := tgt.Query(ctx, `select distinct slot from pgconverge.stream_segments where end_lsn is null`)
+	if err != nil {
+		return rep, fmt.Errorf("read the ledger's slots: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return rep, fmt.Errorf("read the ledger's slots: %w", err)
+	}
+	if len(names) == 0 {
+		names = []string{opt.Slot}
+	}
+	now, err := cdc.CurrentLSN(ctx, src)
 	if err != nil {
 		return rep, err
 	}
-	now, err := cdc.CurrentLSN(ctx, src)
+	rep.SourceLSN = LSN(now)
+	slots := map[string]SlotHealth{}
+	for _, name := range names {
+		if slots[name], err = ReadSlotHealth(ctx, src, name, now); err != nil {
+			return rep, err
+		}
+		rep.Slots = append(rep.Slots, slots[name])
+	}
+	slices.SortFunc(rep.Slots, func(a, b SlotHealth) int { return strings.Compare(a.Name, b.Name) })
+	states, err := ReadTables(ctx, tgt)
 	if err != nil {
 		return rep, err
 	}
@@ -120,31 +143,17 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 	if err != nil {
 		return rep, err
 	}
-	for _, st := range states {
-		if st.Streaming && st.Source != "" && st.Source != srcID {
+	byPublication := map[string][]cdc.TableName{}
+	for n, st := range states {
+		if !st.Streaming {
+			continue
+		}
+		if st.Source != "" && st.Source != srcID {
 			return rep, fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
 				ErrOtherSource, st.Table, st.Source, srcID)
 		}
+		byPublication[st.Publication] = append(byPublication[st.Publication], n)
 	}
-	rep.SourceLSN = LSN(now)
-	slots := map[string]SlotHealth{}
-	byPublication := map[string][]cdc.TableName{}
-	for n, st := range states {
-		if st.Streaming {
-			byPublication[st.Publication] = append(byPublication[st.Publication], n)
-			slots[st.Slot] = SlotHealth{}
-		}
-	}
-	if len(slots) == 0 {
-		slots[opt.Slot] = SlotHealth{}
-	}
-	for name := range slots {
-		if slots[name], err = ReadSlotHealth(ctx, src, name, now); err != nil {
-			return rep, err
-		}
-		rep.Slots = append(rep.Slots, slots[name])
-	}
-	slices.SortFunc(rep.Slots, func(a, b SlotHealth) int { return strings.Compare(a.Name, b.Name) })
 	tokens := map[cdc.TableName]string{}
 	for pub, names := range byPublication {
 		got, err := cdc.Memberships(ctx, src, pub, names)
@@ -157,7 +166,14 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 	}
 	rep.Covered = true
 	for _, st := range states {
-		tr, err := tableReport(ctx, tgt, st, slots[st.Slot], tokens, now)
+		slot, ok := slots[st.Slot]
+		if !ok && st.Streaming {
+			// A segment opened after the slots were read: read its slot now.
+			if slot, err = ReadSlotHealth(ctx, src, st.Slot, now); err != nil {
+				return rep, err
+			}
+		}
+		tr, err := tableReport(ctx, tgt, st, slot, tokens, now)
 		if err != nil {
 			return rep, err
 		}
@@ -205,6 +221,10 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 	case slot.WALStatus == "lost":
 		tr.Note = fmt.Sprintf("slot %s is invalidated: its stream cannot deliver what follows the watermark", slot.Name)
 		led.Watermark = max(led.Watermark, now)
+	case slot.ConfirmedFlushLSN != nil && *slot.ConfirmedFlushLSN > LSN(led.Watermark):
+		tr.Note = fmt.Sprintf("slot %s has confirmed_flush_lsn %s, past the watermark: another consumer advanced it, or it was dropped and created again, so its stream skips what lies between",
+			slot.Name, *slot.ConfirmedFlushLSN)
+		led.Watermark = pglogrepl.LSN(*slot.ConfirmedFlushLSN) // the stream resumes there
 	case tokens[st.Table] != st.Membership:
 		tr.Note = "the table's publication membership changed since the daemon recorded it: its stream ended at the last confirmed position"
 		last := &led.Spans[len(led.Spans)-1]
@@ -262,15 +282,32 @@ func checkLedger(ctx context.Context, tgt *pgx.Conn) error {
 // DescribeKeys returns the key ranges of the chunks at idx, adjacent ones merged, for logs:
 // "(lower, upper]" each, -inf and +inf for unbounded ends.
 func DescribeKeys(chunks []Chunk, idx []int) string {
+	return FormatKeyRanges(keyRanges(chunks, idx))
+}
+
+// FormatKeyRanges prints key ranges as "(lower, upper]" each, -inf and +inf for unbounded ends,
+// a composite key's values in parentheses; a value that is empty or holds a comma, a parenthesis,
+// a bracket, a space or a quote is quoted (strconv.Quote).
+func FormatKeyRanges(ranges []KeyRange) string {
 	bound := func(k []string, inf string) string {
 		if k == nil {
 			return inf
 		}
-		return "(" + strings.Join(k, ",") + ")"
+		vals := make([]string, len(k))
+		for i, v := range k {
+			vals[i] = v
+			if v == "" || strings.ContainsAny(v, ",()[] \"\\") {
+				vals[i] = strconv.Quote(v)
+			}
+		}
+		if len(vals) == 1 {
+			return vals[0]
+		}
+		return "(" + strings.Join(vals, ",") + ")"
 	}
-	var parts []string
-	for _, r := range keyRanges(chunks, idx) {
-		parts = append(parts, "("+bound(r.Lower, "-inf")+", "+bound(r.Upper, "+inf")+"]")
+	parts := make([]string, len(ranges))
+	for i, r := range ranges {
+		parts[i] = "(" + bound(r.Lower, "-inf") + ", " + bound(r.Upper, "+inf") + "]"
 	}
 	return strings.Join(parts, " ")
 }

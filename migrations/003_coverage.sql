@@ -31,13 +31,16 @@ create unique index stream_segments_open on pgconverge.stream_segments (slot) wh
 -- the segment ended. confirmed_lsn is a source position read before the last check that found
 -- the table's publication membership unchanged: a span whose membership turns out changed ends
 -- there. An open span (end_lsn NULL) ends where its segment ends. generation is the target
--- table's generation (pgconverge.tables.generation) the span wrote into.
+-- table's generation (pgconverge.tables.generation) the span wrote into; membership the table's
+-- publication membership token (cdc.Memberships) when the span began: the same token later means
+-- the table stayed in the publication without a break since then.
 create table pgconverge.table_spans (
     id             bigserial primary key,
     segment_id     bigint not null references pgconverge.stream_segments (id),
     schema_name    text not null,
     table_name     text not null,
     generation     int not null,
+    membership     text,
     start_lsn      pg_lsn not null,
     confirmed_lsn  pg_lsn not null,
     end_lsn        pg_lsn,
@@ -73,8 +76,8 @@ insert into pgconverge.stream_segments (slot, slot_created_lsn, start_lsn)
 select p.slot, p.slot_created_lsn,
        least(p.applied_lsn, (select min(t.loaded_lsn) from pgconverge.tables t where t.slot = p.slot))
 from pgconverge.progress p;
-insert into pgconverge.table_spans (segment_id, schema_name, table_name, generation, start_lsn, confirmed_lsn)
-select s.id, t.schema_name, t.table_name, t.generation, t.loaded_lsn, p.applied_lsn
+insert into pgconverge.table_spans (segment_id, schema_name, table_name, generation, membership, start_lsn, confirmed_lsn)
+select s.id, t.schema_name, t.table_name, t.generation, t.membership, t.loaded_lsn, p.applied_lsn
 from pgconverge.tables t
 join pgconverge.progress p on p.slot = t.slot
 join pgconverge.stream_segments s on s.slot = p.slot and s.end_lsn is null

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -311,5 +312,99 @@ func TestInvalidatedSlotIsAGapNotACrashLoop(t *testing.T) {
 	d.requireRunning(t)
 	if r := scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, "wal_status lost") {
 		t.Errorf("ended segment's reason %q does not say the slot was invalidated", r)
+	}
+}
+
+// A slot advanced by someone else while the daemon loads a table before streaming: the server
+// would silently start from the later position; the daemon notices once it holds the slot, and
+// the range skipped is a gap.
+func TestSlotAdvancedDuringTheLoadIsAGap(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key)`,
+		`insert into a values (1, 'x')`, `insert into b select generate_series(1, 3000)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.a"}
+	d := startDaemon(t, cfg)
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.stop(t)
+
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg = testConfig(t, env)
+	cfg.Tables = []string{"public.a", "public.b"}
+	cfg.OnGap = onGapAlert
+	cfg.Knobs.AfterLoadChunk = func(table string, rows int64) {
+		if table == "public.b" {
+			once.Do(func() { close(reached); <-release })
+		}
+	}
+	startDaemon(t, cfg)
+	<-reached
+	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Exec(t, env.Source, `insert into a values (2, 'skipped')`)
+	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Eventually(t, 10*time.Second, "slot advanced past "+to.String(), func() (bool, string) {
+		var end string
+		err := env.Source.QueryRow(context.Background(), `select end_lsn::text from pg_replication_slot_advance($1, $2::pg_lsn)`,
+			env.Name, to.String()).Scan(&end)
+		if err != nil {
+			return false, err.Error()
+		}
+		return lsnMust(t, end) >= to, end
+	})
+	close(release)
+	waitConverged(t, env, "b", "id")
+	pgtest.Eventually(t, 60*time.Second, "a gap for public.a", func() (bool, string) {
+		rep, code := coverageOf(t, env)
+		a := tableReport(t, rep, "public.a")
+		return code == exitGap && a.Status == coverage.GapStatus && len(a.Gaps) == 1, fmt.Sprintf("exit %d, %+v", code, a)
+	})
+	rep, _ := coverageOf(t, env)
+	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
+	if n := scalar[int64](t, env.Target, `select count(*) from a where id = 2`); n != 0 {
+		t.Errorf("the skipped row reached the target (%d rows): the test did not skip anything", n)
+	}
+}
+
+// A session that recorded a table's new publication membership and then failed before it ended
+// the table's span (here: the slot was busy) must not hide the change from the next session:
+// the span keeps the membership it began with.
+func TestMembershipChangeSurvivesAFailedStart(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'x')`)
+	cfg := testConfig(t, env)
+	cfg.OnGap = onGapAlert
+	d := startDaemon(t, cfg)
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.stop(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source, `alter publication `+pub+` drop table a`, `insert into a values (2, 'missed')`,
+		`alter publication `+pub+` add table a`)
+
+	// Someone holds the slot: a daemon starting now records the memberships, then waits for it.
+	holder, err := pgsession.ConnectReplication(context.Background(), env.SourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pglogrepl.StartReplication(context.Background(), holder, env.Name, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + env.Name + "'"}}); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, cfg)
+	pgtest.Eventually(t, 30*time.Second, "the new membership recorded", func() (bool, string) {
+		n := scalar[int64](t, env.Target, `select count(*) from pgconverge.tables t where membership <> (
+  select membership from pgconverge.table_spans s where s.table_name = t.table_name order by id desc limit 1)`)
+		return n == 1, fmt.Sprint(n)
+	})
+	d.stop(t)
+	holder.Close(context.Background())
+
+	startDaemon(t, cfg)
+	waitStreaming(t, env)
+	rep, code := coverageOf(t, env)
+	if a := tableReport(t, rep, "public.a"); code != exitGap || a.Status != coverage.GapStatus {
+		t.Fatalf("exit %d, %+v: want exit 3 and a gap for a", code, a)
 	}
 }

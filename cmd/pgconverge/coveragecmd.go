@@ -184,17 +184,7 @@ func keysText(keys []coverage.KeyRange) string {
 	if keys == nil {
 		return "all keys"
 	}
-	parts := make([]string, len(keys))
-	bound := func(k []string, inf string) string {
-		if k == nil {
-			return inf
-		}
-		return strings.Join(k, ",")
-	}
-	for i, k := range keys {
-		parts[i] = "(" + bound(k.Lower, "-inf") + ", " + bound(k.Upper, "+inf") + "]"
-	}
-	return "keys " + strings.Join(parts, " ")
+	return "keys " + coverage.FormatKeyRanges(keys)
 }
 
 func lsnOr(l *coverage.LSN) string {

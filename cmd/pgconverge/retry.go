@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/cdc"
@@ -34,7 +35,7 @@ func retryable(err error) bool {
 	if errors.As(err, &perm) {
 		return false
 	}
-	if errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, errMembershipChanged) {
+	if errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) {
 		return true
 	}
 	var pgErr *pgconn.PgError
@@ -45,7 +46,10 @@ func retryable(err error) bool {
 		}
 		// 55006: object in use (a replication slot still active); 42P01: a target table dropped
 		// while streaming, which the next session recreates and reloads.
-		return pgErr.Code == "55006" || pgErr.Code == "42P01"
+		// 42704 for a replication slot: it was dropped; the next session records the gap and
+		// creates it anew.
+		return pgErr.Code == "55006" || pgErr.Code == "42P01" ||
+			pgErr.Code == "42704" && strings.Contains(pgErr.Message, "replication slot")
 	}
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error

@@ -128,7 +128,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if err == nil || !retryable(err) {
 			return err
 		}
-		if time.Since(started) > time.Minute || errors.Is(err, errMembershipChanged) {
+		if time.Since(started) > time.Minute || errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) {
 			b.Reset()
 		}
 		wait := b.NextBackOff()

@@ -30,11 +30,9 @@ type session struct {
 	repl        *pgconn.PgConn
 	ap          *apply.Applier
 	tables      []changebatch.Table
-	// joined are the tables whose publication membership is new since it was last recorded;
+	sourceID    string // cdc.SourceID of the source
 	// memberBefore and memberAfter are source positions read before and after the memberships
 	// were read at the start (syncMemberships).
-	sourceID                  string // cdc.SourceID of the source
-	joined                    map[cdc.TableName]bool
 	memberBefore, memberAfter pglogrepl.LSN
 	// confirmed is a source position up to which every table was published as at the start,
 	// offered by checkMemberships to the stream, which records it (coverage.ConfirmSpans);
@@ -43,6 +41,30 @@ type session struct {
 	recorded, lastCheck pglogrepl.LSN
 	// gapsPublished is when the gap metric was last computed (publishCoverage).
 	gapsPublished time.Time
+}
+
+// errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while
+// the session loaded tables; the next session records the break in the ledger.
+var errSlotMoved = errors.New("replication slot moved during the session's start")
+
+// checkSlotStart returns an error wrapping errSlotMoved when the slot, now held by this session's
+// walsender, no longer starts at start. It reads the slot over a connection of its own: the
+// session's source connection belongs to the WAL sampler by now.
+func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error {
+	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot, err := cdc.ReadSlot(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if !slot.Exists || slot.Lost() || slot.ConfirmedFlush > start {
+		return fmt.Errorf("%w: slot %q (exists %v, wal_status %q, confirmed_flush_lsn %s) no longer starts at the target's progress %s; restarting the session to record the gap",
+			errSlotMoved, s.cfg.Slot, slot.Exists, slot.WALStatus, slot.ConfirmedFlush, start)
+	}
+	return nil
 }
 
 // errMembershipChanged ends a session when a table's publication membership changed while
@@ -124,6 +146,7 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables,
 		Apply: s.applyStream, SourceWALEnd: walEnd, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
+		CheckStart: func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
 	})
 	if err != nil {
 		return permanent(err)

@@ -28,11 +28,12 @@ type coverageStart struct {
 }
 
 // recordCoverage writes, in one target transaction, what the session's start established: spans
-// of tables that left the selection or whose publication membership changed end; the others are
-// confirmed published; the slot's segment ends when the stream does not continue it, and a new
-// one starts; every selected table gets a span from where the stream starts applying it (from
-// st.Stream, or for a table that joined the publication since its membership was recorded, from a
-// position read after the join).
+// of tables that left the selection or whose publication membership changed since their span
+// began end; the others are confirmed published; the slot's segment ends when the stream does not
+// continue it, and a new one starts; every selected table gets a span from where the stream starts
+// applying it (from st.Stream, or for a table that joined the publication since its latest span
+// began, from a position read after the join). Deciding from the spans' own membership tokens, in
+// this one transaction, means a session that dies half-way leaves nothing half-recorded.
 func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	cfg := s.cfg
 	tx, err := s.tgt.Begin(ctx)
@@ -40,17 +41,28 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	latest, err := coverage.LatestSpans(ctx, tx, cfg.Slot, s.names)
+	if err != nil {
+		return err
+	}
+	// A table whose latest span began with the membership it has now stayed in the publication
+	// since: the stream covers it from where it starts. Otherwise it joined at an unknown point
+	// before memberAfter (read after the membership), and its open span, if any, ends.
 	var joined, unchanged []cdc.TableName
-	starts := map[cdc.TableName]pglogrepl.LSN{}
-	for _, t := range s.tables {
-		n := cdc.TableName{Schema: t.Schema, Name: t.Name}
-		starts[n] = st.Stream
-		if s.joined[n] {
-			joined = append(joined, n)
-			starts[n] = max(st.Stream, s.memberAfter)
-		} else {
+	starts := map[cdc.TableName]coverage.SpanStart{}
+	for _, n := range s.names {
+		tok := s.memberships[n]
+		l, ok := latest[n]
+		start := coverage.SpanStart{LSN: st.Stream, Membership: tok}
+		if !ok || l.Membership != tok {
+			start.LSN = max(st.Stream, s.memberAfter)
+			if ok && l.Open {
+				joined = append(joined, n)
+			}
+		} else if l.Open {
 			unchanged = append(unchanged, n)
 		}
+		starts[n] = start
 	}
 	if _, err := coverage.EndSpansExcept(ctx, tx, cfg.Slot, s.names, coverage.ReasonDeselected); err != nil {
 		return err

@@ -16,7 +16,7 @@ import (
 // membership changed since it was recorded (it left the publication and came back, or was
 // recreated) is marked for loading. It notes, for the coverage ledger, a source position read
 // before the memberships (up to which unchanged tables were certainly published) and one read
-// after (from which every table certainly is), and which tables joined since they were recorded.
+// after (from which every table certainly is).
 func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) error {
 	before, err := cdc.CurrentLSN(ctx, s.src)
 	if err != nil {
@@ -30,7 +30,6 @@ func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) er
 	if err != nil {
 		return err
 	}
-	s.joined = map[cdc.TableName]bool{}
 	for _, t := range s.tables {
 		n := cdc.TableName{Schema: t.Schema, Name: t.Name}
 		tok := tokens[n]
@@ -40,9 +39,6 @@ func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) er
 		old, err := apply.SyncMembership(ctx, s.tgt, t, tok)
 		if err != nil {
 			return err
-		}
-		if old != tok {
-			s.joined[n] = true
 		}
 		if old != "" && old != tok {
 			s.cfg.Logger.Warn("the table's publication membership changed since it was loaded (it left the publication and came back, was recreated, or the publication was altered): loading it again",
