@@ -51,6 +51,16 @@ func tableReport(t *testing.T, rep coverage.Report, table string) coverage.Table
 	return coverage.TableReport{}
 }
 
+// dropSlot drops the test's slot, once the stopped daemon's walsender let go of it (it does so
+// asynchronously).
+func dropSlot(t *testing.T, env *pgtest.Env) {
+	t.Helper()
+	pgtest.Eventually(t, 30*time.Second, "slot dropped", func() (bool, string) {
+		_, err := env.Source.Exec(context.Background(), `select pg_drop_replication_slot($1)`, env.Name)
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
 // lsnOf reads an LSN from the source.
 func lsnOf(t *testing.T, env *pgtest.Env, query string) pglogrepl.LSN {
 	t.Helper()
@@ -138,7 +148,7 @@ func TestDroppedSlotIsAGapUntilBackfilled(t *testing.T) {
 	waitSlotCaughtUp(t, env)
 	waitCovered(t, env) // the initial load completed, not just its chunks
 	d.stop(t)
-	pgtest.Exec(t, env.Source, fmt.Sprintf(`select pg_drop_replication_slot('%s')`, env.Name))
+	dropSlot(t, env)
 	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
 	pgtest.Exec(t, env.Source, `update a set v = 'lost' where id % 10 = 0`, `delete from a where id > 2900`,
 		`insert into a values (5000, 'lost too')`)

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -53,11 +50,7 @@ func TestReloadRemovesRowsGoneFromTheSource(t *testing.T) {
 	d := startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "g", "id")
 	d.stop(t)
-	// The stopped daemon's walsender releases the slot asynchronously.
-	pgtest.Eventually(t, 30*time.Second, "drop slot "+env.Name, func() (bool, string) {
-		_, err := env.Source.Exec(context.Background(), `select pg_drop_replication_slot($1)`, env.Name)
-		return err == nil, fmt.Sprint(err)
-	})
+	dropSlot(t, env)
 	pgtest.Exec(t, env.Source, `delete from g where id > 90`, `update g set v = 'changed' where id = 1`)
 	startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "g", "id")
