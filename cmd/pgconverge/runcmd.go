@@ -136,7 +136,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "hint", h)
 		}
-		if errors.Is(err, errMembershipChanged) {
+		if errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) {
 			cfg.Logger.Warn("restarting the session", attrs...)
 		} else {
 			cfg.Logger.Error("session failed, reconnecting", attrs...)
