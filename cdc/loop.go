@@ -53,7 +53,10 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		}
 		now := time.Now()
 		if !now.Before(l.nextStatus) {
-			if err := l.sendStatus(ctx, false); err != nil {
+			// When idle, ask for a keepalive: its WAL end moves the watermark (keepalive), so an
+			// idle source's coverage and lag stay current within a status interval.
+			rows, _ := l.asm.pending()
+			if err := l.sendStatus(ctx, !l.asm.inTxn && rows == 0); err != nil {
 				return err
 			}
 		}
