@@ -45,6 +45,7 @@ func (l *LSN) UnmarshalText(b []byte) error {
 	return err
 }
 
+// String returns the LSN as X/Y.
 func (l LSN) String() string { return pglogrepl.LSN(l).String() }
 
 // Report is the coverage of every table the ledger registers; its JSON form is documented in
