@@ -190,6 +190,11 @@ func finishAfterRestart(t *testing.T, env *pgtest.Env, stopWorkload func()) {
 	waitConverged(t, env, "acct", "id")
 	waitConverged(t, env, "ledger", "id")
 	waitSlotCaughtUp(t, env)
+	// A crash is not a gap: the slot kept the WAL, and the ledger knows it.
+	waitCovered(t, env)
+	if n := scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_segments where end_lsn is not null`); n != 0 {
+		t.Errorf("%d stream segments ended after kills that kept the slot, want 0", n)
+	}
 }
 
 func TestCrashAndRestartLosesNothing(t *testing.T) {
