@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -19,6 +20,32 @@ type EmitFunc func(ctx context.Context, rec arrow.RecordBatch) error
 // which keeps memory bounded and every Arrow string column far below its 2 GiB offset limit.
 const MaxBatchBytes = 16 << 20
 
+// ErrRewritten is returned by ReadChunk when the table's storage was replaced after the snapshot
+// was taken: a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER. Some of these are
+// not MVCC-safe (PostgreSQL docs §13.6, "Caveats"): the snapshot would see the table empty, and a
+// backfill that took that for the truth would tombstone every row it did not read. A backfill run
+// again reads the rest from a new snapshot.
+var ErrRewritten = errors.New("table rewritten since the snapshot")
+
+// checkNotRewritten locks t against rewrites for the rest of tx (ACCESS SHARE, as the read takes
+// anyway) and returns an error wrapping ErrRewritten when t's file node is no longer the one the
+// snapshot's catalog shows.
+func checkNotRewritten(ctx context.Context, tx pgx.Tx, t changebatch.Table, snap Snapshot) error {
+	if _, err := tx.Exec(ctx, "lock table only "+t.Quoted()+" in access share mode"); err != nil {
+		return fmt.Errorf("lock %s for reading: %w", t, err)
+	}
+	var same bool
+	err := tx.QueryRow(ctx, `select relfilenode = pg_relation_filenode(oid) from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&same)
+	if err != nil {
+		return fmt.Errorf("check the storage of %s: %w", t, err)
+	}
+	if !same {
+		return fmt.Errorf("%w: %s was rewritten or truncated on the source after snapshot %s (ALTER TABLE that rewrites it, TRUNCATE, VACUUM FULL or CLUSTER), so the snapshot cannot show its rows; run the backfill again to read the rest from a new snapshot",
+			ErrRewritten, t, snap.LSN)
+	}
+	return nil
+}
+
 // ReadChunk reads every row of chunk c of table t that snapshot snap shows, in key order, over
 // conn (an ordinary SQL connection to the source, not in a transaction), and emits them as upsert
 // batches of at most batchRows rows and about MaxBatchBytes bytes, each row at version
@@ -33,6 +60,9 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		return 0, fmt.Errorf("read %s: %w", t, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := checkNotRewritten(ctx, tx, t, snap); err != nil {
+		return 0, err
+	}
 	cols := make([]string, len(t.Columns))
 	for i, c := range t.Columns {
 		cols[i] = pgx.Identifier{c.Name}.Sanitize()

@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
 // A TRUNCATE on the source while a backfill of the table runs gets its lock between two chunks
-// (the planner holds no lock while it waits), and the backfill then goes on; with the stream
-// following the table, the target converges.
+// (the planner holds no lock while it waits). The snapshot cannot see the truncated table's rows
+// any more, so the backfill stops (it would read it empty) and a second run resumes it from a new
+// snapshot; with the stream following the table, the target converges.
 func TestBackfillLetsSourceDDLThrough(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
@@ -21,12 +24,39 @@ func TestBackfillLetsSourceDDLThrough(t *testing.T) {
 	waitStreaming(t, env)
 	cfg := testBackfillConfig(t, env, "public.big")
 	cfg.ChunkRows = 500
-	finish := backfillAfterFirstChunk(t, cfg, false)
+	end := backfillAfterFirstChunkEnd(t, cfg, false)
 	// Without the fix the planner's idle transaction held its lock until the end, and the
 	// TRUNCATE, and the chunk readers queued behind it, waited forever.
 	pgtest.Exec(t, env.Source, `set lock_timeout = '30s'`, `truncate big`, `insert into big values (1, 'after the truncate')`)
-	finish()
+	if _, err := end(); err != nil && !errors.Is(err, backfill.ErrRewritten) {
+		t.Fatalf("backfill: %v, want success or %v", err, backfill.ErrRewritten)
+	}
+	backfillNow(t, cfg)
 	waitConverged(t, env, "big", "id")
+}
+
+// A table-rewriting ALTER TABLE on the source while a backfill runs: the old snapshot would read
+// the rest of the table as empty, and the stream carries nothing for a rewrite. The backfill must
+// stop rather than tombstone the rows it could not see; run again, it completes.
+func TestBackfillStopsOnARewrittenTable(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "big", "id")
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.ChunkRows = 500
+	end := backfillAfterFirstChunkEnd(t, cfg, false)
+	pgtest.Exec(t, env.Source, `set lock_timeout = '30s'`, `alter table big alter column v type varchar(100)`)
+	if _, err := end(); !errors.Is(err, backfill.ErrRewritten) {
+		t.Fatalf("backfill across a table rewrite: %v, want %v", err, backfill.ErrRewritten)
+	}
+	if n := scalar[int64](t, env.Target, `select count(*) from big where not _cdc_deleted`); n != 20000 {
+		t.Fatalf("%d live target rows after the stopped backfill, want 20000", n)
+	}
+	backfillNow(t, cfg)
+	waitConverged(t, env, "big", "id")
+	waitCovered(t, env)
 }
 
 // An interrupted `pgconverge backfill` exits with an error, also before its run started.

@@ -41,6 +41,20 @@ func backfillNow(t *testing.T, cfg backfillConfig) backfillReport {
 // fails the test when the backfill fails or takes more than 60 s.
 func backfillAfterFirstChunk(t *testing.T, cfg backfillConfig, hold bool) (finish func() backfillReport) {
 	t.Helper()
+	end := backfillAfterFirstChunkEnd(t, cfg, hold)
+	return func() backfillReport {
+		t.Helper()
+		rep, err := end()
+		if err != nil {
+			t.Fatalf("backfill: %v", err)
+		}
+		return rep
+	}
+}
+
+// backfillAfterFirstChunkEnd is backfillAfterFirstChunk whose end returns the backfill's error.
+func backfillAfterFirstChunkEnd(t *testing.T, cfg backfillConfig, hold bool) (end func() (backfillReport, error)) {
+	t.Helper()
 	reached, resume := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	cfg.AfterChunk = func(string, int64) {
@@ -65,18 +79,15 @@ func backfillAfterFirstChunk(t *testing.T, cfg backfillConfig, hold bool) (finis
 	case o := <-done:
 		t.Fatalf("backfill ended before its first chunk: %v", o.err)
 	}
-	return func() backfillReport {
+	return func() (backfillReport, error) {
 		t.Helper()
 		close(resume)
 		select {
 		case o := <-done:
-			if o.err != nil {
-				t.Fatalf("backfill: %v", o.err)
-			}
-			return o.rep
+			return o.rep, o.err
 		case <-time.After(60 * time.Second):
 			t.Fatal("backfill did not end within 60 s")
-			return backfillReport{}
+			return backfillReport{}, nil
 		}
 	}
 }

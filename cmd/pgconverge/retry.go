@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 )
 
@@ -35,7 +36,9 @@ func retryable(err error) bool {
 	if errors.As(err, &perm) {
 		return false
 	}
-	if errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) {
+	// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
+	if errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) ||
+		errors.Is(err, backfill.ErrRewritten) {
 		return true
 	}
 	var pgErr *pgconn.PgError
