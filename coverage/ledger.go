@@ -66,7 +66,8 @@ values ($1, nullif($2, '0/0')::pg_lsn, $3::pg_lsn) returning id`, slot, created.
 }
 
 // ErrOtherSource is returned when the ledger's stream reads another source database than the one
-// given.
+// given, or the source went back to an earlier WAL position than the ledger's watermark (restored
+// from a backup, failed over to a standby that lacks changes): the same database no longer.
 var ErrOtherSource = errors.New("another source")
 
 // CheckSource returns an error wrapping ErrOtherSource when slot's open segment streams from

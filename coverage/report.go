@@ -153,6 +153,10 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 			return rep, fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
 				ErrOtherSource, st.Table, st.Source, srcID)
 		}
+		if now < st.Ledger.Watermark {
+			return rep, fmt.Errorf("%w: the source's WAL position %s is behind %s's watermark %s: the source was restored from a backup or failed over to a standby that lacks changes the target holds; the target must be loaded again into a new database",
+				ErrOtherSource, now, st.Table, st.Ledger.Watermark)
+		}
 		byPublication[st.Publication] = append(byPublication[st.Publication], n)
 	}
 	tokens := map[cdc.TableName]string{}

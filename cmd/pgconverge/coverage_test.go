@@ -418,3 +418,22 @@ func TestMembershipChangeSurvivesAFailedStart(t *testing.T) {
 		t.Fatalf("exit %d, %+v: want exit 3 and a gap for a", code, a)
 	}
 }
+
+// A source behind the target's progress (restored from a backup, failed over to a standby that
+// lacks changes) would reuse LSNs the target holds: refused by the daemon and by the report. (A
+// restore is simulated by moving the target's progress past the source's WAL position.)
+func TestSourceBehindTheTargetIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.stop(t)
+	pgtest.Exec(t, env.Target, `update pgconverge.progress set applied_lsn = 'FF/0'`)
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"coverage", "--source", env.SourceURL, "--target", env.TargetURL, "--fail-on-gap"}, &out, &errb)
+	if !errors.Is(err, coverage.ErrOtherSource) || !strings.Contains(err.Error(), "behind") {
+		t.Errorf("coverage: %v, want %v saying the source is behind", err, coverage.ErrOtherSource)
+	}
+	requireRefusal(t, testConfig(t, env), "behind the target's progress", "new target database")
+}

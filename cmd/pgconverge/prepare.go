@@ -28,6 +28,9 @@ import (
 // main slot keeps their later changes.
 func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	cfg := s.cfg
+	if err := s.checkNotRewound(ctx); err != nil {
+		return 0, err
+	}
 	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
 	if err != nil {
 		return 0, err
@@ -81,6 +84,25 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 		}
 	}
 	return start, s.publishCoverage(ctx, true)
+}
+
+// checkNotRewound refuses a source whose WAL position is behind the target's progress: it was
+// restored from a backup or failed over to a standby that lacks changes the target holds, and it
+// will reuse those LSNs for other changes, which the version rule would then refuse as older.
+func (s *session) checkNotRewound(ctx context.Context) error {
+	progress, known, err := apply.ReadProgress(ctx, s.tgt, s.cfg.Slot)
+	if err != nil || !known {
+		return err
+	}
+	now, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	if now < progress {
+		return permanent(fmt.Errorf("the source's WAL position %s is behind the target's progress %s for slot %q: the source was restored from a backup or failed over to a standby that lacks changes the target holds, and it will reuse those LSNs; the target cannot follow it: replicate into a new target database (or drop the target tables and the pgconverge schema) to load everything again",
+			now, progress, s.cfg.Slot))
+	}
+	return nil
 }
 
 // newSlot creates the slot, records its new segment, and loads the tables that need it from the
