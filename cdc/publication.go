@@ -117,17 +117,20 @@ join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = 
 // row version (xmin, new after any ALTER PUBLICATION … SET); "" when it is not published. A table
 // removed from the publication and added again, dropped and created again, or published for a
 // while without some operation gets a new token, so a gap in the stream of its changes is
-// detected after the fact.
+// detected after the fact. A table published through its schema or FOR ALL TABLES can leave the
+// publication and come back without any publication row changing (ALTER TABLE … SET SCHEMA and
+// back, SET UNLOGGED and back): its token also holds the version of its pg_class row, so any
+// ALTER TABLE of it counts as a change (a reload, never a missed gap).
 func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables []TableName) (map[TableName]string, error) {
 	schemas, names := make([]string, len(tables)), make([]string, len(tables))
 	for i, t := range tables {
 		schemas[i], names[i] = t.Schema, t.Name
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text, coalesce(coalesce(
-    (select 'all:' || p.oid from pg_publication p where p.pubname = $1 and p.puballtables),
+    (select 'all:' || p.oid || ':' || c.xmin from pg_publication p where p.pubname = $1 and p.puballtables),
     (select 'rel:' || r.oid from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
       where p.pubname = $1 and r.prrelid = c.oid),
-    (select 'schema:' || pn.oid from pg_publication_namespace pn join pg_publication p on p.oid = pn.pnpubid
+    (select 'schema:' || pn.oid || ':' || c.xmin from pg_publication_namespace pn join pg_publication p on p.oid = pn.pnpubid
       where p.pubname = $1 and pn.pnnspid = c.relnamespace))
   || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1), '')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace

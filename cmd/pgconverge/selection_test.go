@@ -223,3 +223,23 @@ func TestDefaultSelectionFollowsThePublication(t *testing.T) {
 	waitCovered(t, env)
 	d.requireRunning(t)
 }
+
+// With a publication of a whole schema, a table moved out of the schema and back, or made
+// unlogged and logged again, was not published in between although no publication row changed:
+// the daemon notices (the table's catalog row changed) and loads it again.
+func TestSchemaPublicationRoundTripsAreNoticed(t *testing.T) {
+	env := pgtest.New(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source, `create schema other`,
+		`create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`,
+		`create publication `+pub+` for tables in schema public`)
+	d := startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `begin`, `alter table a set schema other`,
+		`update other.a set v = 'missed' where id <= 10`, `alter table other.a set schema public`, `commit`,
+		`alter table a set unlogged`, `delete from a where id > 90`, `alter table a set logged`)
+	waitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.requireRunning(t)
+}
