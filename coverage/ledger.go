@@ -85,6 +85,25 @@ func CheckSource(ctx context.Context, db DB, slot, source string) error {
 		ErrOtherSource, slot, *recorded, source)
 }
 
+// CheckTableSource returns an error wrapping ErrOtherSource when a stream follows table n from
+// another source database than source (cdc.SourceID): a backfill from source would mix two
+// databases' rows in one target table.
+func CheckTableSource(ctx context.Context, db DB, n cdc.TableName, source string) error {
+	var other string
+	err := db.QueryRow(ctx, `select s.source from pgconverge.table_spans t
+join pgconverge.stream_segments s on s.id = t.segment_id
+where t.end_lsn is null and s.end_lsn is null and t.schema_name = $1 and t.table_name = $2
+  and s.source is not null and s.source <> $3 limit 1`, n.Schema, n.Name, source).Scan(&other)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the source that streams %s: %w", n, err)
+	}
+	return fmt.Errorf("%w: a stream follows %s into this target from source database %s (system identifier/database), but the source URL reaches %s: backfill from the source the daemon replicates",
+		ErrOtherSource, n, other, source)
+}
+
 // UseSource records the publication and the source database (cdc.SourceID) slot's open segment
 // streams from: its tables' publication membership tokens refer to that publication.
 func UseSource(ctx context.Context, db DB, slot, publication, source string) error {

@@ -220,8 +220,8 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		led = TableLedger{Watermark: led.Watermark}
 		tr.BackfillLSN, tr.StreamStartLSN, backfilled = nil, nil, 0
 		tr.Note = "the target table is missing or was replaced by hand since pgconverge registered it: pgconverge run recreates it if needed and loads it"
-	case !slot.Exists:
-		tr.Note = fmt.Sprintf("slot %s is missing: its stream cannot deliver what follows the watermark", slot.Name)
+	case !slot.Exists || slot.Plugin != "pgoutput":
+		tr.Note = fmt.Sprintf("slot %s is missing (or replaced by a slot of another kind): its stream cannot deliver what follows the watermark", slot.Name)
 		led.Watermark = max(led.Watermark, now)
 	case slot.WALStatus == "lost":
 		tr.Note = fmt.Sprintf("slot %s is invalidated: its stream cannot deliver what follows the watermark", slot.Name)

@@ -14,6 +14,8 @@ import (
 type SlotHealth struct {
 	Name   string `json:"name"`
 	Exists bool   `json:"exists"`
+	// Plugin is the slot's output plugin: "pgoutput" for pgconverge's slot, "" for a physical slot.
+	Plugin string `json:"plugin"`
 	// Active is true while a walsender streams from the slot (a running daemon).
 	Active bool `json:"active"`
 	// WALStatus is reserved, extended, unreserved or lost ("" when the slot is missing).
@@ -41,9 +43,9 @@ func ReadSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogre
 	if err := src.QueryRow(ctx, `select pg_size_bytes(current_setting('max_slot_wal_keep_size'))`).Scan(&h.MaxSlotWALKeepSizeBytes); err != nil {
 		return h, fmt.Errorf("read max_slot_wal_keep_size: %w", err)
 	}
-	var status, restart, flush *string
-	err := src.QueryRow(ctx, `select wal_status, safe_wal_size, restart_lsn::text, confirmed_flush_lsn::text, active
-from pg_replication_slots where slot_name = $1`, name).Scan(&status, &h.SafeWALSizeBytes, &restart, &flush, &h.Active)
+	var status, restart, flush, plugin *string
+	err := src.QueryRow(ctx, `select wal_status, safe_wal_size, restart_lsn::text, confirmed_flush_lsn::text, active, plugin::text
+from pg_replication_slots where slot_name = $1`, name).Scan(&status, &h.SafeWALSizeBytes, &restart, &flush, &h.Active, &plugin)
 	if errors.Is(err, pgx.ErrNoRows) {
 		h.Warning = fmt.Sprintf("slot %q does not exist: changes after the watermark were not kept for pgconverge; pgconverge run creates a new slot and, with --on-gap=backfill, backfills the gap", name)
 		return h, nil
@@ -52,6 +54,9 @@ from pg_replication_slots where slot_name = $1`, name).Scan(&status, &h.SafeWALS
 		return h, fmt.Errorf("read replication slot %q: %w", name, err)
 	}
 	h.Exists = true
+	if plugin != nil {
+		h.Plugin = *plugin
+	}
 	if status != nil {
 		h.WALStatus = *status
 	}
@@ -81,6 +86,8 @@ from pg_replication_slots where slot_name = $1`, name).Scan(&status, &h.SafeWALS
 // risk returns the warning for an existing slot, or "".
 func (h SlotHealth) risk() string {
 	switch {
+	case h.Plugin != "pgoutput":
+		return fmt.Sprintf("slot %q is not a pgoutput logical slot (plugin %q): it is not the stream's slot, which was dropped; pgconverge run refuses it until it is dropped", h.Name, h.Plugin)
 	case h.WALStatus == "lost":
 		return fmt.Sprintf("slot %q is invalidated (wal_status lost): the source removed WAL it still needed, so changes after the watermark are lost; pgconverge run replaces the slot and, with --on-gap=backfill, backfills the gap", h.Name)
 	case h.WALStatus == "unreserved":

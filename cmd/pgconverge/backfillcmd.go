@@ -13,6 +13,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 	"github.com/spf13/cobra"
@@ -126,6 +127,15 @@ func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, er
 	}
 	if err := migrations.Apply(ctx, tgt); err != nil {
 		return backfillReport{}, err
+	}
+	srcID, err := cdc.SourceID(ctx, src)
+	if err != nil {
+		return backfillReport{}, err
+	}
+	for _, t := range tables {
+		if err := coverage.CheckTableSource(ctx, tgt, cdc.TableName{Schema: t.Schema, Name: t.Name}, srcID); err != nil {
+			return backfillReport{}, err
+		}
 	}
 	for _, t := range tables {
 		if err := apply.EnsureTable(ctx, tgt, t); err != nil {

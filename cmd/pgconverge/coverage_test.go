@@ -437,3 +437,20 @@ func TestSourceBehindTheTargetIsRefused(t *testing.T) {
 	}
 	requireRefusal(t, testConfig(t, env), "behind the target's progress", "new target database")
 }
+
+// A backfill from another source database into a table a daemon streams from its source would mix
+// two databases' rows: refused.
+func TestBackfillFromAnotherSourceIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "a", "id")
+	admin := pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE"))
+	pgtest.Exec(t, admin, `drop table if exists public.a`, `create table public.a (id int primary key)`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE")), `drop table if exists public.a`) })
+	cfg := testBackfillConfig(t, env, "public.a")
+	cfg.Source = os.Getenv("PGCONVERGE_TEST_SOURCE")
+	if _, err := runBackfillCmd(context.Background(), cfg); !errors.Is(err, coverage.ErrOtherSource) {
+		t.Fatalf("backfill from another source: %v, want %v", err, coverage.ErrOtherSource)
+	}
+}
