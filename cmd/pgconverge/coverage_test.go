@@ -447,7 +447,9 @@ func TestBackfillFromAnotherSourceIsRefused(t *testing.T) {
 	waitConverged(t, env, "a", "id")
 	admin := pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE"))
 	pgtest.Exec(t, admin, `drop table if exists public.a`, `create table public.a (id int primary key)`)
-	t.Cleanup(func() { pgtest.Exec(t, pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE")), `drop table if exists public.a`) })
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE")), `drop table if exists public.a`)
+	})
 	cfg := testBackfillConfig(t, env, "public.a")
 	cfg.Source = os.Getenv("PGCONVERGE_TEST_SOURCE")
 	if _, err := runBackfillCmd(context.Background(), cfg); !errors.Is(err, coverage.ErrOtherSource) {
