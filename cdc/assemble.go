@@ -22,7 +22,8 @@ type relation struct {
 // too when it grows past the memory bound, and then end stays at the last whole transaction.
 type assembler struct {
 	mem      memory.Allocator
-	tables   map[string]changebatch.Table // replicated tables by quoted name
+	byOID    map[uint32]changebatch.Table // replicated tables by source oid
+	tables   map[string]changebatch.Table // replicated tables without an oid, by quoted name
 	rels     map[uint32]*relation
 	builders map[string]*changebatch.Builder
 	order    []string // builder keys in order of first use
@@ -37,9 +38,14 @@ type assembler struct {
 }
 
 func newAssembler(mem memory.Allocator, tables []changebatch.Table) *assembler {
-	a := &assembler{mem: mem, tables: map[string]changebatch.Table{}, rels: map[uint32]*relation{}, builders: map[string]*changebatch.Builder{}}
+	a := &assembler{mem: mem, tables: map[string]changebatch.Table{}, byOID: map[uint32]changebatch.Table{},
+		rels: map[uint32]*relation{}, builders: map[string]*changebatch.Builder{}}
 	for _, t := range tables {
-		a.tables[t.String()] = t
+		if t.SourceOID != 0 {
+			a.byOID[t.SourceOID] = t
+		} else {
+			a.tables[t.String()] = t
+		}
 	}
 	return a
 }
@@ -85,11 +91,17 @@ func (a *assembler) handle(m pglogrepl.Message) (bool, error) {
 	return false, nil
 }
 
-// relation records how the relation's columns map onto the replicated table. A column the table
-// does not have is a schema change pgconverge cannot follow yet: it stops rather than drop values.
+// relation records how the relation's columns map onto the replicated table, found by the
+// relation's oid (by its name for a table described without one): a table renamed or moved to
+// another schema is still the same table, and a new table that took its name is not. A column the
+// table does not have is a schema change pgconverge cannot follow yet: it stops rather than drop
+// values.
 func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
-	name := TableName{m.Namespace, m.RelationName}
-	t, ok := a.tables[name.String()]
+	t, ok := a.byOID[m.RelationID]
+	if !ok {
+		t, ok = a.tables[TableName{m.Namespace, m.RelationName}.String()]
+	}
+	name := TableName{t.Schema, t.Name}
 	if !ok {
 		a.rels[m.RelationID] = &relation{}
 		return nil

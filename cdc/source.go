@@ -64,6 +64,7 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 	if ident == "n" {
 		return t, fmt.Errorf("source table %s has REPLICA IDENTITY NOTHING: updates and deletes cannot be matched; run ALTER TABLE %s REPLICA IDENTITY DEFAULT and give it a primary key", t, t.Quoted())
 	}
+	t.SourceOID = oid
 	keys, err := keyColumns(ctx, conn, oid, ident)
 	if err != nil {
 		return t, fmt.Errorf("read key of source table %s: %w", t, err)

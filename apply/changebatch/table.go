@@ -30,6 +30,10 @@ type Table struct {
 	Schema  string
 	Name    string
 	Columns []Column
+	// SourceOID is the source relation's oid when the producer knows it (cdc.DescribeTable), else
+	// 0. The stream matches pgoutput Relation messages by it, so a table renamed on the source, or
+	// moved to another schema, and back, keeps its changes.
+	SourceOID uint32
 }
 
 // Reserved column names that the target tables add; a source table may not use them.
