@@ -164,19 +164,19 @@ from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 	return b, nil
 }
 
-// StartTableBackfill records the running backfill of table t in run runID from snapshot LSN s,
-// chunked by the key columns keyCols, and returns its id. Earlier unfinished backfills of t are
+// StartTableBackfill records the running backfill of table t in run runID from snapshot LSN s of
+// source database source (cdc.SourceID), chunked by the key columns keyCols, and returns its id. Earlier unfinished backfills of t are
 // marked abandoned: the new one supersedes them, and the caller holds t's backfill lock, so none
 // of them is still running.
-func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t changebatch.Table, s pglogrepl.LSN, slot string, keyCols []string) (int64, error) {
+func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t changebatch.Table, s pglogrepl.LSN, slot, source string, keyCols []string) (int64, error) {
 	var id int64
 	err := conn.QueryRow(ctx, `with abandoned as (
   update pgconverge.backfills set status = 'abandoned', finished_at = coalesce(finished_at, now())
   where schema_name = $2 and table_name = $3 and status in ('running', 'failed'))
-insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode, generation)
+insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode, generation, source)
 values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filenode($7::regclass),
-  coalesce((select generation from pgconverge.tables where schema_name = $2 and table_name = $3), 1)) returning id`,
-		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted()).Scan(&id)
+  coalesce((select generation from pgconverge.tables where schema_name = $2 and table_name = $3), 1), nullif($8, '')) returning id`,
+		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted(), source).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
 	}
@@ -300,6 +300,17 @@ func LockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.Table, wait
 		return false, fmt.Errorf("take the backfill lock of %s: %w", t, err)
 	}
 	return ok, nil
+}
+
+// AbandonRun marks the unfinished table backfills of run id abandoned: what they completed is not
+// to be resumed (the source table was rewritten or truncated under them).
+func AbandonRun(ctx context.Context, conn *pgx.Conn, id int64) error {
+	_, err := conn.Exec(ctx, `update pgconverge.backfills set status = 'abandoned', finished_at = coalesce(finished_at, now())
+where run_id = $1 and status in ('running', 'failed')`, id)
+	if err != nil {
+		return fmt.Errorf("abandon the backfills of run %d: %w", id, err)
+	}
+	return nil
 }
 
 // BackfillHeld reports whether some session holds table t's backfill lock: a backfill of t is

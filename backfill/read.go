@@ -23,8 +23,8 @@ const MaxBatchBytes = 16 << 20
 // ErrRewritten is returned by ReadChunk when the table's storage was replaced after the snapshot
 // was taken: a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER. Some of these are
 // not MVCC-safe (PostgreSQL docs §13.6, "Caveats"): the snapshot would see the table empty, and a
-// backfill that took that for the truth would tombstone every row it did not read. A backfill run
-// again reads the rest from a new snapshot.
+// backfill that took that for the truth would tombstone every row it did not read. The run's
+// table backfills are abandoned; a backfill run again starts them over from a new snapshot.
 var ErrRewritten = errors.New("table rewritten since the snapshot")
 
 // checkNotRewritten locks t against rewrites for the rest of tx (ACCESS SHARE, as the read takes
@@ -40,7 +40,7 @@ func checkNotRewritten(ctx context.Context, tx pgx.Tx, t changebatch.Table, snap
 		return fmt.Errorf("check the storage of %s: %w", t, err)
 	}
 	if !same {
-		return fmt.Errorf("%w: %s was rewritten or truncated on the source after snapshot %s (ALTER TABLE that rewrites it, TRUNCATE, VACUUM FULL or CLUSTER), so the snapshot cannot show its rows; run the backfill again to read the rest from a new snapshot",
+		return fmt.Errorf("%w: %s was rewritten or truncated on the source after snapshot %s (ALTER TABLE that rewrites it, TRUNCATE, VACUUM FULL or CLUSTER), so the snapshot cannot show its rows; run the backfill again: it starts the table over from a new snapshot",
 			ErrRewritten, t, snap.LSN)
 	}
 	return nil

@@ -86,22 +86,28 @@ func CheckSource(ctx context.Context, db DB, slot, source string) error {
 }
 
 // CheckTableSource returns an error wrapping ErrOtherSource when a stream follows table n from
-// another source database than source (cdc.SourceID): a backfill from source would mix two
-// databases' rows in one target table.
+// another source database than source (cdc.SourceID), or a backfill wrote rows of another source
+// database into its current target table: two databases' rows would mix in one target table, and
+// the version rule cannot order LSNs of different databases.
 func CheckTableSource(ctx context.Context, db DB, n cdc.TableName, source string) error {
 	var other string
 	err := db.QueryRow(ctx, `select s.source from pgconverge.table_spans t
 join pgconverge.stream_segments s on s.id = t.segment_id
 where t.end_lsn is null and s.end_lsn is null and t.schema_name = $1 and t.table_name = $2
-  and s.source is not null and s.source <> $3 limit 1`, n.Schema, n.Name, source).Scan(&other)
+  and s.source is not null and s.source <> $3
+union all
+select b.source from pgconverge.backfills b
+join pgconverge.tables g on g.schema_name = b.schema_name and g.table_name = b.table_name and g.generation = b.generation
+where b.schema_name = $1 and b.table_name = $2 and b.source is not null and b.source <> $3
+limit 1`, n.Schema, n.Name, source).Scan(&other)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("read the source that streams %s: %w", n, err)
 	}
-	return fmt.Errorf("%w: a stream follows %s into this target from source database %s (system identifier/database), but the source URL reaches %s: backfill from the source the daemon replicates",
-		ErrOtherSource, n, other, source)
+	return fmt.Errorf("%w: target table %s holds rows of source database %s (system identifier/database), but the source URL reaches %s: use the source it was loaded from, or drop the target table (DROP TABLE %s on the target) to load it anew",
+		ErrOtherSource, n, other, source, n.Quoted())
 }
 
 // UseSource records the publication and the source database (cdc.SourceID) slot's open segment

@@ -62,7 +62,9 @@ alter table pgconverge.tables
     add column generation int not null default 1,
     add column truncated_lsn pg_lsn,
     add column target_oid oid;
-alter table pgconverge.backfills add column generation int not null default 1;
+-- backfills.source identifies the source database a backfill read (cdc.SourceID): rows of another
+-- source database in a target table are refused, and never count as coverage.
+alter table pgconverge.backfills add column generation int not null default 1, add column source text;
 
 -- 'gap': a backfill the daemon started because the coverage ledger showed a gap (run --on-gap).
 alter table pgconverge.backfill_runs

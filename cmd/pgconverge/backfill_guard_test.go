@@ -103,3 +103,23 @@ where datname = current_database() and state like 'idle in transaction%' and now
 	finish()
 	waitConverged(t, env, "g", "id")
 }
+
+// Without a stream, chunks read before a TRUNCATE would hold rows the source no longer has: the
+// run stopped by the rewrite is abandoned, and running it again starts the table over.
+func TestBackfillAfterATruncateStartsOver(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.ChunkRows = 500
+	end := backfillAfterFirstChunkEnd(t, cfg, false)
+	pgtest.Exec(t, env.Source, `set lock_timeout = '30s'`, `truncate big`,
+		`insert into big select g, 'after' from generate_series(100000, 100300) g`)
+	if _, err := end(); !errors.Is(err, backfill.ErrRewritten) {
+		t.Fatalf("backfill across a truncate: %v, want %v", err, backfill.ErrRewritten)
+	}
+	if rep := backfillNow(t, cfg); rep.Kept != 0 {
+		t.Errorf("the second run kept %d rows of the stopped one, want 0", rep.Kept)
+	}
+	waitConverged(t, env, "big", "id")
+}

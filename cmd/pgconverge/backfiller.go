@@ -13,6 +13,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
@@ -53,6 +54,8 @@ type backfillJob struct {
 	AfterMergedBatch func()
 	// Metrics counts the rows applied; nil counts nothing.
 	Metrics *metrics
+	// SourceID identifies the source database (cdc.SourceID); runBackfill reads it.
+	SourceID string
 }
 
 // busyPolicy is what a backfill does with a table another backfill holds.
@@ -137,6 +140,9 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 		// exits, which a next backfill of the same tables must not have to wait for.
 		ctrl.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock_all()`)
 	}()
+	if job.SourceID, err = sourceID(ctx, job.Source); err != nil {
+		return rep, err
+	}
 	tables, err := lockTables(ctx, ctrl, job, &rep)
 	if err != nil || len(tables) == 0 {
 		return rep, err
@@ -161,6 +167,13 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 				err = e
 			} else {
 				log.Error("record the end of the backfill run", "run", rep.RunID, "err", e)
+			}
+		}
+		// Chunks read before a rewrite or TRUNCATE of the source table may hold rows it no longer
+		// has: the next run starts the table over instead of resuming.
+		if errors.Is(err, backfill.ErrRewritten) {
+			if e := apply.AbandonRun(ectx, conn, rep.RunID); e != nil {
+				log.Error("abandon the backfills of a run stopped by a rewrite", "run", rep.RunID, "err", e)
 			}
 		}
 	}()
@@ -271,6 +284,16 @@ func runBackfill(ctx context.Context, job backfillJob) (rep backfillReport, err 
 		"kept_from_earlier_runs", rep.Kept, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
 		"tombstoned_absent", rep.Tombstoned, "seconds", fmt.Sprintf("%.1f", secs))
 	return rep, nil
+}
+
+// sourceID returns cdc.SourceID of the database at url.
+func sourceID(ctx context.Context, url string) (string, error) {
+	conn, err := pgsession.Connect(ctx, url, "source")
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return cdc.SourceID(ctx, conn)
 }
 
 // lockTables takes the backfill lock of each table of job in ctrl's session and returns the

@@ -28,7 +28,7 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 		}
 	}
 	if prev == nil {
-		id, err := apply.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, keys)
+		id, err := apply.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, job.SourceID, keys)
 		if err != nil {
 			return nil, nil, 0, err
 		}

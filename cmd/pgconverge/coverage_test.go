@@ -438,21 +438,31 @@ func TestSourceBehindTheTargetIsRefused(t *testing.T) {
 	requireRefusal(t, testConfig(t, env), "behind the target's progress", "new target database")
 }
 
-// A backfill from another source database into a table a daemon streams from its source would mix
-// two databases' rows: refused.
-func TestBackfillFromAnotherSourceIsRefused(t *testing.T) {
+// Rows of two source databases must never mix in one target table (the version rule cannot order
+// their LSNs): a backfill from another source into a streamed table is refused, and so is a daemon
+// that would follow a table another source's backfill loaded.
+func TestAnotherSourceIsRefusedPerTable(t *testing.T) {
 	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
-	startDaemon(t, testConfig(t, env))
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key)`,
+		`insert into a values (1)`, `insert into b values (1)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.a"}
+	d := startDaemon(t, cfg)
 	waitConverged(t, env, "a", "id")
 	admin := pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE"))
-	pgtest.Exec(t, admin, `drop table if exists public.a`, `create table public.a (id int primary key)`)
+	pgtest.Exec(t, admin, `drop table if exists public.a, public.b`, `create table public.a (id int primary key)`,
+		`create table public.b (id int primary key)`, `insert into public.b values (2)`)
 	t.Cleanup(func() {
-		pgtest.Exec(t, pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE")), `drop table if exists public.a`)
+		pgtest.Exec(t, pgtest.Connect(t, os.Getenv("PGCONVERGE_TEST_SOURCE")), `drop table if exists public.a, public.b`)
 	})
-	cfg := testBackfillConfig(t, env, "public.a")
-	cfg.Source = os.Getenv("PGCONVERGE_TEST_SOURCE")
-	if _, err := runBackfillCmd(context.Background(), cfg); !errors.Is(err, coverage.ErrOtherSource) {
-		t.Fatalf("backfill from another source: %v, want %v", err, coverage.ErrOtherSource)
+	other := testBackfillConfig(t, env, "public.a")
+	other.Source = os.Getenv("PGCONVERGE_TEST_SOURCE")
+	if _, err := runBackfillCmd(context.Background(), other); !errors.Is(err, coverage.ErrOtherSource) {
+		t.Fatalf("backfill of a streamed table from another source: %v, want %v", err, coverage.ErrOtherSource)
 	}
+	other.Tables = []string{"public.b"}
+	backfillNow(t, other) // no stream follows b yet
+	d.stop(t)
+	cfg.Tables = []string{"public.a", "public.b"}
+	requireRefusal(t, cfg, "holds rows of source database", "DROP TABLE")
 }

@@ -104,9 +104,13 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if err := coverage.CheckSource(ctx, s.tgt, cfg.Slot, s.sourceID); err != nil {
 		return permanent(err)
 	}
+
 	for _, t := range s.tables {
 		if err := apply.EnsureTable(ctx, s.tgt, t); err != nil {
 			return err
+		}
+		if err := coverage.CheckTableSource(ctx, s.tgt, cdc.TableName{Schema: t.Schema, Name: t.Name}, s.sourceID); err != nil {
+			return permanent(err)
 		}
 	}
 	forgotten, err := apply.ForgetTables(ctx, s.tgt, cfg.Slot, s.tables)
