@@ -45,9 +45,10 @@ func ReadSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogre
 	}
 	var status, restart, flush, plugin *string
 	err := src.QueryRow(ctx, `select wal_status, safe_wal_size, restart_lsn::text, confirmed_flush_lsn::text, active, plugin::text
-from pg_replication_slots where slot_name = $1`, name).Scan(&status, &h.SafeWALSizeBytes, &restart, &flush, &h.Active, &plugin)
+from pg_replication_slots where slot_name = $1 and (database is null or database = current_database())`,
+		name).Scan(&status, &h.SafeWALSizeBytes, &restart, &flush, &h.Active, &plugin)
 	if errors.Is(err, pgx.ErrNoRows) {
-		h.Warning = fmt.Sprintf("slot %q does not exist: changes after the watermark were not kept for pgconverge; pgconverge run creates a new slot and, with --on-gap=backfill, backfills the gap", name)
+		h.Warning = fmt.Sprintf("slot %q does not exist in this database: changes after the watermark were not kept for pgconverge; pgconverge run creates a new slot and, with --on-gap=backfill, backfills the gap", name)
 		return h, nil
 	}
 	if err != nil {
