@@ -2,10 +2,12 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -24,6 +26,10 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error
 			return fmt.Errorf("create target schema %q (the target role needs CREATE on the database): %w", t.Schema, err)
 		}
 		if _, err := conn.Exec(ctx, createTableSQL(t)); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "3F000") {
+				return fmt.Errorf("create target table %s: a column's type (or its schema) does not exist on the target: create it there first, as on the source (pgconverge does not create user-defined enums, domains or composite types yet): %w", t, err)
+			}
 			return fmt.Errorf("create target table %s (the target role needs CREATE on schema %q): %w", t, t.Schema, err)
 		}
 	}

@@ -80,11 +80,12 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 
 // checkPublication reports, all at once, the settings of an existing publication that would make
 // pgconverge miss changes: an operation it does not publish, a row filter or a column list on one of
-// tables (PostgreSQL docs §31.3 "Row Filters", §31.4 "Column Lists").
+// tables (PostgreSQL docs §31.3 "Row Filters", §31.4 "Column Lists"), publish_via_partition_root
+// with a partition among tables (§31.1, CREATE PUBLICATION).
 func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName) error {
-	var ins, upd, del, trunc bool
-	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate from pg_publication where pubname = $1`, name).
-		Scan(&ins, &upd, &del, &trunc)
+	var ins, upd, del, trunc, viaRoot bool
+	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot from pg_publication where pubname = $1`, name).
+		Scan(&ins, &upd, &del, &trunc, &viaRoot)
 	if err != nil {
 		return fmt.Errorf("read publication %q: %w", name, err)
 	}
@@ -94,6 +95,14 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 			name, ins, upd, del, trunc, pgx.Identifier{name}.Sanitize()))
 	}
 	for _, t := range tables {
+		var partition bool
+		if err := conn.QueryRow(ctx, `select relispartition from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&partition); err != nil {
+			return fmt.Errorf("read source table %s: %w", t, err)
+		}
+		if viaRoot && partition {
+			errs = append(errs, fmt.Errorf("publication %q has publish_via_partition_root = true, so the changes of partition %s are published as changes of its root and never under its own name: select the root table instead, or use another --publication",
+				name, t))
+		}
 		var filtered, columns bool
 		err := conn.QueryRow(ctx, `select r.prqual is not null, r.prattrs is not null from pg_publication_rel r
 join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = $2::regclass`, name, t.Quoted()).Scan(&filtered, &columns)

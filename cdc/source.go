@@ -69,26 +69,49 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 	if err != nil {
 		return t, fmt.Errorf("read key of source table %s: %w", t, err)
 	}
-	rows, err := conn.Query(ctx, `select attname, format_type(atttypid, atttypmod), attnum from pg_attribute
+	// Type names are qualified with their schema whatever the session's search_path (format_type
+	// omits the schemas it finds on the search_path), so the target resolves the same types.
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `set local search_path to pg_catalog`); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `select attname, format_type(atttypid, atttypmod), attnum from pg_attribute
 where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, oid)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c changebatch.Column
+			var num int16
+			if err := rows.Scan(&c.Name, &c.Type, &num); err != nil {
+				return err
+			}
+			c.KeyPos = keys[num]
+			c.Key = c.KeyPos > 0
+			t.Columns = append(t.Columns, c)
+		}
+		return rows.Err()
+	})
 	if err != nil {
 		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var c changebatch.Column
-		var num int16
-		if err := rows.Scan(&c.Name, &c.Type, &num); err != nil {
-			return t, fmt.Errorf("read columns of source table %s: %w", t, err)
-		}
-		c.KeyPos = keys[num]
-		c.Key = c.KeyPos > 0
-		t.Columns = append(t.Columns, c)
-	}
-	if err := rows.Err(); err != nil {
-		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
-	}
 	return t, t.Validate()
+}
+
+// GeneratedColumns returns the names of table t's generated columns on the source, which
+// pgoutput does not send (PostgreSQL 15) and pgconverge therefore does not replicate.
+func GeneratedColumns(ctx context.Context, conn *pgx.Conn, t changebatch.Table) ([]string, error) {
+	rows, err := conn.Query(ctx, `select attname::text from pg_attribute where attrelid = $1::regclass and attnum > 0
+  and not attisdropped and attgenerated <> '' order by attnum`, t.Quoted())
+	if err != nil {
+		return nil, fmt.Errorf("read generated columns of source table %s: %w", t, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read generated columns of source table %s: %w", t, err)
+	}
+	return names, nil
 }
 
 // keyColumns maps the attribute numbers of the replica identity key to their 1-based position in

@@ -26,6 +26,15 @@ var params = map[string]string{
 	"TimeZone":           "UTC",
 	"extra_float_digits": "3",
 	"bytea_output":       "hex",
+	// money prints and parses with lc_monetary's symbol and fractional digits: the same locale on
+	// both sides keeps its stored value exact whatever the servers' locales are.
+	"lc_monetary": "C",
+	// Text travels as UTF-8 whatever the databases' encodings (the server converts both ways and
+	// refuses a character the target's encoding cannot hold), XML values are parsed as content
+	// (documents and fragments alike), and an unquoted NULL in an array literal is a NULL element.
+	"client_encoding": "UTF8",
+	"xmloption":       "content",
+	"array_nulls":     "on",
 	// A target commit must be durable before its position is confirmed to the source.
 	"synchronous_commit": "on",
 	// An exported snapshot lives in a session that stays idle in its transaction for a whole

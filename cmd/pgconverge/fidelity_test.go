@@ -1,0 +1,63 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Values travel as text: pgconverge pins the session settings that change how values print and
+// parse, so databases whose defaults differ on both sides still get the same values, on the
+// backfill path (rows 1..) and the stream path (rows 1001..).
+func TestValuesSurviveOddDatabaseSettings(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`alter database `+env.Name+` set timezone = 'America/St_Johns'`, `alter database `+env.Name+` set datestyle = 'German'`,
+		`alter database `+env.Name+` set intervalstyle = 'iso_8601'`, `alter database `+env.Name+` set extra_float_digits = -15`,
+		`alter database `+env.Name+` set bytea_output = 'escape'`)
+	pgtest.Exec(t, env.Target,
+		`alter database `+env.Name+` set timezone = 'Pacific/Chatham'`, `alter database `+env.Name+` set datestyle = 'SQL, DMY'`,
+		`alter database `+env.Name+` set intervalstyle = 'sql_standard'`, `alter database `+env.Name+` set extra_float_digits = 0`,
+		`alter database `+env.Name+` set array_nulls = off`, `alter database `+env.Name+` set xmloption = document`)
+	const values = `select 0 + g, 1234.5::money * g, now() - g * interval '1 day 3 hours', interval '-1 year 2 days -03:04:05.678' * g,
+  0.1::float8 * g, '-0'::float8, '\x00ff'::bytea, array['a b', 'NULL', null], '<a/>text<b/>'::xml, date '0044-03-15 BC' + g
+from generate_series(1, 3) g`
+	create := `create table v (id int primary key, m money, ts timestamptz, i interval, f float8, z float8, b bytea, arr text[], x xml, d date)`
+	pgtest.Exec(t, env.Source, create, `insert into v `+values)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `insert into v select id + 1000, m, ts, i, f, z, b, arr, x, d from (`+values+`) s(id, m, ts, i, f, z, b, arr, x, d)`,
+		`update v set arr = array[null, 'NULL'] where id = 2`)
+	waitConverged(t, env, "v", "id")
+}
+
+// A user-defined type in another schema is named with its schema whatever the source's
+// search_path, so the target resolves the same type; a type missing on the target is refused with
+// the fix.
+func TestUserTypesAreQualified(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create schema app`, `create type app.mood as enum ('sad', 'ok', 'happy')`,
+		`alter database `+env.Name+` set search_path = app, public`)
+	src := pgtest.Connect(t, env.SourceURL)
+	pgtest.Exec(t, src, `create table public.t (id int primary key, v app.mood)`, `insert into public.t values (1, 'ok')`)
+	requireRefusal(t, testConfig(t, env), "does not exist on the target: create it there first")
+	pgtest.Exec(t, env.Target, `create schema app`, `create type app.mood as enum ('sad', 'ok', 'happy')`,
+		`create type public.mood as enum ('other')`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, src, `insert into public.t values (2, 'happy')`)
+	waitConverged(t, env, "public.t", "id")
+}
+
+// A publication that publishes partitions through their root never names a partition in its
+// changes: selecting a partition of it is refused, naming the fix.
+func TestPartitionOfARootPublicationIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source, `create table p (id int primary key, v text) partition by range (id)`,
+		`create table p_a partition of p for values from (0) to (1000)`,
+		`create publication `+pub+` for table p with (publish_via_partition_root = true)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.p_a"}
+	requireRefusal(t, cfg, "publish_via_partition_root", "p_a")
+}
