@@ -91,3 +91,24 @@ returning (select renew from r)`, t.Schema, t.Name, t.Quoted(), created).Scan(&r
 	}
 	return nil
 }
+
+// EnsureType creates type schema.name on the target with ddl (cdc.TypeDefinitions gives it),
+// with its schema when missing, unless the type exists; a type that exists is left as it is (a
+// value it cannot hold is refused when it arrives). It reports whether it created the type.
+func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string) (bool, error) {
+	qualified := pgx.Identifier{schema, name}.Sanitize()
+	var exists bool
+	if err := conn.QueryRow(ctx, `select to_regtype($1) is not null`, qualified).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look up type %s on the target: %w", qualified, err)
+	}
+	if exists {
+		return false, nil
+	}
+	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return false, fmt.Errorf("create schema %q for type %s on the target (the target role needs CREATE on the database): %w", schema, qualified, err)
+	}
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		return false, fmt.Errorf("create type %s on the target (%s): %w", qualified, ddl, err)
+	}
+	return true, nil
+}

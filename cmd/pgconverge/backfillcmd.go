@@ -137,6 +137,9 @@ func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, er
 			return backfillReport{}, err
 		}
 	}
+	if err := ensureTypes(ctx, src, tgt, tables, cfg.Logger); err != nil {
+		return backfillReport{}, err
+	}
 	for _, t := range tables {
 		if err := apply.EnsureTable(ctx, tgt, t); err != nil {
 			return backfillReport{}, err

@@ -31,22 +31,26 @@ from generate_series(1, 3) g`
 	waitConverged(t, env, "v", "id")
 }
 
-// A user-defined type in another schema is named with its schema whatever the source's
-// search_path, so the target resolves the same type; a type missing on the target is refused with
-// the fix.
-func TestUserTypesAreQualified(t *testing.T) {
+// User-defined enums, domains (also over arrays) and composite types a table uses are created on
+// the target as the source defines them, named with their schema whatever the source's
+// search_path; a same-named type in another target schema is not used.
+func TestUserTypesAreCreatedOnTheTarget(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create schema app`, `create type app.mood as enum ('sad', 'ok', 'happy')`,
+		`create domain app.posint as int check (value > 0)`, `create domain app.tags as text[] not null`,
+		`create type app.pair as (m app.mood, n app.posint)`,
 		`alter database `+env.Name+` set search_path = app, public`)
 	src := pgtest.Connect(t, env.SourceURL)
-	pgtest.Exec(t, src, `create table public.t (id int primary key, v app.mood)`, `insert into public.t values (1, 'ok')`)
-	requireRefusal(t, testConfig(t, env), "does not exist on the target: create it there first")
-	pgtest.Exec(t, env.Target, `create schema app`, `create type app.mood as enum ('sad', 'ok', 'happy')`,
-		`create type public.mood as enum ('other')`)
+	pgtest.Exec(t, src, `create table public.t (id int primary key, m app.mood, p app.posint, tg app.tags, c app.pair, ca app.pair[])`,
+		`insert into public.t values (1, 'ok', 5, '{a,"b c"}', '(happy,7)', array['(sad,1)', null]::app.pair[])`)
+	pgtest.Exec(t, env.Target, `create type public.mood as enum ('other')`)
 	startDaemon(t, testConfig(t, env))
 	waitStreaming(t, env)
-	pgtest.Exec(t, src, `insert into public.t values (2, 'happy')`)
+	pgtest.Exec(t, src, `insert into public.t values (2, 'happy', 1, '{}', '(,2)', '{}')`, `update public.t set m = 'sad' where id = 1`)
 	waitConverged(t, env, "public.t", "id")
+	if got := scalar[string](t, env.Target, `select pg_get_constraintdef(oid) from pg_constraint where contypid = 'app.posint'::regtype`); got != "CHECK ((VALUE > 0))" {
+		t.Errorf("domain constraint on the target: %q", got)
+	}
 }
 
 // A publication that publishes partitions through their root never names a partition in its

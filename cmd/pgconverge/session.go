@@ -105,6 +105,9 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		return permanent(err)
 	}
 
+	if err := ensureTypes(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
+		return err
+	}
 	for _, t := range s.tables {
 		if err := apply.EnsureTable(ctx, s.tgt, t); err != nil {
 			return err
