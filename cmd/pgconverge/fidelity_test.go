@@ -65,3 +65,12 @@ func TestPartitionOfARootPublicationIsRefused(t *testing.T) {
 	cfg.Tables = []string{"public.p_a"}
 	requireRefusal(t, cfg, "publish_via_partition_root", "p_a")
 }
+
+// A user-defined type pgconverge does not create (a range type) and the target lacks stops the
+// daemon, naming the fix.
+func TestMissingUserRangeTypeIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create type floatrange as range (subtype = float8)`,
+		`create table t (id int primary key, r floatrange)`)
+	requireRefusal(t, testConfig(t, env), "does not exist on the target: create it there first")
+}
