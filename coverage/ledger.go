@@ -18,33 +18,27 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Segment is a stream segment of the ledger (pgconverge.stream_segments).
+// Segment is an open stream segment of the ledger (pgconverge.stream_segments).
 type Segment struct {
-	ID   int64
-	Slot string
-	// SlotCreated is the consistent point of the slot incarnation, 0 when not known.
-	SlotCreated pglogrepl.LSN
-	// Start is the first LSN covered; End the end (the slot's progress while the segment is open).
+	ID int64
+	// Start is the first LSN covered; End is where the segment ends so far: its slot's progress.
 	Start, End pglogrepl.LSN
-	Open       bool
-	EndReason  string
 }
 
-// OpenSegment returns slot's open segment, with End its slot's progress, and false when it has
-// none.
+// OpenSegment returns slot's open segment, and false when it has none.
 func OpenSegment(ctx context.Context, db DB, slot string) (Segment, bool, error) {
-	seg := Segment{Slot: slot, Open: true}
-	var created, start, end *string
-	err := db.QueryRow(ctx, `select s.id, s.slot_created_lsn::text, s.start_lsn::text, p.applied_lsn::text
+	var seg Segment
+	var start, end *string
+	err := db.QueryRow(ctx, `select s.id, s.start_lsn::text, p.applied_lsn::text
 from pgconverge.stream_segments s left join pgconverge.progress p on p.slot = s.slot
-where s.slot = $1 and s.end_lsn is null`, slot).Scan(&seg.ID, &created, &start, &end)
+where s.slot = $1 and s.end_lsn is null`, slot).Scan(&seg.ID, &start, &end)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Segment{}, false, nil
 	}
 	if err != nil {
 		return Segment{}, false, fmt.Errorf("read open stream segment of slot %q: %w", slot, err)
 	}
-	if err := parseLSNs([]*string{created, start, end}, []*pglogrepl.LSN{&seg.SlotCreated, &seg.Start, &seg.End}); err != nil {
+	if err := parseLSNs([]*string{start, end}, []*pglogrepl.LSN{&seg.Start, &seg.End}); err != nil {
 		return Segment{}, false, fmt.Errorf("read open stream segment of slot %q: %w", slot, err)
 	}
 	if seg.End < seg.Start {
@@ -153,29 +147,26 @@ const (
 // EndSpans ends the open spans of tables in slot's open segment for reason, at the slot's
 // progress or, earlier, at their confirmed_lsn.
 func EndSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, reason string) error {
-	schemas, names := split(tables)
-	_, err := db.Exec(ctx, `update pgconverge.table_spans t set
-  end_lsn = greatest(t.start_lsn, least(t.confirmed_lsn, coalesce((select applied_lsn from pgconverge.progress where slot = $1), t.confirmed_lsn))),
-  end_reason = $4, ended_at = now()
-from pgconverge.stream_segments s
-where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is null
-  and (t.schema_name, t.table_name) in (select * from unnest($2::text[], $3::text[]))`, slot, schemas, names, reason)
-	if err != nil {
-		return fmt.Errorf("end table spans of slot %q (%s): %w", slot, reason, err)
-	}
-	return nil
+	_, err := endSpans(ctx, db, slot, tables, "in", reason)
+	return err
 }
 
 // EndSpansExcept ends, for reason, the open spans in slot's open segment of every table not among
 // keep, at the slot's progress or, earlier, at their confirmed_lsn, and returns their tables.
 func EndSpansExcept(ctx context.Context, db DB, slot string, keep []cdc.TableName, reason string) ([]cdc.TableName, error) {
-	schemas, names := split(keep)
+	return endSpans(ctx, db, slot, keep, "not in", reason)
+}
+
+// endSpans ends the open spans in slot's open segment of the tables that are (op "in") or are not
+// (op "not in") among tables, and returns the tables whose span it ended.
+func endSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, op, reason string) ([]cdc.TableName, error) {
+	schemas, names := split(tables)
 	rows, err := db.Query(ctx, `update pgconverge.table_spans t set
   end_lsn = greatest(t.start_lsn, least(t.confirmed_lsn, coalesce((select applied_lsn from pgconverge.progress where slot = $1), t.confirmed_lsn))),
   end_reason = $4, ended_at = now()
 from pgconverge.stream_segments s
 where s.id = t.segment_id and s.slot = $1 and s.end_lsn is null and t.end_lsn is null
-  and (t.schema_name, t.table_name) not in (select * from unnest($2::text[], $3::text[]))
+  and (t.schema_name, t.table_name) `+op+` (select * from unnest($2::text[], $3::text[]))
 returning t.schema_name, t.table_name`, slot, schemas, names, reason)
 	if err != nil {
 		return nil, fmt.Errorf("end table spans of slot %q (%s): %w", slot, reason, err)

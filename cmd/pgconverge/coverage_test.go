@@ -61,6 +61,35 @@ func dropSlot(t *testing.T, env *pgtest.Env) {
 	})
 }
 
+// advanceSlot advances the test's slot to at least to, as another consumer would. The slot moves
+// up to the flushed WAL, which follows the insert position shortly, and a stopped daemon's
+// walsender may still hold the slot for a moment.
+func advanceSlot(t *testing.T, env *pgtest.Env, to pglogrepl.LSN) {
+	t.Helper()
+	pgtest.Eventually(t, 10*time.Second, "slot advanced past "+to.String(), func() (bool, string) {
+		var end string
+		err := env.Source.QueryRow(context.Background(), `select end_lsn::text from pg_replication_slot_advance($1, $2::pg_lsn)`,
+			env.Name, to.String()).Scan(&end)
+		if err != nil {
+			return false, err.Error()
+		}
+		return lsnMust(t, end) >= to, end
+	})
+}
+
+// holdLoad makes the daemon of cfg stop after the first loaded chunk of table until release is
+// closed; reached is closed when it got there.
+func holdLoad(cfg *daemonConfig, table string) (reached, release chan struct{}) {
+	reached, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.Knobs.AfterLoadChunk = func(tab string, _ int64) {
+		if tab == table {
+			once.Do(func() { close(reached); <-release })
+		}
+	}
+	return reached, release
+}
+
 // lsnOf reads an LSN from the source.
 func lsnOf(t *testing.T, env *pgtest.Env, query string) pglogrepl.LSN {
 	t.Helper()
@@ -201,17 +230,7 @@ func TestSlotAdvancedElsewhereIsAGap(t *testing.T) {
 	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
 	pgtest.Exec(t, env.Source, `insert into a values (2, 'skipped')`, `update a set v = 'skipped' where id = 1`)
 	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
-	// The slot advances up to the flushed WAL, which follows the insert position shortly.
-	// (The stopped daemon's walsender may still hold the slot for a moment.)
-	pgtest.Eventually(t, 10*time.Second, "slot advanced past "+to.String(), func() (bool, string) {
-		var end string
-		err := env.Source.QueryRow(context.Background(), `select end_lsn::text from pg_replication_slot_advance($1, $2::pg_lsn)`,
-			env.Name, to.String()).Scan(&end)
-		if err != nil {
-			return false, err.Error()
-		}
-		return lsnMust(t, end) >= to, end
-	})
+	advanceSlot(t, env, to)
 
 	alert := testConfig(t, env)
 	alert.OnGap = onGapAlert
@@ -242,15 +261,9 @@ func TestTableAddedLaterIsAGapUntilLoaded(t *testing.T) {
 	waitCovered(t, env)
 	d.stop(t)
 
-	reached, release := make(chan struct{}), make(chan struct{})
 	cfg = testConfig(t, env)
 	cfg.Tables = []string{"public.a", "public.b"}
-	var once sync.Once
-	cfg.Knobs.AfterLoadChunk = func(table string, rows int64) {
-		if table == "public.b" {
-			once.Do(func() { close(reached); <-release })
-		}
-	}
+	reached, release := holdLoad(&cfg, "public.b")
 	startDaemon(t, cfg)
 	<-reached
 	rep, code := coverageOf(t, env)
@@ -339,30 +352,16 @@ func TestSlotAdvancedDuringTheLoadIsAGap(t *testing.T) {
 	waitCovered(t, env)
 	d.stop(t)
 
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
 	cfg = testConfig(t, env)
 	cfg.Tables = []string{"public.a", "public.b"}
 	cfg.OnGap = onGapAlert
-	cfg.Knobs.AfterLoadChunk = func(table string, rows int64) {
-		if table == "public.b" {
-			once.Do(func() { close(reached); <-release })
-		}
-	}
+	reached, release := holdLoad(&cfg, "public.b")
 	startDaemon(t, cfg)
 	<-reached
 	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
 	pgtest.Exec(t, env.Source, `insert into a values (2, 'skipped')`)
 	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
-	pgtest.Eventually(t, 10*time.Second, "slot advanced past "+to.String(), func() (bool, string) {
-		var end string
-		err := env.Source.QueryRow(context.Background(), `select end_lsn::text from pg_replication_slot_advance($1, $2::pg_lsn)`,
-			env.Name, to.String()).Scan(&end)
-		if err != nil {
-			return false, err.Error()
-		}
-		return lsnMust(t, end) >= to, end
-	})
+	advanceSlot(t, env, to)
 	close(release)
 	waitConverged(t, env, "b", "id")
 	pgtest.Eventually(t, 60*time.Second, "a gap for public.a", func() (bool, string) {

@@ -39,14 +39,22 @@ func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
 	waitCovered(t, env)
 }
 
-// A target table dropped by hand is recreated and loaded again, never left empty.
-func TestDroppedTargetTableIsReloaded(t *testing.T) {
+// loadedAndStopped starts the daemon on a source table a of 100 rows, waits until the target
+// holds it, and stops the daemon.
+func loadedAndStopped(t *testing.T) *pgtest.Env {
+	t.Helper()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' || g from generate_series(1, 100) g`)
 	d := startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "a", "id")
 	d.stop(t)
+	return env
+}
+
+// A target table dropped by hand is recreated and loaded again, never left empty.
+func TestDroppedTargetTableIsReloaded(t *testing.T) {
+	env := loadedAndStopped(t)
 	pgtest.Exec(t, env.Target, `drop table a`)
 	pgtest.Exec(t, env.Source, `update a set v = 'changed' where id <= 10`)
 	rep, code := coverageOf(t, env)
@@ -61,12 +69,7 @@ func TestDroppedTargetTableIsReloaded(t *testing.T) {
 // A target table replaced by hand (dropped and created again with the same columns) is a new
 // target table: nothing loaded or streamed before is in it, so it is loaded again.
 func TestTargetTableReplacedByHandIsReloaded(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
-		`insert into a select g, 'v' || g from generate_series(1, 100) g`)
-	d := startDaemon(t, testConfig(t, env))
-	waitConverged(t, env, "a", "id")
-	d.stop(t)
+	env := loadedAndStopped(t)
 	pgtest.Exec(t, env.Target, `create table a2 (like a including all)`, `drop table a`, `alter table a2 rename to a`)
 	startDaemon(t, testConfig(t, env))
 	waitConverged(t, env, "a", "id")

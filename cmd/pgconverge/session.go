@@ -297,11 +297,13 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 		if err != nil {
 			return err
 		}
-		if v, err := changebatch.NewView(b); err == nil {
-			r := results[v.Table.String()]
-			r.Add(res)
-			results[v.Table.String()] = r
+		tab, err := changebatch.TableOf(b.Schema())
+		if err != nil {
+			return err
 		}
+		r := results[tab.String()]
+		r.Add(res)
+		results[tab.String()] = r
 	}
 	if err := tx.SetProgress(ctx, s.cfg.Slot, end); err != nil {
 		return err
