@@ -67,7 +67,7 @@ func setup(t *testing.T) fixture {
 	if err := migrations.Apply(ctx, env.Target); err != nil {
 		t.Fatal(err)
 	}
-	if err := apply.EnsureTable(ctx, env.Target, acc); err != nil {
+	if _, err := apply.EnsureTable(ctx, env.Target, acc, 0); err != nil {
 		t.Fatal(err)
 	}
 	return fixture{env: env, ap: apply.New(env.Target)}

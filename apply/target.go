@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -13,55 +15,38 @@ import (
 
 // EnsureTable creates the target table for t when it is missing (see createTableSQL) and registers
 // it in pgconverge.tables (register); a table it had to create again, or that was replaced by hand,
-// is registered as not loaded and in a new generation, so the daemon loads it. When the table
-// exists it checks that it has every source column and the metadata columns, and returns an error
-// naming what is missing otherwise.
-func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error {
+// is registered as not loaded and in a new generation, so the daemon loads it.
+//
+// An existing table is brought in line with t, the source table's current description (reshape):
+// a column t has and the table lacks is added, nullable and without a default; a column of another
+// type is changed to t's type with a cast. Either leaves existing rows without the source's values
+// (ADD COLUMN ... DEFAULT and ALTER COLUMN ... TYPE rewrite the source table without logical
+// changes), so the table's schema_changed_lsn becomes changedAt, a source position read after t was
+// described: backfills read before it stop counting as coverage and the table is loaded again.
+// Target columns t lacks are kept and no longer written. It returns what it changed, and an error
+// naming the fix when the key differs or a column's values do not convert.
+func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) (Reshape, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, `select to_regclass($1) is not null`, t.Quoted()).Scan(&exists); err != nil {
-		return fmt.Errorf("look up target table %s: %w", t, err)
+		return Reshape{}, fmt.Errorf("look up target table %s: %w", t, err)
 	}
 	if !exists {
 		if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
-			return fmt.Errorf("create target schema %q (the target role needs CREATE on the database): %w", t.Schema, err)
+			return Reshape{}, fmt.Errorf("create target schema %q (the target role needs CREATE on the database): %w", t.Schema, err)
 		}
 		if _, err := conn.Exec(ctx, createTableSQL(t)); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "3F000") {
-				return fmt.Errorf("create target table %s: a column's type (or its schema) does not exist on the target: create it there first, as on the source (pgconverge does not create user-defined enums, domains or composite types yet): %w", t, err)
+				return Reshape{}, fmt.Errorf("create target table %s: a column's type (or its schema) does not exist on the target: create it there first, as on the source (pgconverge creates user-defined enums, domains and composite types, not other kinds): %w", t, err)
 			}
-			return fmt.Errorf("create target table %s (the target role needs CREATE on schema %q): %w", t, t.Schema, err)
+			return Reshape{}, fmt.Errorf("create target table %s (the target role needs CREATE on schema %q): %w", t, t.Schema, err)
 		}
 	}
-	rows, err := conn.Query(ctx, `select attname from pg_attribute
-where attrelid = $1::regclass and attnum > 0 and not attisdropped`, t.Quoted())
-	if err != nil {
-		return fmt.Errorf("read columns of target table %s: %w", t, err)
+	// A table registered for the first time has nothing to reload: it is loaded anyway.
+	if err := register(ctx, conn, t, !exists); err != nil {
+		return Reshape{}, err
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("read columns of target table %s: %w", t, err)
-	}
-	have := map[string]bool{}
-	for _, n := range names {
-		have[n] = true
-	}
-	var missing []string
-	for _, c := range t.Columns {
-		if !have[c.Name] {
-			missing = append(missing, c.Name)
-		}
-	}
-	for _, c := range []string{changebatch.ColLSN, changebatch.ColSeq, changebatch.ColDeleted, changebatch.ColUnknown} {
-		if !have[c] {
-			missing = append(missing, c)
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("target table %s exists but lacks columns %s: drop it (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
-			t, strings.Join(missing, ", "), t.Quoted())
-	}
-	return register(ctx, conn, t, !exists)
+	return reshape(ctx, conn, t, changedAt)
 }
 
 // register records t's target table in pgconverge.tables with its oid. A registered table that
@@ -81,6 +66,7 @@ on conflict (schema_name, table_name) do update set target_oid = excluded.target
   loaded_at = case when (select renew from r) then null else g.loaded_at end,
   slot = case when (select renew from r) then null else g.slot end,
   truncated_lsn = case when (select renew from r) then null else g.truncated_lsn end,
+  schema_changed_lsn = case when (select renew from r) then null else g.schema_changed_lsn end,
   generation = g.generation + (select renew from r)::int
 returning (select renew from r)`, t.Schema, t.Name, t.Quoted(), created).Scan(&renewed)
 	if err != nil {
@@ -93,22 +79,63 @@ returning (select renew from r)`, t.Schema, t.Name, t.Quoted(), created).Scan(&r
 }
 
 // EnsureType creates type schema.name on the target with ddl (cdc.TypeDefinitions gives it),
-// with its schema when missing, unless the type exists; a type that exists is left as it is (a
-// value it cannot hold is refused when it arrives). It reports whether it created the type.
-func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string) (bool, error) {
+// with its schema when missing, unless the type exists. An existing enum gets the labels of
+// labels (the source's, in sort order) it lacks, each placed after the label that precedes it
+// on the source (ALTER TYPE ... ADD VALUE); other existing types are left as they are (a value
+// one cannot hold is refused when it arrives). It reports whether it created the type and the
+// labels it added.
+func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string, labels []string) (bool, []string, error) {
 	qualified := pgx.Identifier{schema, name}.Sanitize()
 	var exists bool
 	if err := conn.QueryRow(ctx, `select to_regtype($1) is not null`, qualified).Scan(&exists); err != nil {
-		return false, fmt.Errorf("look up type %s on the target: %w", qualified, err)
+		return false, nil, fmt.Errorf("look up type %s on the target: %w", qualified, err)
 	}
 	if exists {
-		return false, nil
+		added, err := addEnumLabels(ctx, conn, qualified, labels)
+		return false, added, err
 	}
 	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return false, fmt.Errorf("create schema %q for type %s on the target (the target role needs CREATE on the database): %w", schema, qualified, err)
+		return false, nil, fmt.Errorf("create schema %q for type %s on the target (the target role needs CREATE on the database): %w", schema, qualified, err)
 	}
 	if _, err := conn.Exec(ctx, ddl); err != nil {
-		return false, fmt.Errorf("create type %s on the target (%s): %w", qualified, ddl, err)
+		return false, nil, fmt.Errorf("create type %s on the target (%s): %w; create what it needs on the target first (a function or type the source has), or the type itself, as on the source", qualified, ddl, err)
 	}
-	return true, nil
+	return true, nil, nil
 }
+
+// addEnumLabels adds to the target enum qualified the labels of want it lacks (see EnsureType)
+// and returns them; nothing when want is nil or the target type is not an enum.
+func addEnumLabels(ctx context.Context, conn *pgx.Conn, qualified string, want []string) ([]string, error) {
+	if want == nil {
+		return nil, nil
+	}
+	rows, err := conn.Query(ctx, `select e.enumlabel::text from pg_enum e where e.enumtypid = $1::regtype order by e.enumsortorder`, qualified)
+	if err != nil {
+		return nil, fmt.Errorf("read the labels of enum %s on the target: %w", qualified, err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read the labels of enum %s on the target: %w", qualified, err)
+	}
+	if len(have) == 0 {
+		return nil, nil // not an enum there, or one without labels: leave it
+	}
+	var added []string
+	for i, l := range want {
+		if slices.Contains(have, l) {
+			continue
+		}
+		place := " before " + quoteLiteral(have[0])
+		if i > 0 {
+			place = " after " + quoteLiteral(want[i-1])
+		}
+		if _, err := conn.Exec(ctx, "alter type "+qualified+" add value if not exists "+quoteLiteral(l)+place); err != nil {
+			return added, fmt.Errorf("add label %q to enum %s on the target: %w", l, qualified, err)
+		}
+		added = append(added, l)
+	}
+	return added, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal; pgsession pins standard_conforming_strings on.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -27,6 +27,9 @@ type assembler struct {
 	rels     map[uint32]*relation
 	builders map[string]*changebatch.Builder
 	order    []string // builder keys in order of first use
+	// describedAt is the source position read before the tables were described
+	// (StreamConfig.DescribedAt).
+	describedAt pglogrepl.LSN
 
 	inTxn     bool
 	finalLSN  pglogrepl.LSN // commit LSN of the open transaction (Begin.FinalLSN)
@@ -37,8 +40,8 @@ type assembler struct {
 	changes   int64         // row changes appended, ever
 }
 
-func newAssembler(mem memory.Allocator, tables []changebatch.Table) *assembler {
-	a := &assembler{mem: mem, tables: map[string]changebatch.Table{}, byOID: map[uint32]changebatch.Table{},
+func newAssembler(mem memory.Allocator, tables []changebatch.Table, describedAt pglogrepl.LSN) *assembler {
+	a := &assembler{mem: mem, describedAt: describedAt, tables: map[string]changebatch.Table{}, byOID: map[uint32]changebatch.Table{},
 		rels: map[uint32]*relation{}, builders: map[string]*changebatch.Builder{}}
 	for _, t := range tables {
 		if t.SourceOID != 0 {
@@ -93,9 +96,12 @@ func (a *assembler) handle(m pglogrepl.Message) (bool, error) {
 
 // relation records how the relation's columns map onto the replicated table, found by the
 // relation's oid (by its name for a table described without one): a table renamed or moved to
-// another schema is still the same table, and a new table that took its name is not. A column the
-// table does not have is a schema change pgconverge cannot follow yet: it stops rather than drop
-// values.
+// another schema is still the same table, and a new table that took its name is not. A Relation
+// message of a transaction committed at or after describedAt that differs from the table's
+// description is a schema change the stream cannot follow on its own (SchemaChangeError). One of
+// an older transaction predates the description, which supersedes it: its columns that the
+// description lacks, or describes with another type, are not written (the target table was
+// brought in line with the description, and a changed type is reloaded).
 func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 	t, ok := a.byOID[m.RelationID]
 	if !ok {
@@ -106,17 +112,16 @@ func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 		a.rels[m.RelationID] = &relation{}
 		return nil
 	}
+	if ch := compareRelation(t, m, a.finalLSN); ch != nil && a.finalLSN >= a.describedAt {
+		return ch
+	}
 	r := &relation{table: t, cols: make([]int, len(m.Columns))}
 	for i, c := range m.Columns {
-		r.cols[i] = -1
-		for j, tc := range t.Columns {
-			if tc.Name == c.Name {
-				r.cols[i] = j
-			}
+		j := columnIndex(t, c.Name)
+		if j >= 0 && t.Columns[j].TypeOID != 0 && (t.Columns[j].TypeOID != c.DataType || t.Columns[j].TypeMod != c.TypeModifier) {
+			j = -1
 		}
-		if r.cols[i] < 0 {
-			return fmt.Errorf("source table %s has column %q that the replicated table lacks (a column was added or renamed while streaming): pgconverge cannot follow schema changes yet; drop the target table (DROP TABLE %s on the target) and restart: pgconverge recreates it with the new columns and reloads it from a new snapshot", t, c.Name, t.Quoted())
-		}
+		r.cols[i] = j
 	}
 	b, ok := a.builders[name.String()]
 	if !ok {
@@ -152,6 +157,9 @@ func (r *relation) values(tup *pglogrepl.TupleData) ([]changebatch.Value, error)
 		return nil, fmt.Errorf("pgoutput: tuple of %s has the wrong number of columns", r.table)
 	}
 	for i, c := range tup.Columns {
+		if r.cols[i] < 0 {
+			continue // a column of older history that the description supersedes
+		}
 		v := &vals[r.cols[i]]
 		switch c.DataType {
 		case pglogrepl.TupleDataTypeNull:

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -20,7 +21,13 @@ var itemsRel = msgRelation(16400, "public", "items", relCol{"id", true}, relCol{
 // and the first error.
 func feed(t *testing.T, msgs ...[]byte) (*assembler, error) {
 	t.Helper()
-	a := newAssembler(memory.NewGoAllocator(), []changebatch.Table{items})
+	return feedAt(t, items, 0, msgs...)
+}
+
+// feedAt is feed for table tab described at source position describedAt.
+func feedAt(t *testing.T, tab changebatch.Table, describedAt pglogrepl.LSN, msgs ...[]byte) (*assembler, error) {
+	t.Helper()
+	a := newAssembler(memory.NewGoAllocator(), []changebatch.Table{tab}, describedAt)
 	t.Cleanup(a.release)
 	for _, raw := range msgs {
 		m, err := pglogrepl.Parse(raw)
@@ -163,7 +170,7 @@ func TestAssembleRefuses(t *testing.T) {
 	}{
 		{"column the target lacks", [][]byte{msgBegin(1, 1),
 			msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"body", false}, relCol{"n", false}, relCol{"extra", false})},
-			`column "extra" that the replicated table lacks`},
+			`changed its columns (seen at 0/1): added ["extra"]`},
 		{"change before relation", [][]byte{msgBegin(1, 1), msgInsert(16400, "1", "a", "1")}, "before its Relation message"},
 		{"commit of another transaction", [][]byte{msgBegin(0x10, 1), msgCommit(0x20, 0x30)}, "does not match the open transaction"},
 		{"update without its key", [][]byte{msgBegin(1, 1), itemsRel, msgUpdate(16400, nil, toast, "a", "1")}, `did not send key column "id"`},
@@ -178,13 +185,39 @@ func TestAssembleRefuses(t *testing.T) {
 	}
 }
 
-func TestRelationWithFewerColumnsMarksTheRestUnknown(t *testing.T) {
-	a, err := feed(t, msgBegin(0x10, 1), msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"n", false}),
-		msgInsert(16400, "1", "5"), msgCommit(0x10, 0x20))
+// typedItems is items described with type oids: n is an integer (23), the others text (25), so a
+// Relation message of msgRelation (every column text) shows n with another type.
+var typedItems = changebatch.Table{Schema: "public", Name: "items", SourceOID: 16400, Columns: []changebatch.Column{
+	{Name: "id", Type: "text", Key: true, TypeOID: 25, TypeMod: -1}, {Name: "body", Type: "text", TypeOID: 25, TypeMod: -1},
+	{Name: "n", Type: "integer", TypeOID: 23, TypeMod: -1},
+}}
+
+// A Relation message of a transaction committed at or after the description that differs from it
+// stops the stream, naming each change.
+func TestRelationChangedAfterDescriptionIsASchemaChange(t *testing.T) {
+	_, err := feedAt(t, typedItems, 0x10, msgBegin(0x10, 1),
+		msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"n", false}, relCol{"note", false}))
+	var ch *SchemaChangeError
+	if !errors.As(err, &ch) {
+		t.Fatalf("err = %v, want a SchemaChangeError", err)
+	}
+	got := fmt.Sprintf("%s added=%q dropped=%q retyped=%q", ch.LSN, ch.Added, ch.Dropped, ch.Retyped)
+	if want := `0/10 added=["note"] dropped=["body"] retyped=["n"]`; got != want {
+		t.Errorf("change = %s, want %s", got, want)
+	}
+}
+
+// A Relation message of a transaction committed before the description is older history: the
+// columns it lacks are unknown (never NULL), and those the description lacks or types otherwise
+// are not written.
+func TestRelationOlderThanDescriptionIsFollowed(t *testing.T) {
+	a, err := feedAt(t, typedItems, 0x11, msgBegin(0x10, 1),
+		msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"gone", false}, relCol{"n", false}),
+		msgInsert(16400, "1", "x", "5"), msgCommit(0x10, 0x20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := render(t, a); got != "public.items U 0/10#1 1 ? 5\n" {
+	if got, _ := render(t, a); got != "public.items U 0/10#1 1 ? ?\n" {
 		t.Errorf("rows = %q", got)
 	}
 }

@@ -75,7 +75,7 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 		if _, err := tx.Exec(ctx, `set local search_path to pg_catalog`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `select attname, format_type(atttypid, atttypmod), attnum from pg_attribute
+		rows, err := tx.Query(ctx, `select attname, format_type(atttypid, atttypmod), attnum, atttypid, atttypmod from pg_attribute
 where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, oid)
 		if err != nil {
 			return err
@@ -84,7 +84,7 @@ where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' or
 		for rows.Next() {
 			var c changebatch.Column
 			var num int16
-			if err := rows.Scan(&c.Name, &c.Type, &num); err != nil {
+			if err := rows.Scan(&c.Name, &c.Type, &num, &c.TypeOID, &c.TypeMod); err != nil {
 				return err
 			}
 			c.KeyPos = keys[num]

@@ -39,7 +39,12 @@ type StreamConfig struct {
 	Start pglogrepl.LSN
 	// Tables are the replicated tables; changes of other published tables are skipped.
 	Tables []changebatch.Table
-	Apply  ApplyFunc
+	// DescribedAt is a source position (CurrentLSN) read before Tables were described. A Relation
+	// message of a transaction committed at or after it that differs from its table's description
+	// ends Run with a *SchemaChangeError before anything of that transaction is applied; 0 treats
+	// every difference so.
+	DescribedAt pglogrepl.LSN
+	Apply       ApplyFunc
 	// GroupRows ends a group of whole transactions once it holds this many changes (default 10,000).
 	GroupRows int
 	// GroupDelay ends a group once its first transaction waited this long (default 100 ms).
@@ -178,7 +183,7 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 	}
 	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String())
-	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables)}
+	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables, cfg.DescribedAt)}
 	defer l.asm.release()
 	// An apply that started finishes even when ctx ends, within a grace period.
 	applyCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -34,12 +34,15 @@ type TableState struct {
 	Membership, Publication string
 	// Source is the source database the stream reads (cdc.SourceID), "" when not recorded.
 	Source string
+	// SchemaChanged is the table's schema_changed_lsn (apply.EnsureTable), 0 when none: backfill
+	// chunks read before it do not count.
+	SchemaChanged pglogrepl.LSN
 }
 
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
 func ReadTables(ctx context.Context, db DB) (map[cdc.TableName]*TableState, error) {
 	out := map[cdc.TableName]*TableState{}
-	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(membership, ''),
+	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(schema_changed_lsn, '0/0')::text, coalesce(membership, ''),
   to_regclass(format('%I.%I', schema_name, table_name)) is null
     or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false)
 from pgconverge.tables`)
@@ -48,14 +51,14 @@ from pgconverge.tables`)
 	}
 	for rows.Next() {
 		st := &TableState{}
-		var truncated string
-		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &st.Membership, &st.TargetReplaced); err != nil {
+		var truncated, changed string
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}
-		if st.Ledger.Truncated, err = pglogrepl.ParseLSN(truncated); err != nil {
+		if err := parseLSNs([]*string{&truncated, &changed}, []*pglogrepl.LSN{&st.Ledger.Truncated, &st.SchemaChanged}); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}
 		out[st.Table] = st
 	}
@@ -116,7 +119,8 @@ order by t.id`)
 }
 
 // readBackfills adds the chunks of each table's latest completed backfill of its current
-// generation (one chunk at the backfill's S for a backfill recorded without chunks).
+// generation (one chunk at the backfill's S for a backfill recorded without chunks), without the
+// chunks read before the table's schema_changed_lsn: their rows lack a column's values.
 func readBackfills(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `with latest as (
   select distinct on (b.schema_name, b.table_name) b.id, b.schema_name, b.table_name, b.snapshot_lsn
@@ -126,6 +130,8 @@ func readBackfills(ctx context.Context, db DB, out map[cdc.TableName]*TableState
   order by b.schema_name, b.table_name, b.id desc)
 select l.schema_name, l.table_name, l.id, c.lower_key, c.upper_key, coalesce(c.snapshot_lsn, l.snapshot_lsn)::text
 from latest l left join pgconverge.backfill_chunks c on c.backfill_id = l.id
+join pgconverge.tables g on g.schema_name = l.schema_name and g.table_name = l.table_name
+where coalesce(c.snapshot_lsn, l.snapshot_lsn) >= coalesce(g.schema_changed_lsn, '0/0')
 order by l.id, c.chunk`)
 	if err != nil {
 		return fmt.Errorf("read coverage ledger backfills: %w", err)

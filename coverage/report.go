@@ -27,6 +27,10 @@ const (
 	Loading Status = "loading"
 	// NeverLoaded: the table never completed a backfill into its current target table.
 	NeverLoaded Status = "never-loaded"
+	// SchemaChanged: the source table gained a column or a column changed type, and no backfill
+	// completed since: the target's existing rows lack the source's values (the daemon loads the
+	// table again).
+	SchemaChanged Status = "schema-changed"
 	// NotStreamed: no stream follows the table now (it left the daemon's selection); its target
 	// copy stopped following the source, and it is not counted as a gap.
 	NotStreamed Status = "not-streamed"
@@ -250,6 +254,9 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		tr.Status = Covered
 	case held:
 		tr.Status = Loading
+	case backfilled == 0 && st.SchemaChanged != 0:
+		tr.Status = SchemaChanged
+		tr.Note = strings.TrimPrefix(tr.Note+"; "+fmt.Sprintf("the source table's columns changed (recorded at %s): backfills before that no longer count", st.SchemaChanged), "; ")
 	case backfilled == 0:
 		tr.Status = NeverLoaded
 	default:

@@ -22,6 +22,11 @@ type Column struct {
 	// KeyPos is the column's 1-based position in the key's index, 0 when unknown or not a key
 	// column; KeyOrder uses it.
 	KeyPos int
+	// TypeOID and TypeMod are the source's atttypid and atttypmod, as pgoutput Relation messages
+	// carry them; 0 and 0 when unknown (they do not travel in batch schemas). The stream compares
+	// them to notice a column whose type changed.
+	TypeOID uint32
+	TypeMod int32
 }
 
 // Table describes a replicated table: its schema-qualified name and its columns in the order the

@@ -137,13 +137,8 @@ func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, er
 			return backfillReport{}, err
 		}
 	}
-	if err := ensureTypes(ctx, src, tgt, tables, cfg.Logger); err != nil {
+	if err := ensureTables(ctx, src, tgt, tables, cfg.Logger); err != nil {
 		return backfillReport{}, err
-	}
-	for _, t := range tables {
-		if err := apply.EnsureTable(ctx, tgt, t); err != nil {
-			return backfillReport{}, err
-		}
 	}
 	busy := busyFail
 	if cfg.Wait {

@@ -66,11 +66,29 @@ func TestPartitionOfARootPublicationIsRefused(t *testing.T) {
 	requireRefusal(t, cfg, "publish_via_partition_root", "p_a")
 }
 
-// A user-defined type pgconverge does not create (a range type) and the target lacks stops the
-// daemon, naming the fix.
-func TestMissingUserRangeTypeIsRefused(t *testing.T) {
+// A user-defined range type is created on the target with its multirange, and an enum label
+// added on the source while streaming is added on the target.
+func TestUserRangeAndNewEnumLabelsReachTheTarget(t *testing.T) {
 	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create type floatrange as range (subtype = float8)`,
+	pgtest.Exec(t, env.Source, `create type floatrange as range (subtype = float8, subtype_diff = float8mi)`,
+		`create type mood as enum ('sad', 'happy')`,
+		`create table t (id int primary key, r floatrange, mr floatmultirange, m mood)`,
+		`insert into t values (1, '[1.5,2.5)', '{[1,2), [3,4]}', 'sad')`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `alter type mood add value 'ok' before 'happy'`, `insert into t values (2, 'empty', '{}', 'ok')`)
+	waitConverged(t, env, "t", "id")
+	got := pgtest.Rows(t, env.Target, `select e.enumlabel from pg_enum e where e.enumtypid = 'mood'::regtype order by e.enumsortorder`)
+	if d := pgtest.Diff([]string{"sad", "ok", "happy"}, got); d != "" {
+		t.Errorf("target enum labels:\n%s", d)
+	}
+}
+
+// A range type that needs a function the target lacks stops the daemon, naming the fix.
+func TestRangeTypeNeedingAMissingFunctionIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create function my_diff(a float8, b float8) returns float8 language sql immutable as 'select a - b'`,
+		`create type floatrange as range (subtype = float8, subtype_diff = my_diff)`,
 		`create table t (id int primary key, r floatrange)`)
-	requireRefusal(t, testConfig(t, env), "does not exist on the target: create it there first")
+	requireRefusal(t, testConfig(t, env), "create type public.floatrange", "create what it needs on the target first")
 }

@@ -73,6 +73,19 @@ func (d *runningDaemon) stop(t *testing.T) {
 	}
 }
 
+// waitExit waits up to timeout for the daemon to exit on its own and returns its error.
+func (d *runningDaemon) waitExit(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("daemon still runs after %s", timeout)
+		return nil
+	}
+}
+
 // requireRunning fails the test if the daemon has exited.
 func (d *runningDaemon) requireRunning(t *testing.T) {
 	t.Helper()

@@ -37,8 +37,7 @@ func retryable(err error) bool {
 		return false
 	}
 	// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
-	if errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) ||
-		errors.Is(err, backfill.ErrRewritten) {
+	if restartNow(err) || errors.Is(err, cdc.ErrSlotBusy) || errors.Is(err, backfill.ErrRewritten) {
 		return true
 	}
 	var pgErr *pgconn.PgError
@@ -51,7 +50,10 @@ func retryable(err error) bool {
 		// while streaming, which the next session recreates and reloads.
 		// 42704 for a replication slot: it was dropped; the next session records the gap and
 		// creates it anew.
+		// 22P02 for an enum: a label added on the source while streaming, which the next
+		// session adds on the target (ensureTypes).
 		return pgErr.Code == "55006" || pgErr.Code == "42P01" ||
+			pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "invalid input value for enum") ||
 			pgErr.Code == "42704" && strings.Contains(pgErr.Message, "replication slot")
 	}
 	var connectErr *pgconn.ConnectError
@@ -59,6 +61,14 @@ func retryable(err error) bool {
 	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, pgconn.ErrConnClosed)
+}
+
+// restartNow reports whether err ends a session on purpose, for the next one to pick up a change
+// on the source (publication membership, the slot, a table's columns): the daemon restarts at
+// once, without backing off.
+func restartNow(err error) bool {
+	var schema *cdc.SchemaChangeError
+	return errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) || errors.As(err, &schema)
 }
 
 // hint returns advice for an operator about a transient failure, or "".
@@ -69,6 +79,9 @@ func hint(err error) string {
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 		return "a table is missing; if a target table was dropped, the next session recreates and reloads it"
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "for enum") {
+		return "an enum label was added on the source: the next session adds it to the target's type"
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {

@@ -128,7 +128,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if err == nil || !retryable(err) {
 			return err
 		}
-		if time.Since(started) > time.Minute || errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) {
+		if time.Since(started) > time.Minute || restartNow(err) {
 			b.Reset()
 		}
 		wait := b.NextBackOff()
@@ -136,7 +136,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "hint", h)
 		}
-		if errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) {
+		if restartNow(err) {
 			cfg.Logger.Warn("restarting the session", attrs...)
 		} else {
 			cfg.Logger.Error("session failed, reconnecting", attrs...)

@@ -94,6 +94,12 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	if s.sourceID, err = cdc.SourceID(ctx, s.src); err != nil {
 		return err
 	}
+	// Read before the tables are described: a Relation message of a later transaction that
+	// differs from a description is a schema change the description has not seen.
+	describedAt, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
 	names, err := s.selectTables(ctx)
 	if err != nil {
 		return err
@@ -105,13 +111,10 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		return permanent(err)
 	}
 
-	if err := ensureTypes(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
+	if err := ensureTables(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
 		return err
 	}
 	for _, t := range s.tables {
-		if err := apply.EnsureTable(ctx, s.tgt, t); err != nil {
-			return err
-		}
 		if err := coverage.CheckTableSource(ctx, s.tgt, cdc.TableName{Schema: t.Schema, Name: t.Name}, s.sourceID); err != nil {
 			return permanent(err)
 		}
@@ -151,7 +154,7 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	stopSchedule := s.startSchedule(ctx, start)
 	defer stopSchedule()
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
-		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables,
+		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables, DescribedAt: describedAt,
 		Apply: s.applyStream, SourceWALEnd: walEnd, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
 		CheckStart: func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
 	})
@@ -161,8 +164,14 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	cfg.Metrics.follow(streamer.Stats)
 	defer cfg.Metrics.follow(nil)
 	err = streamer.Run(ctx, s.repl)
-	if cause := context.Cause(ctx); errors.Is(cause, errMembershipChanged) {
-		return cause
+	var schema *cdc.SchemaChangeError
+	if cause := context.Cause(ctx); errors.Is(cause, errMembershipChanged) || errors.As(cause, &schema) {
+		err = cause
+	}
+	if errors.As(err, &schema) {
+		cfg.Logger.Warn("source table's columns changed while streaming: restarting the session to follow them",
+			"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
+			"dropped_or_renamed", schema.Dropped, "changed_type", schema.Retyped)
 	}
 	return err
 }

@@ -52,7 +52,9 @@ func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) er
 
 // checkMemberships ends the session (errMembershipChanged) when a table's publication membership
 // differs from the one recorded at the session's start, or, with the default selection (no
-// --tables), when a table joined the publication. Otherwise every table was published, as
+// --tables), when a table joined the publication; and with a *cdc.SchemaChangeError when a
+// table's columns differ from its description, which no Relation message shows until the table's
+// next change. Otherwise every table was published, as
 // at the start, up to the source position read before the previous check (a commit before it was
 // visible to this check, however late its commit record was written); that position goes to the
 // stream, which records it in the ledger with its next transaction (coverage.ConfirmSpans).
@@ -63,6 +65,14 @@ func (s *session) checkMemberships(ctx context.Context) {
 	}
 	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, s.names)
 	if err != nil {
+		return
+	}
+	changed, err := cdc.ChangedColumns(ctx, s.src, s.tables, before)
+	if err != nil {
+		return
+	}
+	if changed != nil {
+		s.cancel(changed)
 		return
 	}
 	for n, tok := range s.memberships {

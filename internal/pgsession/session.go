@@ -35,6 +35,8 @@ var params = map[string]string{
 	"client_encoding": "UTF8",
 	"xmloption":       "content",
 	"array_nulls":     "on",
+	// Backslashes in string literals pgconverge builds are plain characters.
+	"standard_conforming_strings": "on",
 	// A target commit must be durable before its position is confirmed to the source.
 	"synchronous_commit": "on",
 	// An exported snapshot lives in a session that stays idle in its transaction for a whole

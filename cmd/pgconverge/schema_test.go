@@ -1,0 +1,123 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// streamingTable creates table t (id int primary key, v text, n int) with 50 rows on the source,
+// starts the daemon and waits until it streams.
+func streamingTable(t *testing.T, env *pgtest.Env) *runningDaemon {
+	t.Helper()
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text, n int)`,
+		`insert into t select g, 'v' || g, g from generate_series(1, 50) g`)
+	d := startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	return d
+}
+
+// targetColumns returns the target table t's columns as name:type, in order.
+func targetColumns(t *testing.T, env *pgtest.Env) []string {
+	t.Helper()
+	return pgtest.Rows(t, env.Target, `select attname || ':' || format_type(atttypid, atttypmod) from pg_attribute
+where attrelid = 't'::regclass and attnum > 0 and not attisdropped and attname not like '\_cdc\_%' order by attnum`)
+}
+
+// A column added while streaming is added to the target, and rows written after carry it.
+func TestAddColumnWhileStreaming(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t add column note varchar(20)`,
+		`insert into t values (51, 'v51', 51, 'new')`, `update t set note = 'set' where id = 3`)
+	waitConverged(t, env, "t", "id")
+	if got := targetColumns(t, env); pgtest.Diff([]string{"id:integer", "v:text", "n:integer", "note:character varying(20)"}, got) != "" {
+		t.Errorf("target columns: %q", got)
+	}
+}
+
+// ADD COLUMN ... DEFAULT fills the existing rows without a change pgoutput sends (a constant is
+// stored in the catalog, a volatile default rewrites the table), and no change of the table
+// follows here: the daemon still notices the new columns and loads the table again, so the
+// existing rows get the source's values, and coverage says covered once that load completed.
+func TestAddColumnWithDefaultsFillsExistingRows(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t add column c text not null default 'constant'`,
+		`alter table t add column r float8 default random()`)
+	waitConverged(t, env, "t", "id")
+	waitCovered(t, env)
+	if got := scalar[int](t, env.Target, `select count(*) from pgconverge.backfills where table_name = 't' and status = 'completed'`); got != 2 {
+		t.Errorf("completed backfills of t: %d, want 2 (the initial load and the reload)", got)
+	}
+}
+
+// A dropped column stays on the target with the values it had; rows written after leave it NULL.
+func TestDropColumnKeepsItOnTheTarget(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t drop column n`, `insert into t values (51, 'v51')`, `update t set v = 'x' where id = 7`)
+	waitConverged(t, env, "t", "id")
+	got := pgtest.Rows(t, env.Target, `select format('%s %s %s', id, v, coalesce(n::text, 'null')) from t where id in (7, 51) order by id`)
+	if d := pgtest.Diff([]string{"7 x 7", "51 v51 null"}, got); d != "" {
+		t.Errorf("kept column:\n%s", d)
+	}
+}
+
+// A renamed column cannot be told from a dropped one and an added one in pgoutput: the target
+// gets the new name with the source's values (loaded again), and keeps the old one.
+func TestRenameColumnAddsTheNewName(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t rename column v to label`, `update t set label = 'renamed' where id = 1`)
+	waitConverged(t, env, "t", "id")
+	if got := scalar[int](t, env.Target, `select count(*) from t where v is distinct from label and id > 1`); got != 0 {
+		t.Errorf("%d rows whose new column differs from the old one", got)
+	}
+}
+
+// A column changed to another type is changed on the target and the table is loaded again, so
+// values the source's USING expression computed arrive, not the target's cast.
+func TestColumnTypeChangeReloadsTheTable(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t alter column n type numeric(12,2) using n * 1.5`)
+	waitConverged(t, env, "t", "id")
+	pgtest.Exec(t, env.Source, `insert into t values (51, 'v51', 2.25)`)
+	waitConverged(t, env, "t", "id")
+	if got := targetColumns(t, env); pgtest.Diff([]string{"id:integer", "v:text", "n:numeric(12,2)"}, got) != "" {
+		t.Errorf("target columns: %q", got)
+	}
+}
+
+// A type change whose values the target cannot cast stops the daemon, naming the table and the
+// fix; nothing on the target changed.
+func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
+	env := pgtest.New(t)
+	d := streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t alter column v type int using length(v)`)
+	err := d.waitExit(t, time.Minute)
+	for _, want := range []string{"public.t", "v: text -> integer", "ALTER TABLE", "DROP TABLE"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("daemon error %v does not mention %q", err, want)
+		}
+	}
+	if got := targetColumns(t, env); pgtest.Diff([]string{"id:integer", "v:text", "n:integer"}, got) != "" {
+		t.Errorf("target columns: %q", got)
+	}
+}
+
+// A source table whose key changed is refused: the target table's primary key stays.
+func TestKeyChangeIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	d := streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey`, `alter table t add primary key (id, n)`)
+	err := d.waitExit(t, time.Minute)
+	for _, want := range []string{"key of source table public.t is (id, n)", "primary key is (id)", "DROP TABLE"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("daemon error %v does not mention %q", err, want)
+		}
+	}
+}
