@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -32,6 +33,9 @@ func createTableSQL(t changebatch.Table) string {
 			b.WriteString(" not null")
 		}
 		b.WriteString(", ")
+	}
+	for _, g := range t.Generated {
+		fmt.Fprintf(&b, "%s %s generated always as (%s) stored, ", pgx.Identifier{g.Name}.Sanitize(), g.Type, g.Expr)
 	}
 	var keys []string
 	for _, i := range t.KeyOrder() {

@@ -36,8 +36,8 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // DescribeTable reads table schema.name from the source catalog: its columns in attribute order
-// (without generated columns, which pgoutput in PostgreSQL 15 does not send) and its replica
-// identity key. It returns an error naming the table and the fix when the table is missing, is not
+// (without generated columns, which pgoutput in PostgreSQL 15 does not send: they are described
+// apart, in Generated) and its replica identity key. It returns an error naming the table and the fix when the table is missing, is not
 // an ordinary or partitioned table, or has no usable key.
 func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (changebatch.Table, error) {
 	t := changebatch.Table{Schema: schema, Name: name}
@@ -91,27 +91,25 @@ where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' or
 			c.Key = c.KeyPos > 0
 			t.Columns = append(t.Columns, c)
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `select a.attname, format_type(a.atttypid, a.atttypmod), pg_get_expr(d.adbin, d.adrelid)
+from pg_attribute a join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated = 's' order by a.attnum`, oid)
+		if err != nil {
+			return err
+		}
+		t.Generated, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (changebatch.GeneratedColumn, error) {
+			var g changebatch.GeneratedColumn
+			return g, r.Scan(&g.Name, &g.Type, &g.Expr)
+		})
+		return err
 	})
 	if err != nil {
 		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
 	}
 	return t, t.Validate()
-}
-
-// GeneratedColumns returns the names of table t's generated columns on the source, which
-// pgoutput does not send (PostgreSQL 15) and pgconverge therefore does not replicate.
-func GeneratedColumns(ctx context.Context, conn *pgx.Conn, t changebatch.Table) ([]string, error) {
-	rows, err := conn.Query(ctx, `select attname::text from pg_attribute where attrelid = $1::regclass and attnum > 0
-  and not attisdropped and attgenerated <> '' order by attnum`, t.Quoted())
-	if err != nil {
-		return nil, fmt.Errorf("read generated columns of source table %s: %w", t, err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read generated columns of source table %s: %w", t, err)
-	}
-	return names, nil
 }
 
 // keyColumns maps the attribute numbers of the replica identity key to their 1-based position in

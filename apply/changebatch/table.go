@@ -29,12 +29,24 @@ type Column struct {
 	TypeMod int32
 }
 
+// GeneratedColumn is a stored generated column of a source table (GENERATED ALWAYS AS (Expr)
+// STORED). pgoutput in PostgreSQL 15 does not send its values, so batches do not carry it: the
+// target table has it as a generated column too and computes it from the replicated columns
+// (PostgreSQL requires the expression to be immutable, so it gives the source's values).
+type GeneratedColumn struct {
+	// Name is the column's name (not quoted); Type is as in Column; Expr is the generation
+	// expression as pg_get_expr prints it, functions qualified with their schema.
+	Name, Type, Expr string
+}
+
 // Table describes a replicated table: its schema-qualified name and its columns in the order the
 // producer emits them.
 type Table struct {
 	Schema  string
 	Name    string
 	Columns []Column
+	// Generated are the source table's stored generated columns, which batches do not carry.
+	Generated []GeneratedColumn
 	// SourceOID is the source relation's oid when the producer knows it (cdc.DescribeTable), else
 	// 0. The stream matches pgoutput Relation messages by it, so a table renamed on the source, or
 	// moved to another schema, and back, keeps its changes.

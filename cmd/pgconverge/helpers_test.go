@@ -109,7 +109,12 @@ where attrelid = '%s'::regclass and attnum > 0 and not attisdropped and attgener
 // row(...)::text of the source's columns ordered by orderBy.
 func waitConverged(t *testing.T, env *pgtest.Env, table, orderBy string) {
 	t.Helper()
-	cols := sourceColumns(t, env.Source, table)
+	waitConvergedColumns(t, env, table, sourceColumns(t, env.Source, table), orderBy)
+}
+
+// waitConvergedColumns is waitConverged comparing the columns cols (SQL, comma-separated).
+func waitConvergedColumns(t *testing.T, env *pgtest.Env, table, cols, orderBy string) {
+	t.Helper()
 	src := fmt.Sprintf("select row(%s)::text from %s order by %s", cols, table, orderBy)
 	tgt := fmt.Sprintf("select row(%s)::text from %s where not _cdc_deleted order by %s", cols, table, orderBy)
 	pgtest.Eventually(t, 60*time.Second, "target "+table+" equals source", func() (bool, string) {

@@ -93,7 +93,8 @@ func TestColumnTypeChangeReloadsTheTable(t *testing.T) {
 }
 
 // A type change whose values the target cannot cast stops the daemon, naming the table and the
-// fix; nothing on the target changed.
+// fix, with the target table unchanged; once the target column is changed by hand, the restarted
+// daemon loads the table again.
 func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
@@ -107,6 +108,9 @@ func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
 	if got := targetColumns(t, env); pgtest.Diff([]string{"id:integer", "v:text", "n:integer"}, got) != "" {
 		t.Errorf("target columns: %q", got)
 	}
+	pgtest.Exec(t, env.Target, `alter table t alter column v type int using 0`)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "t", "id")
 }
 
 // A source table whose key changed is refused: the target table's primary key stays.
@@ -119,5 +123,28 @@ func TestKeyChangeIsRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("daemon error %v does not mention %q", err, want)
 		}
+	}
+}
+
+// Generated columns, which pgoutput does not send, are generated columns of the target table
+// too, with the source's values on both paths; one added while streaming is added there, and
+// one whose expression the source dropped becomes a plain column that the stream writes.
+func TestGeneratedColumnsFollowTheSource(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, a int, b text,
+  g int generated always as (a * 2) stored, h text generated always as (upper(b) || '!') stored)`,
+		`insert into t (id, a, b) values (1, 1, 'x'), (2, 2, null)`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `insert into t (id, a, b) values (3, 3, 'y')`, `update t set a = 10 where id = 1`)
+	waitConvergedColumns(t, env, "t", "id, a, b, g, h", "id")
+	pgtest.Exec(t, env.Source, `alter table t add column k bigint generated always as (id * 1000 + a) stored`)
+	waitConvergedColumns(t, env, "t", "id, a, b, g, h, k", "id")
+	pgtest.Exec(t, env.Source, `alter table t alter column g drop expression`, `update t set g = -1 where id = 2`)
+	waitConvergedColumns(t, env, "t", "id, a, b, g, h, k", "id")
+	got := pgtest.Rows(t, env.Target, `select attname || ':' || attgenerated::text from pg_attribute
+where attrelid = 't'::regclass and attname in ('g', 'h', 'k') order by attname`)
+	if d := pgtest.Diff([]string{"g:", "h:s", "k:s"}, got); d != "" {
+		t.Errorf("target generated columns:\n%s", d)
 	}
 }

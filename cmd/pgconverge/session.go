@@ -222,14 +222,6 @@ func (s *session) selectTables(ctx context.Context) ([]cdc.TableName, error) {
 			errs = append(errs, err)
 			continue
 		}
-		gen, err := cdc.GeneratedColumns(ctx, s.src, t)
-		if err != nil {
-			return nil, err
-		}
-		if len(gen) > 0 {
-			s.cfg.Logger.Warn("generated columns are not replicated (pgoutput does not send them): the target table lacks them; add them to it as generated columns with the same expression if needed",
-				"table", t.String(), "columns", gen)
-		}
 		s.tables = append(s.tables, t)
 	}
 	if len(errs) > 0 {

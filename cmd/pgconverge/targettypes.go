@@ -55,6 +55,10 @@ func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.
 			log.Warn("source table's columns changed: changed the target table to match; its existing rows are loaded again from a new snapshot",
 				"table", t.String(), "added", r.Added, "changed_type", r.Retyped, "schema_changed_lsn", changedAt.String())
 		}
+		if len(r.Generated)+len(r.Plain) > 0 {
+			log.Info("changed the target table's generated columns to the source's", "table", t.String(),
+				"added_generated", r.Generated, "made_plain", r.Plain)
+		}
 		if len(r.Kept) > 0 {
 			log.Info("target table keeps columns the source table no longer has (dropped or renamed there); nothing writes them any more",
 				"table", t.String(), "columns", r.Kept)
