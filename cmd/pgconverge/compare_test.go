@@ -51,6 +51,8 @@ var renderSettings = map[string]string{
 	"array_nulls":        "on",
 	"lc_monetary":        "C",
 	"search_path":        "public",
+	// how this test's own string literals parse
+	"standard_conforming_strings": "on",
 }
 
 // oddDatabaseDefaults sets database defaults on both sides that differ from each other, from
@@ -64,10 +66,11 @@ func oddDatabaseDefaults(t *testing.T, env *pgtest.Env) {
 		}
 	}
 	set(env.Source, `timezone = 'America/St_Johns'`, `datestyle = 'German'`, `intervalstyle = 'sql_standard'`,
-		`extra_float_digits = -15`, `bytea_output = 'escape'`, `xmloption = document`, `search_path = nowhere`)
+		`extra_float_digits = -15`, `bytea_output = 'escape'`, `xmloption = document`, `search_path = nowhere`,
+		`standard_conforming_strings = off`)
 	set(env.Target, `timezone = 'Pacific/Chatham'`, `datestyle = 'Postgres, MDY'`, `intervalstyle = 'postgres_verbose'`,
 		`extra_float_digits = 0`, `bytea_output = 'escape'`, `xmloption = document`, `array_nulls = off`,
-		`search_path = elsewhere`)
+		`search_path = elsewhere`, `standard_conforming_strings = off`)
 }
 
 // connectRendering opens a connection to url pinned to renderSettings.
