@@ -9,4 +9,7 @@
 // table and merged with one INSERT … ON CONFLICT … DO UPDATE … WHERE (old version) < (new version)
 // (PostgreSQL docs, INSERT "ON CONFLICT Clause"). Several changes of one key in a batch are first
 // collapsed to the newest, keeping earlier values for columns the newest left unchanged.
+//
+// SyncSequence creates a missing target sequence and moves it forward to a source sequence's
+// value, never back.
 package apply

@@ -139,3 +139,41 @@ func addEnumLabels(ctx context.Context, conn *pgx.Conn, qualified string, want [
 
 // quoteLiteral quotes s as an SQL string literal; pgsession pins standard_conforming_strings on.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// HasMetadata reports whether the target has pgconverge's metadata schema (migrations applied by
+// run or backfill).
+func HasMetadata(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var known bool
+	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.tables') is not null`).Scan(&known); err != nil {
+		return false, fmt.Errorf("look up pgconverge.tables on the target: %w", err)
+	}
+	return known, nil
+}
+
+// RegisteredTables returns the tables pgconverge replicates into the target, ordered by name:
+// those registered in pgconverge.tables (by run and backfill) whose target table exists. Only
+// Schema and Name are set. A target without the pgconverge schema has none and gets an error
+// saying so.
+func RegisteredTables(ctx context.Context, conn *pgx.Conn) ([]changebatch.Table, error) {
+	known, err := HasMetadata(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if !known {
+		return nil, errors.New("the target has no pgconverge metadata (schema pgconverge): name the tables with --table, or point --target at a database pgconverge replicates into")
+	}
+	rows, err := conn.Query(ctx, `select schema_name, table_name from pgconverge.tables
+where to_regclass(format('%I.%I', schema_name, table_name)) is not null order by 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("list tables in pgconverge.tables: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (changebatch.Table, error) {
+		var t changebatch.Table
+		err := r.Scan(&t.Schema, &t.Name)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list tables in pgconverge.tables: %w", err)
+	}
+	return out, nil
+}

@@ -9,4 +9,7 @@
 // PostgreSQL docs: §55.4 "Streaming Replication Protocol" (START_REPLICATION, CREATE_REPLICATION_SLOT,
 // Primary keepalive, Standby status update), §55.5 "Logical Replication Message Formats",
 // §31 "Logical Replication" (publications, replica identity).
+//
+// pgoutput carries no sequence changes (PostgreSQL 15): TableSequences and ReadSequence read the
+// sequences a table uses from the source's catalog and sequence relations instead.
 package cdc

@@ -28,7 +28,9 @@ type backfillConfig struct {
 	Workers, ChunkRows int
 	SnapshotWarn       time.Duration
 	Resume, Wait       bool
-	Logger             *slog.Logger
+	// SyncSequences syncs the sequences of each completed table after the run (syncSequences).
+	SyncSequences bool
+	Logger        *slog.Logger
 	// Progress reports rows; nil picks a bar on a terminal, else log lines.
 	Progress progress
 	// AfterChunk and AfterMergedBatch are test hooks (backfillJob).
@@ -70,6 +72,10 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 				cfg.Progress = newProgress(stderr, ok && term.IsTerminal(int(f.Fd())), "backfill", logger, 10*time.Second)
 			}
 			rep, err := runBackfillCmd(cmd.Context(), cfg)
+			if errors.Is(err, errSequencesNotSynced) {
+				printBackfillReport(stdout, rep)
+				return err
+			}
 			switch {
 			case cmd.Context().Err() != nil && rep.RunID != 0:
 				// Not wrapping context.Canceled: an interrupted backfill must not exit 0.
@@ -89,6 +95,7 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 	addBackfillFlags(f, &cfg.Workers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.BoolVar(&cfg.Resume, "resume", true, "keep the completed chunks of an interrupted backfill of a table and read only the rest; --resume=false starts over")
 	f.BoolVar(&cfg.Wait, "wait", false, "wait for another running backfill of a table to end instead of failing")
+	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }
@@ -144,13 +151,25 @@ func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, er
 	if cfg.Wait {
 		busy = busyWait
 	}
-	return runBackfill(ctx, backfillJob{
+	rep, err := runBackfill(ctx, backfillJob{
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: apply.TriggerManual,
 		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
 	})
+	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
+		return rep, err
+	}
+	rep.Sequences, err = syncSequencesAt(ctx, cfg.Source, cfg.Target, completedTables(tables, rep), cfg.Logger)
+	if err != nil {
+		return rep, fmt.Errorf("%w: %w", errSequencesNotSynced, err)
+	}
+	return rep, nil
 }
+
+// errSequencesNotSynced marks the error of a backfill that completed but could not sync every
+// sequence (--sync-sequences): its report is still printed.
+var errSequencesNotSynced = errors.New("backfill completed, but sequences were not all synced")
 
 // describeTables parses the table lists and describes each table on the source; every problem is
 // reported at once.
@@ -194,4 +213,8 @@ func printBackfillReport(w io.Writer, rep backfillReport) {
 	fmt.Fprintf(w, "  applied:       %d (rows written: a snapshot row replaces an older version even when equal)\n", rep.Result.Applied)
 	fmt.Fprintf(w, "  suppressed:    %d (the target already held that version or a newer one)\n", rep.Result.Suppressed)
 	fmt.Fprintf(w, "  tombstoned:    %d (target rows the source no longer had)\n", rep.Tombstoned)
+	if rep.Sequences != nil {
+		fmt.Fprintln(w)
+		printSequences(w, rep.Sequences)
+	}
 }

@@ -80,6 +80,8 @@ type backfillReport struct {
 	// Tables lists the tables backfilled, each at the smallest S of its chunks.
 	Tables  []tableResult
 	Skipped []string
+	// Sequences are the outcomes of --sync-sequences after the run, nil without it.
+	Sequences []sequenceLine
 }
 
 // tableResult is one table of a completed run.
@@ -347,6 +349,11 @@ func addBackfillFlags(f *pflag.FlagSet, workers, chunkRows *int, snapshotWarn *t
 	f.IntVar(workers, "workers", 2, "chunks read and applied in parallel during a backfill (each uses a source and a target connection)")
 	f.IntVar(chunkRows, "chunk-rows", 250_000, "rows per chunk, the unit of parallel reading and of resuming; a chunk whose keys the target does not hold is copied in one transaction, else merged batch by batch")
 	f.DurationVar(snapshotWarn, "snapshot-warn", 30*time.Minute, "warn when a backfill holds its snapshot longer than this (it holds back VACUUM on the source); 0 never warns")
+}
+
+// addSyncSequencesFlag defines --sync-sequences, shared by run and backfill.
+func addSyncSequencesFlag(f *pflag.FlagSet, sync *bool) {
+	f.BoolVar(sync, "sync-sequences", false, "after a table's backfill completes, sync the sequences it uses to the target as the sequences command does (a point-in-time value: run pgconverge sequences again at cutover)")
 }
 
 // validateBackfillSizes checks the values of the backfill flags.

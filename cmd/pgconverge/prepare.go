@@ -141,12 +141,15 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 	if trigger == apply.TriggerGap {
 		what = "gap backfill"
 	}
-	_, err := runBackfill(ctx, backfillJob{
+	rep, err := runBackfill(ctx, backfillJob{
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger, Slot: cfg.Slot,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows, Snapshot: snap,
 		Resume: true, KeepFrom: keepFrom, Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress:   cfg.Metrics.progress(trigger, newProgress(nil, false, what, cfg.Logger, 10*time.Second)),
 		AfterChunk: cfg.Knobs.AfterLoadChunk, Metrics: cfg.Metrics,
 	})
+	if err == nil {
+		logSequenceSync(ctx, cfg, tables, rep)
+	}
 	return err
 }

@@ -34,9 +34,12 @@ type daemonConfig struct {
 	OnGap string
 	// MetricsAddr, when set, is the HOST:PORT where Prometheus metrics are served.
 	MetricsAddr string
-	Metrics     *metrics
-	Logger      *slog.Logger
-	Knobs       daemonKnobs
+	// SyncSequences syncs the sequences of each table after each completed backfill run of it
+	// (initial load, gap and scheduled backfills; logSequenceSync).
+	SyncSequences bool
+	Metrics       *metrics
+	Logger        *slog.Logger
+	Knobs         daemonKnobs
 }
 
 // daemonKnobs are fault-injection hooks for tests; nil hooks do nothing.
@@ -103,6 +106,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
 	f.StringVar(&cfg.OnGap, "on-gap", onGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
+	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187); off when empty")
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd

@@ -89,6 +89,7 @@ func (s *session) startSchedule(ctx context.Context, start pglogrepl.LSN) func()
 			hook(scheduleFailed)
 			return
 		}
+		logSequenceSync(ctx, cfg, s.tables, rep)
 		hook(scheduleCompleted)
 	}))
 	c.Start()
