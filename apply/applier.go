@@ -147,7 +147,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	t.buf.Reset()
 	encodeCopyText(&t.buf, v.Table, rows)
 	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, stage)); err != nil {
-		return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, err)
+		return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, describeCopyError(v.Table, rows, err))
 	}
 	var applied int64
 	for _, moved := range []bool{false, true} {

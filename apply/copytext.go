@@ -2,8 +2,13 @@ package apply
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
@@ -99,4 +104,55 @@ func arrayLiteral(elems []string) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// withCopyContext returns err with PostgreSQL's context of a failed COPY, which names the line, the
+// column and the refused value ("COPY t, line 3, column v: \"x\""); err unchanged without one.
+func withCopyContext(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Where == "" {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, pgErr.Where)
+}
+
+// copyLine finds the line and column PostgreSQL names in the context of a failed COPY
+// ("COPY stage, line 3, column v: ...").
+var copyLine = regexp.MustCompile(`, line (\d+)(?:, column ([^:]+))?`)
+
+// describeCopyError returns err with the row the target refused named by its key and version and,
+// when PostgreSQL names it, the column and the value as the source sent it, so an operator can
+// find the row on the source; err unchanged when the error names no line of rows.
+func describeCopyError(t changebatch.Table, rows []stagedRow, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	m := copyLine.FindStringSubmatch(pgErr.Where)
+	if m == nil {
+		return err
+	}
+	line, convErr := strconv.Atoi(m[1])
+	if convErr != nil || line < 1 || line > len(rows) {
+		return err
+	}
+	r := rows[line-1]
+	var keys, vals []string
+	for _, i := range t.KeyOrder() {
+		keys = append(keys, t.Columns[i].Name)
+		vals = append(vals, r.values[i].Text)
+	}
+	where := fmt.Sprintf("the row with key (%s) = (%s), version %s", strings.Join(keys, ", "), strings.Join(vals, ", "), r.version)
+	if col := m[2]; col != "" {
+		for i, c := range t.Columns {
+			if c.Name == col && !r.values[i].Null && !r.values[i].Unchanged {
+				v := r.values[i].Text
+				if len(v) > 200 {
+					v = v[:200] + "…"
+				}
+				where += fmt.Sprintf(", column %q (type %s) with value %q", col, c.Type, v)
+			}
+		}
+	}
+	return fmt.Errorf("the target refused %s: %w", where, err)
 }

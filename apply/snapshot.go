@@ -88,7 +88,7 @@ func (t *Tx) CopySnapshot(ctx context.Context, tab changebatch.Table, batches <-
 	case err != nil && encErr != nil:
 		return res, false, encErr
 	case err != nil:
-		return res, false, fmt.Errorf("copy %d rows into %s: %w", rows, tab, err)
+		return res, false, fmt.Errorf("copy %d rows into %s: %w", rows, tab, withCopyContext(err))
 	}
 	res.Applied = tag.RowsAffected()
 	t.Result.Add(res)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -91,4 +93,25 @@ func TestRangeTypeNeedingAMissingFunctionIsRefused(t *testing.T) {
 		`create type floatrange as range (subtype = float8, subtype_diff = my_diff)`,
 		`create table t (id int primary key, r floatrange)`)
 	requireRefusal(t, testConfig(t, env), "create type public.floatrange", "create what it needs on the target first")
+}
+
+// A value the target refuses (here a target domain with a stricter check) stops the daemon with
+// an error naming the table, the column and the value, and on the stream path the row's key.
+func TestRefusedValueNamesTheRowAndColumn(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create domain score as int check (value >= 0)`,
+		`create table t (id int primary key, s score)`, `insert into t values (1, 5), (2, 50), (3, 7)`)
+	pgtest.Exec(t, env.Target, `create domain score as int check (value < 10)`)
+	requireRefusal(t, testConfig(t, env), "public.t", `line 2, column s: "50"`)
+
+	pgtest.Exec(t, env.Source, `update t set s = 1 where id = 2`)
+	d := startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `insert into t values (4, 1), (5, 60)`)
+	err := d.waitExit(t, time.Minute)
+	for _, want := range []string{"public.t", "key (id) = (5)", `column "s" (type public.score) with value "60"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("daemon error %v does not mention %q", err, want)
+		}
+	}
 }
