@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -147,4 +151,29 @@ where attrelid = 't'::regclass and attname in ('g', 'h', 'k') order by attname`)
 	if d := pgtest.Diff([]string{"g:", "h:s", "k:s"}, got); d != "" {
 		t.Errorf("target generated columns:\n%s", d)
 	}
+}
+
+// A column added while the daemon is stopped is added by the next start, which records the
+// change: until a backfill read after it completes, coverage reports the table schema-changed and
+// exits 3; the daemon then loads it again and coverage is clean.
+func TestSchemaChangeIsNotCoveredUntilReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	d := streamingTable(t, env)
+	d.stop(t)
+	pgtest.Exec(t, env.Source, `alter table t add column c int not null default 7`)
+	tab, err := cdc.DescribeTable(context.Background(), env.Source, "public", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, env)
+	if err := ensureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
+		t.Fatal(err)
+	}
+	rep, code := coverageOf(t, env)
+	if tr := tableReport(t, rep, "public.t"); code != 3 || tr.Status != coverage.SchemaChanged {
+		t.Fatalf("coverage exit %d, status %s (%s), want 3 and schema-changed", code, tr.Status, tr.Note)
+	}
+	startDaemon(t, cfg)
+	waitCovered(t, env)
+	waitConverged(t, env, "t", "id")
 }
