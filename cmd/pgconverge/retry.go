@@ -50,9 +50,11 @@ func retryable(err error) bool {
 		// while streaming, which the next session recreates and reloads.
 		// 42704 for a replication slot: it was dropped; the next session records the gap and
 		// creates it anew.
+		// 42703: a column dropped or renamed on the source while a load read it; the next
+		// session describes the table again.
 		// 22P02 for an enum: a label added on the source while streaming, which the next
 		// session adds on the target (ensureTypes).
-		return pgErr.Code == "55006" || pgErr.Code == "42P01" ||
+		return pgErr.Code == "55006" || pgErr.Code == "42P01" || pgErr.Code == "42703" ||
 			pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "invalid input value for enum") ||
 			pgErr.Code == "42704" && strings.Contains(pgErr.Message, "replication slot")
 	}
@@ -79,6 +81,9 @@ func hint(err error) string {
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 		return "a table is missing; if a target table was dropped, the next session recreates and reloads it"
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
+		return "a column was dropped or renamed on the source while it was read: the next session describes the table again"
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "for enum") {
 		return "an enum label was added on the source: the next session adds it to the target's type"
