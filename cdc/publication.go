@@ -19,9 +19,9 @@ func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, 
 
 // EnsurePublication creates publication name for tables, or adds to an existing publication the
 // tables it lacks; a publication it creates for a partitioned table publishes via the partition
-// root, so that the partitions' changes arrive under the table's own name. beforeAdd runs with the tables about to be added, before they are: the stream
-// never carried their earlier changes, so the caller marks them for loading first and a crash
-// in between cannot hide that. It returns the tables it added (all of them when it created the
+// root, so that the partitions' changes arrive under the table's own name. beforeAdd runs with
+// the tables about to be added, before they are: the stream never carried their earlier changes,
+// so the caller marks them for loading first and a crash in between cannot hide that. It returns the tables it added (all of them when it created the
 // publication). Creating or altering a publication needs ownership of the tables and CREATE on the
 // database (PostgreSQL docs, CREATE PUBLICATION).
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName, beforeAdd func([]TableName) error) ([]TableName, error) {
