@@ -29,8 +29,12 @@ var ErrRewritten = errors.New("table rewritten since the snapshot")
 
 // checkNotRewritten locks t against rewrites for the rest of tx (ACCESS SHARE, as the read takes
 // anyway) and returns an error wrapping ErrRewritten when t's file node is no longer the one the
-// snapshot's catalog shows.
+// snapshot's catalog shows; for a partitioned table, when its partitions changed
+// (checkPartitionsUnchanged).
 func checkNotRewritten(ctx context.Context, tx pgx.Tx, t changebatch.Table, snap Snapshot) error {
+	if t.Partitioned {
+		return checkPartitionsUnchanged(ctx, tx, t, snap)
+	}
 	if _, err := tx.Exec(ctx, "lock table only "+t.Quoted()+" in access share mode"); err != nil {
 		return fmt.Errorf("lock %s for reading: %w", t, err)
 	}
@@ -69,7 +73,7 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	}
 	names, _ := keyColumns(t)
 	cond, args := rangeCondition(t, c)
-	query := "select " + strings.Join(cols, ", ") + " from only " + t.Quoted() + " where " + cond +
+	query := "select " + strings.Join(cols, ", ") + " from " + relation(t) + " where " + cond +
 		" order by " + strings.Join(names, ", ")
 	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {
@@ -96,6 +100,12 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	}
 	if err := rows.Err(); err != nil {
 		return n, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
+	}
+	if t.Partitioned {
+		// A partition attached after the first check may have been scanned.
+		if err := checkPartitionsUnchanged(ctx, tx, t, snap); err != nil {
+			return n, err
+		}
 	}
 	if b.Rows() > 0 {
 		if err := flush(); err != nil {

@@ -18,9 +18,10 @@ func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, 
 }
 
 // EnsurePublication creates publication name for tables, or adds to an existing publication the
-// tables it lacks. beforeAdd runs with the tables about to be added, before they are: the stream
-// never carried their earlier changes, so the caller marks them for loading first and a crash
-// in between cannot hide that. It returns the tables it added (all of them when it created the
+// tables it lacks; a publication it creates for a partitioned table publishes via the partition
+// root, so that the partitions' changes arrive under the table's own name. beforeAdd runs with
+// the tables about to be added, before they are: the stream never carried their earlier changes,
+// so the caller marks them for loading first and a crash in between cannot hide that. It returns the tables it added (all of them when it created the
 // publication). Creating or altering a publication needs ownership of the tables and CREATE on the
 // database (PostgreSQL docs, CREATE PUBLICATION).
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName, beforeAdd func([]TableName) error) ([]TableName, error) {
@@ -33,8 +34,22 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	if err != nil && err != pgx.ErrNoRows {
 		return nil, fmt.Errorf("look up publication %q: %w", name, err)
 	}
+	viaRoot := false
 	if exists {
 		if err := checkPublication(ctx, conn, name, tables); err != nil {
+			return nil, err
+		}
+	} else {
+		// A new publication publishes partitioned tables under their own name when one is
+		// selected; otherwise it stays as before, so that partitions can be selected.
+		if viaRoot, err = anyPartitioned(ctx, conn, tables); err != nil {
+			return nil, err
+		}
+		errs, err := checkPartitions(ctx, conn, name, viaRoot, tables)
+		if err != nil {
+			return nil, err
+		}
+		if err := errors.Join(errs...); err != nil {
 			return nil, err
 		}
 	}
@@ -69,6 +84,9 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		return nil, err
 	}
 	sql := "create publication " + pgx.Identifier{name}.Sanitize() + " for table " + list
+	if viaRoot {
+		sql += " with (publish_via_partition_root = true)"
+	}
 	if exists {
 		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
 	}
@@ -81,7 +99,8 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 // checkPublication reports, all at once, the settings of an existing publication that would make
 // pgconverge miss changes: an operation it does not publish, a row filter or a column list on one of
 // tables (PostgreSQL docs §31.3 "Row Filters", §31.4 "Column Lists"), publish_via_partition_root
-// with a partition among tables (§31.1, CREATE PUBLICATION).
+// with a partition among tables, or without it and with a partitioned table among tables (§31.1,
+// CREATE PUBLICATION).
 func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName) error {
 	var ins, upd, del, trunc, viaRoot bool
 	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot from pg_publication where pubname = $1`, name).
@@ -94,15 +113,12 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 		errs = append(errs, fmt.Errorf("publication %q does not publish every operation (insert %v, update %v, delete %v, truncate %v): run ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate')",
 			name, ins, upd, del, trunc, pgx.Identifier{name}.Sanitize()))
 	}
+	partErrs, err := checkPartitions(ctx, conn, name, viaRoot, tables)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, partErrs...)
 	for _, t := range tables {
-		var partition bool
-		if err := conn.QueryRow(ctx, `select relispartition from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&partition); err != nil {
-			return fmt.Errorf("read source table %s: %w", t, err)
-		}
-		if viaRoot && partition {
-			errs = append(errs, fmt.Errorf("publication %q has publish_via_partition_root = true, so the changes of partition %s are published as changes of its root and never under its own name: select the root table instead, or use another --publication",
-				name, t))
-		}
 		var filtered, columns bool
 		err := conn.QueryRow(ctx, `select r.prqual is not null, r.prattrs is not null from pg_publication_rel r
 join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = $2::regclass`, name, t.Quoted()).Scan(&filtered, &columns)
@@ -129,7 +145,11 @@ join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = 
 // detected after the fact. A table published through its schema or FOR ALL TABLES can leave the
 // publication and come back without any publication row changing (ALTER TABLE … SET SCHEMA and
 // back, SET UNLOGGED and back): its token also holds the version of its pg_class row, so any
-// ALTER TABLE of it counts as a change (a reload, never a missed gap).
+// ALTER TABLE of it counts as a change (a reload, never a missed gap). A partition published
+// through an ancestor (publish_via_partition_root = false) is found through that ancestor's row.
+// A partitioned table's token also holds its set of leaf partitions and their storage
+// (partitionSet): rows that appear with an ATTACH PARTITION or vanish with a DETACH, a DROP or a
+// TRUNCATE of a partition alone have no change in the stream, so such a change reloads the table.
 func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables []TableName) (map[TableName]string, error) {
 	schemas, names := make([]string, len(tables)), make([]string, len(tables))
 	for i, t := range tables {
@@ -137,11 +157,14 @@ func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text, coalesce(coalesce(
     (select 'all:' || p.oid || ':' || c.xmin from pg_publication p where p.pubname = $1 and p.puballtables),
-    (select 'rel:' || r.oid from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
-      where p.pubname = $1 and r.prrelid = c.oid),
-    (select 'schema:' || pn.oid || ':' || c.xmin from pg_publication_namespace pn join pg_publication p on p.oid = pn.pnpubid
-      where p.pubname = $1 and pn.pnnspid = c.relnamespace))
-  || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1), '')
+    (select 'rel:' || string_agg(r.oid::text, ',' order by r.oid) from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
+      where p.pubname = $1 and (r.prrelid = c.oid or r.prrelid in (select relid from pg_partition_ancestors(c.oid)))),
+    (select 'schema:' || string_agg(pn.oid::text, ',' order by pn.oid) || ':' || c.xmin from pg_publication_namespace pn
+      join pg_publication p on p.oid = pn.pnpubid
+      where p.pubname = $1 and pn.pnnspid in (select a.relnamespace from pg_class a
+        where a.oid = c.oid or a.oid in (select relid from pg_partition_ancestors(c.oid)))))
+  || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1)
+  || case when c.relkind = 'p' then '/partitions:' || `+partitionSet+` else '' end, '')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`, publication, schemas, names)
 	if err != nil {

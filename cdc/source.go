@@ -37,8 +37,10 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 
 // DescribeTable reads table schema.name from the source catalog: its columns in attribute order
 // (without generated columns, which pgoutput in PostgreSQL 15 does not send: they are described
-// apart, in Generated) and its replica identity key. It returns an error naming the table and the fix when the table is missing, is not
-// an ordinary or partitioned table, or has no usable key.
+// apart, in Generated) and its replica identity key. It returns an error naming the table and the
+// fix when the table is missing, is not an ordinary or partitioned table, has no usable key, or is
+// partitioned with a partition that is not an ordinary table. A partitioned table is described as
+// one table with its own columns and key.
 func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (changebatch.Table, error) {
 	t := changebatch.Table{Schema: schema, Name: name}
 	var oid uint32
@@ -54,8 +56,14 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 	if err != nil {
 		return t, fmt.Errorf("read source table %s: %w", t, err)
 	}
-	if kind != "r" {
-		return t, fmt.Errorf("source relation %s is not an ordinary table (relkind %q): only tables can be replicated", t, kind)
+	if kind != "r" && kind != "p" {
+		return t, fmt.Errorf("source relation %s is not an ordinary or partitioned table (relkind %q): only tables can be replicated", t, kind)
+	}
+	if kind == "p" {
+		if err := checkLeaves(ctx, conn, TableName{schema, name}, oid); err != nil {
+			return t, err
+		}
+		t.Partitioned = true
 	}
 	if !usage || !sel {
 		return t, fmt.Errorf("source role may not read table %s: run GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role> on the source",
@@ -150,9 +158,11 @@ type SkippedTable struct {
 	Reason string
 }
 
-// DefaultTables chooses the tables to replicate when none are named: every ordinary table of the
-// publication when it exists, else every user table that has a primary key or a replica identity
-// index. Tables left out are returned with the reason.
+// DefaultTables chooses the tables to replicate when none are named: every table of the
+// publication when it exists (pg_publication_tables: the partitioned tables when it publishes via
+// the partition root, else their partitions), else every user table that has a primary key or a
+// replica identity index, where a partitioned table counts as one table and its partitions are
+// left out (they are replicated through it). Tables left out are returned with the reason.
 func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]TableName, []SkippedTable, error) {
 	exists, err := publicationExists(ctx, conn, publication)
 	if err != nil {
@@ -165,7 +175,7 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]T
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
   exists (select 1 from pg_index i where i.indrelid = c.oid and (i.indisprimary or i.indisreplident)) and c.relreplident <> 'n'
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where c.relkind = 'r' and not c.relispartition and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
+where c.relkind in ('r', 'p') and not c.relispartition and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
   and n.nspname not like 'pg\_%'
 order by 1, 2`)
 	if err != nil {

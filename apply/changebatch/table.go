@@ -51,6 +51,9 @@ type Table struct {
 	// 0. The stream matches pgoutput Relation messages by it, so a table renamed on the source, or
 	// moved to another schema, and back, keeps its changes.
 	SourceOID uint32
+	// Partitioned marks a partitioned source table (relkind 'p'), replicated as one table: it
+	// has no storage of its own, so snapshot reads cover all its partitions.
+	Partitioned bool
 }
 
 // Reserved column names that the target tables add; a source table may not use them.

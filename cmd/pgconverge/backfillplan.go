@@ -146,11 +146,17 @@ func lastChunk(ctx context.Context, conn *pgx.Conn, id int64) (apply.ChunkRecord
 	return c, nil
 }
 
-// estimateRows returns the planner's row estimate of t (pg_class.reltuples) over the source
-// connection src, for progress; 0 when unknown.
+// estimateRows returns the planner's row estimate of t (pg_class.reltuples; for a partitioned
+// table the sum of its partitions' known estimates) over the source connection src, for
+// progress; 0 when unknown.
 func estimateRows(ctx context.Context, src *pgx.Conn, t changebatch.Table) int64 {
 	var n float64
-	if err := src.QueryRow(ctx, `select reltuples from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&n); err != nil || n < 0 {
+	err := src.QueryRow(ctx, `with recursive tree (oid) as (
+  select $1::regclass::oid union all select i.inhrelid from pg_inherits i join tree on i.inhparent = tree.oid
+  where (select relkind from pg_class where oid = $1::regclass) = 'p')
+select coalesce(sum(c.reltuples) filter (where c.reltuples >= 0), -1) from tree join pg_class c on c.oid = tree.oid
+where c.relkind <> 'p'`, t.Quoted()).Scan(&n)
+	if err != nil || n < 0 {
 		return 0
 	}
 	return int64(n)
