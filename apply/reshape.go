@@ -2,12 +2,14 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -17,23 +19,29 @@ type Reshape struct {
 	// Added are the columns it added (nullable, no default); Retyped describe the columns it
 	// changed to the source's new type, as "name: old type -> new type".
 	Added, Retyped []string
+	// Rewritten says why the source table's rows may hold values no change delivered although
+	// the columns look alike (sourceShape.changes): a rewrite, a column dropped and added again.
+	Rewritten []string
 	// Kept are target columns the source table no longer has (dropped, or renamed there): they
 	// stay, with the values they had, and nothing writes them any more.
 	Kept []string
-	// Generated are the generated columns it added, which the target computes for every row;
-	// Plain are generated columns the source made plain (DROP EXPRESSION), made plain too.
+	// Generated are the generated columns it added or created again with the source's type and
+	// expression; Plain are generated columns the source made plain (DROP EXPRESSION), or that it
+	// dropped (kept), made plain too.
 	Generated, Plain []string
 }
 
 // Reloads reports whether the change leaves existing rows without the source's values, so that
-// the table must be loaded again: an added or retyped column.
-func (r Reshape) Reloads() bool { return len(r.Added)+len(r.Retyped) > 0 }
+// the table must be loaded again.
+func (r Reshape) Reloads() bool { return len(r.Added)+len(r.Retyped)+len(r.Rewritten) > 0 }
 
 // targetColumn is a data column of a target table: its type as format_type prints it with
 // schema-qualified names, and whether it is in the primary key.
 type targetColumn struct {
-	name, typ      string
-	key, generated bool
+	name, typ string
+	key       bool
+	// expr is the generation expression of a generated column, "" for others.
+	expr string
 }
 
 // readTargetColumns returns the data columns of target table t (without pgconverge's metadata
@@ -46,8 +54,9 @@ func readTargetColumns(ctx context.Context, conn *pgx.Conn, t changebatch.Table)
 			return err
 		}
 		rows, err := tx.Query(ctx, `select a.attname, format_type(a.atttypid, a.atttypmod),
-  coalesce(a.attnum = any (i.indkey::int2[]), false), a.attgenerated <> ''
+  coalesce(a.attnum = any (i.indkey::int2[]), false), coalesce(case when a.attgenerated <> '' then pg_get_expr(d.adbin, d.adrelid) end, '')
 from pg_attribute a left join pg_index i on i.indrelid = a.attrelid and i.indisprimary
+left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
 where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped order by a.attnum`, t.Quoted())
 		if err != nil {
 			return err
@@ -55,7 +64,7 @@ where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped order by
 		defer rows.Close()
 		for rows.Next() {
 			var c targetColumn
-			if err := rows.Scan(&c.name, &c.typ, &c.key, &c.generated); err != nil {
+			if err := rows.Scan(&c.name, &c.typ, &c.key, &c.expr); err != nil {
 				return err
 			}
 			all[c.name] = true
@@ -72,15 +81,58 @@ where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped order by
 }
 
 // reshape brings existing target table t in line with the source's description in one target
-// transaction (see EnsureTable), generated columns included; changedAt is recorded as the table's schema_changed_lsn when rows
-// must be loaded again. It returns an error naming the fix when the metadata columns are missing,
-// the key differs, or a column's values do not convert to its new type.
+// transaction (see EnsureTable), generated columns included, and records the source table's shape
+// (sourceShape); changedAt is recorded as the table's schema_changed_lsn when rows must be loaded
+// again. It returns an error naming the fix when the metadata columns are missing, the key
+// differs, or the target refuses a change.
 func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) (Reshape, error) {
 	var r Reshape
 	cols, all, err := readTargetColumns(ctx, conn, t)
 	if err != nil {
 		return r, err
 	}
+	if err := checkTargetKey(t, cols, all); err != nil {
+		return r, err
+	}
+	ddl := r.plan(t, cols)
+	old, err := readShape(ctx, conn, t)
+	if err != nil {
+		return r, err
+	}
+	cur := shapeOf(t)
+	r.Rewritten = old.changes(cur)
+	if len(ddl) == 0 && !r.Reloads() && old.equal(cur) {
+		return r, nil
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, stmt := range ddl {
+			if _, err := tx.Exec(ctx, "alter table "+t.Quoted()+" "+stmt); err != nil {
+				return fmt.Errorf("%s: %w", stmt, err)
+			}
+		}
+		if err := writeShape(ctx, tx.Conn(), t, cur); err != nil {
+			return err
+		}
+		if !r.Reloads() {
+			return nil
+		}
+		return RecordSchemaChange(ctx, tx.Conn(), t, changedAt)
+	})
+	if err == nil {
+		return r, nil
+	}
+	// Once someone fixes the target table by hand, the table must still be loaded again.
+	if r.Reloads() {
+		if rerr := RecordSchemaChange(ctx, conn, t, changedAt); rerr != nil {
+			return r, rerr
+		}
+	}
+	return r, reshapeError(t, r, err)
+}
+
+// checkTargetKey returns an error naming the fix when the target table lacks pgconverge's
+// metadata columns or its primary key is not t's key.
+func checkTargetKey(t changebatch.Table, cols []targetColumn, all map[string]bool) error {
 	var missing []string
 	for _, c := range []string{changebatch.ColLSN, changebatch.ColSeq, changebatch.ColDeleted, changebatch.ColUnknown} {
 		if !all[c] {
@@ -88,16 +140,14 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 		}
 	}
 	if len(missing) > 0 {
-		return r, fmt.Errorf("target table %s exists but lacks pgconverge's columns %s: drop it (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
+		return fmt.Errorf("target table %s exists but lacks pgconverge's columns %s: drop it (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
 			t, strings.Join(missing, ", "), t.Quoted())
 	}
 	var srcKey, tgtKey []string
 	for _, i := range t.KeyIndexes() {
 		srcKey = append(srcKey, t.Columns[i].Name)
 	}
-	have := map[string]targetColumn{}
 	for _, c := range cols {
-		have[c.name] = c
 		if c.key {
 			tgtKey = append(tgtKey, c.name)
 		}
@@ -105,22 +155,33 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 	slices.Sort(srcKey)
 	slices.Sort(tgtKey)
 	if !slices.Equal(srcKey, tgtKey) {
-		return r, fmt.Errorf("the key of source table %s is (%s), the target table's primary key is (%s): pgconverge cannot change a target table's key; drop the target table (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
+		return fmt.Errorf("the key of source table %s is (%s), the target table's primary key is (%s): pgconverge cannot change a target table's key; drop the target table (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
 			t, strings.Join(srcKey, ", "), strings.Join(tgtKey, ", "), t.Quoted())
+	}
+	return nil
+}
+
+// plan fills r with the differences between the target's columns and t and returns the ALTER
+// TABLE subcommands that remove them, one statement each.
+func (r *Reshape) plan(t changebatch.Table, cols []targetColumn) []string {
+	have := map[string]targetColumn{}
+	for _, c := range cols {
+		have[c.name] = c
 	}
 	var ddl []string
 	for _, c := range t.Columns {
 		q := pgx.Identifier{c.Name}.Sanitize()
 		tc, ok := have[c.Name]
-		switch {
-		case !ok:
+		if !ok {
 			r.Added = append(r.Added, c.Name)
 			ddl = append(ddl, "add column "+q+" "+c.Type)
-		case tc.generated:
+			continue
+		}
+		if tc.expr != "" {
 			r.Plain = append(r.Plain, c.Name)
 			ddl = append(ddl, "alter column "+q+" drop expression")
 		}
-		if ok && tc.typ != c.Type {
+		if tc.typ != c.Type {
 			r.Retyped = append(r.Retyped, fmt.Sprintf("%s: %s -> %s", c.Name, tc.typ, c.Type))
 			ddl = append(ddl, fmt.Sprintf("alter column %s type %s using %s::%s", q, c.Type, q, c.Type))
 		}
@@ -128,46 +189,52 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 	generated := map[string]bool{}
 	for _, g := range t.Generated {
 		generated[g.Name] = true
-		if _, ok := have[g.Name]; !ok {
-			r.Generated = append(r.Generated, g.Name)
-			ddl = append(ddl, fmt.Sprintf("add column %s %s generated always as (%s) stored", pgx.Identifier{g.Name}.Sanitize(), g.Type, g.Expr))
+		q := pgx.Identifier{g.Name}.Sanitize()
+		tc, ok := have[g.Name]
+		if ok && tc.expr == g.Expr && tc.typ == g.Type {
+			continue
 		}
+		if ok {
+			ddl = append(ddl, "drop column "+q)
+		}
+		r.Generated = append(r.Generated, g.Name)
+		ddl = append(ddl, fmt.Sprintf("add column %s %s generated always as (%s) stored", q, g.Type, g.Expr))
 	}
 	for _, c := range cols {
-		if columnIndex(t, c.name) < 0 && !generated[c.name] {
-			r.Kept = append(r.Kept, c.name)
+		if columnIndex(t, c.name) >= 0 || generated[c.name] {
+			continue
+		}
+		r.Kept = append(r.Kept, c.name)
+		if c.expr != "" {
+			r.Plain = append(r.Plain, c.name)
+			ddl = append(ddl, "alter column "+pgx.Identifier{c.name}.Sanitize()+" drop expression")
 		}
 	}
-	if len(ddl) == 0 {
-		return r, nil
-	}
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "alter table "+t.Quoted()+" "+strings.Join(ddl, ", ")); err != nil {
-			return err
-		}
-		if !r.Reloads() {
-			return nil
-		}
-		return recordSchemaChange(ctx, tx.Conn(), t, changedAt)
-	})
-	if err != nil && !r.Reloads() {
-		return r, fmt.Errorf("change target table %s to the source's generated columns (added %q, made plain %q): %w; create what the expressions need on the target (a function the source has) and restart",
-			t, r.Generated, r.Plain, err)
-	}
-	if err != nil {
-		// The table is loaded again once someone changed it by hand, so record that first.
-		if rerr := recordSchemaChange(ctx, conn, t, changedAt); rerr != nil {
-			return r, rerr
-		}
-		return r, fmt.Errorf("change target table %s to the source's columns (added %q, changed type %q) failed: %w; change the target table by hand to the source's column types (ALTER TABLE %s ALTER COLUMN ... TYPE ... USING ...) or drop it (DROP TABLE %s on the target), then restart: pgconverge reloads the table either way",
-			t, r.Added, r.Retyped, err, t.Quoted(), t.Quoted())
-	}
-	return r, nil
+	return ddl
 }
 
-// recordSchemaChange sets table t's schema_changed_lsn to changedAt (when later) and abandons its
-// unfinished backfills, whose chunks may lack a column's values.
-func recordSchemaChange(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) error {
+// reshapeError names what the target refused and the fix that fits the error: a missing type or
+// function (create it on the target), else a value that does not convert.
+func reshapeError(t changebatch.Table, r Reshape, err error) error {
+	what := fmt.Sprintf("change target table %s to the source's columns (added %q, changed type %q, generated %q, made plain %q)",
+		t, r.Added, r.Retyped, r.Generated, r.Plain)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42704", "3F000":
+			return fmt.Errorf("%s: %w; a type (or its schema) the source uses does not exist on the target: create it there first (CREATE TYPE, or CREATE EXTENSION for an extension's type), then restart", what, err)
+		case "42883":
+			return fmt.Errorf("%s: %w; a function a generated column's expression uses does not exist on the target: create it there first, then restart", what, err)
+		}
+	}
+	return fmt.Errorf("%s: %w; change the target table by hand to the source's column types (ALTER TABLE %s ALTER COLUMN ... TYPE ... USING ...) or drop it (DROP TABLE %s on the target), then restart: pgconverge reloads the table either way",
+		what, err, t.Quoted(), t.Quoted())
+}
+
+// RecordSchemaChange sets table t's schema_changed_lsn to changedAt (when later) and abandons its
+// unfinished backfills, whose chunks may lack a column's values: backfills read before changedAt
+// stop counting as coverage, so the table is loaded again.
+func RecordSchemaChange(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) error {
 	if _, err := conn.Exec(ctx, `update pgconverge.tables set schema_changed_lsn = greatest(schema_changed_lsn, $3::pg_lsn)
 where schema_name = $1 and table_name = $2`, t.Schema, t.Name, changedAt.String()); err != nil {
 		return fmt.Errorf("record the schema change of %s: %w", t, err)

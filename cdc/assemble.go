@@ -30,6 +30,8 @@ type assembler struct {
 	// describedAt is the source position read before the tables were described
 	// (StreamConfig.DescribedAt).
 	describedAt pglogrepl.LSN
+	// fences are the tables' reload fences by source oid (StreamConfig.ReloadFences).
+	fences map[uint32]pglogrepl.LSN
 
 	inTxn     bool
 	finalLSN  pglogrepl.LSN // commit LSN of the open transaction (Begin.FinalLSN)
@@ -40,8 +42,8 @@ type assembler struct {
 	changes   int64         // row changes appended, ever
 }
 
-func newAssembler(mem memory.Allocator, tables []changebatch.Table, describedAt pglogrepl.LSN) *assembler {
-	a := &assembler{mem: mem, describedAt: describedAt, tables: map[string]changebatch.Table{}, byOID: map[uint32]changebatch.Table{},
+func newAssembler(mem memory.Allocator, tables []changebatch.Table, describedAt pglogrepl.LSN, fences map[uint32]pglogrepl.LSN) *assembler {
+	a := &assembler{mem: mem, describedAt: describedAt, fences: fences, tables: map[string]changebatch.Table{}, byOID: map[uint32]changebatch.Table{},
 		rels: map[uint32]*relation{}, builders: map[string]*changebatch.Builder{}}
 	for _, t := range tables {
 		if t.SourceOID != 0 {
@@ -96,12 +98,17 @@ func (a *assembler) handle(m pglogrepl.Message) (bool, error) {
 
 // relation records how the relation's columns map onto the replicated table, found by the
 // relation's oid (by its name for a table described without one): a table renamed or moved to
-// another schema is still the same table, and a new table that took its name is not. A Relation
-// message of a transaction committed at or after describedAt that differs from the table's
-// description is a schema change the stream cannot follow on its own (SchemaChangeError). One of
-// an older transaction predates the description, which supersedes it: its columns that the
-// description lacks, or describes with another type, are not written (the target table was
-// brought in line with the description, and a changed type is reloaded).
+// another schema is still the same table, and a new table that took its name is not.
+//
+// A Relation message that differs from the table's description (compareRelation) is handled by
+// the transaction's commit LSN L:
+//   - L below the table's reload fence (StreamConfig.ReloadFences): a backfill read after L is
+//     due and overwrites what this transaction wrote, so its columns that the description lacks,
+//     or types otherwise, are not written, and those it lacks stay unknown;
+//   - L at or after describedAt: a schema change the description has not seen (SchemaChangeError);
+//   - L before describedAt, and the message only has columns dropped since: their values are not
+//     written (the target keeps such columns, unwritten);
+//   - otherwise the transaction's values cannot all be written: SchemaChangeError with Reload set.
 func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 	t, ok := a.byOID[m.RelationID]
 	if !ok {
@@ -112,8 +119,16 @@ func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 		a.rels[m.RelationID] = &relation{}
 		return nil
 	}
-	if ch := compareRelation(t, m, a.finalLSN); ch != nil && a.finalLSN >= a.describedAt {
-		return ch
+	if ch := compareRelation(t, m, a.finalLSN); ch != nil {
+		switch {
+		case a.finalLSN < a.fences[t.SourceOID]:
+		case a.finalLSN >= a.describedAt:
+			return ch
+		case len(ch.Dropped) == 0 && len(ch.Retyped) == 0:
+		default:
+			ch.Reload = true
+			return ch
+		}
 	}
 	r := &relation{table: t, cols: make([]int, len(m.Columns))}
 	for i, c := range m.Columns {

@@ -28,7 +28,7 @@ func FuzzAssemble(f *testing.F) {
 	f.Add(frame(msgBegin(0x10, 1), itemsRel, msgInsert(16400, "1", "a", "1"), msgCommit(0x10, 0x20),
 		msgBegin(0x30, 2), msgUpdate(16400, nil, "1", toast, "2")))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		a := newAssembler(memory.NewGoAllocator(), []changebatch.Table{items}, 0)
+		a := newAssembler(memory.NewGoAllocator(), []changebatch.Table{items}, 0, nil)
 		defer a.release()
 		begins := map[pglogrepl.LSN]bool{}
 		ends := map[pglogrepl.LSN]bool{0: true}

@@ -21,13 +21,14 @@ var itemsRel = msgRelation(16400, "public", "items", relCol{"id", true}, relCol{
 // and the first error.
 func feed(t *testing.T, msgs ...[]byte) (*assembler, error) {
 	t.Helper()
-	return feedAt(t, items, 0, msgs...)
+	return feedAt(t, items, 0, 0, msgs...)
 }
 
-// feedAt is feed for table tab described at source position describedAt.
-func feedAt(t *testing.T, tab changebatch.Table, describedAt pglogrepl.LSN, msgs ...[]byte) (*assembler, error) {
+// feedAt is feed for table tab described at source position describedAt, with reload fence
+// fence.
+func feedAt(t *testing.T, tab changebatch.Table, describedAt, fence pglogrepl.LSN, msgs ...[]byte) (*assembler, error) {
 	t.Helper()
-	a := newAssembler(memory.NewGoAllocator(), []changebatch.Table{tab}, describedAt)
+	a := newAssembler(memory.NewGoAllocator(), []changebatch.Table{tab}, describedAt, map[uint32]pglogrepl.LSN{tab.SourceOID: fence})
 	t.Cleanup(a.release)
 	for _, raw := range msgs {
 		m, err := pglogrepl.Parse(raw)
@@ -195,7 +196,7 @@ var typedItems = changebatch.Table{Schema: "public", Name: "items", SourceOID: 1
 // A Relation message of a transaction committed at or after the description that differs from it
 // stops the stream, naming each change.
 func TestRelationChangedAfterDescriptionIsASchemaChange(t *testing.T) {
-	_, err := feedAt(t, typedItems, 0x10, msgBegin(0x10, 1),
+	_, err := feedAt(t, typedItems, 0x10, 0, msgBegin(0x10, 1),
 		msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"n", false}, relCol{"note", false}))
 	var ch *SchemaChangeError
 	if !errors.As(err, &ch) {
@@ -207,11 +208,11 @@ func TestRelationChangedAfterDescriptionIsASchemaChange(t *testing.T) {
 	}
 }
 
-// A Relation message of a transaction committed before the description is older history: the
-// columns it lacks are unknown (never NULL), and those the description lacks or types otherwise
-// are not written.
-func TestRelationOlderThanDescriptionIsFollowed(t *testing.T) {
-	a, err := feedAt(t, typedItems, 0x11, msgBegin(0x10, 1),
+// A Relation message of a transaction committed before the description, below the table's reload
+// fence, is older history a reload overwrites: the columns it lacks are unknown (never NULL), and
+// those the description lacks or types otherwise are not written.
+func TestRelationBelowTheReloadFenceIsFollowed(t *testing.T) {
+	a, err := feedAt(t, typedItems, 0x11, 0x11, msgBegin(0x10, 1),
 		msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"gone", false}, relCol{"n", false}),
 		msgInsert(16400, "1", "x", "5"), msgCommit(0x10, 0x20))
 	if err != nil {
@@ -219,5 +220,26 @@ func TestRelationOlderThanDescriptionIsFollowed(t *testing.T) {
 	}
 	if got, _ := render(t, a); got != "public.items U 0/10#1 1 ? ?\n" {
 		t.Errorf("rows = %q", got)
+	}
+}
+
+// Without a reload fence, an older Relation message whose only difference is a column dropped
+// since is followed (that column is not written); one whose values cannot all be written asks
+// for a reload.
+func TestRelationOlderThanDescriptionWithoutFence(t *testing.T) {
+	a, err := feedAt(t, items, 0x11, 0, msgBegin(0x10, 1),
+		msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"body", false}, relCol{"gone", false}, relCol{"n", false}),
+		msgInsert(16400, "1", "b", "x", "5"), msgCommit(0x10, 0x20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := render(t, a); got != "public.items U 0/10#1 1 b 5\n" {
+		t.Errorf("rows = %q", got)
+	}
+	_, err = feedAt(t, items, 0x11, 0, msgBegin(0x10, 1),
+		msgRelation(16400, "public", "items", relCol{"id", true}, relCol{"n", false}))
+	var ch *SchemaChangeError
+	if !errors.As(err, &ch) || !ch.Reload {
+		t.Fatalf("err = %v, want a SchemaChangeError asking for a reload", err)
 	}
 }

@@ -25,8 +25,13 @@ type SchemaChangeError struct {
 	// name of a renamed column); Dropped the reverse; Retyped columns have another type oid or
 	// type modifier.
 	Added, Dropped, Retyped []string
-	// KeyChanged is true when the catalog shows another key (ChangedColumns).
-	KeyChanged bool
+	// KeyChanged is true when the catalog shows another key, Rewritten when it shows another
+	// relfilenode or a column with another attnum (ChangedColumns).
+	KeyChanged, Rewritten bool
+	// Reload is true when values of the transaction at LSN cannot be written as the stream
+	// carries them (a column it lacks or types otherwise than the description) and no reload is
+	// recorded past LSN: the caller records one (apply.RecordSchemaChange) before streaming again.
+	Reload bool
 }
 
 // Error describes the change.
@@ -43,6 +48,12 @@ func (e *SchemaChangeError) Error() string {
 	if e.KeyChanged {
 		parts = append(parts, "its key changed")
 	}
+	if e.Rewritten {
+		parts = append(parts, "it was rewritten or a column was created again")
+	}
+	if e.Reload {
+		parts = append(parts, "a change streamed against older columns needs a reload")
+	}
 	return fmt.Sprintf("source table %s changed its columns (seen at %s): %s",
 		e.Table, e.LSN, strings.Join(parts, "; "))
 }
@@ -56,6 +67,8 @@ type columnType struct {
 	keyPos int
 	// generated marks a stored generated column (catalog only: Relation messages omit them).
 	generated bool
+	// attnum is the column's attnum, 0 when unknown (Relation messages).
+	attnum int16
 }
 
 // compareRelation returns how the Relation message m differs from the description t, nil when it
@@ -91,6 +104,8 @@ func compareColumns(t changebatch.Table, cols []columnType, lsn pglogrepl.LSN, w
 			ch.Retyped = append(ch.Retyped, c.name)
 		case c.keyPos >= 0 && c.keyPos != t.Columns[i].KeyPos:
 			ch.KeyChanged = true
+		case c.attnum != 0 && t.Columns[i].Attnum != 0 && c.attnum != t.Columns[i].Attnum:
+			ch.Rewritten = true
 		}
 	}
 	for _, c := range t.Columns {
@@ -103,17 +118,18 @@ func compareColumns(t changebatch.Table, cols []columnType, lsn pglogrepl.LSN, w
 			ch.Dropped = append(ch.Dropped, g.Name)
 		}
 	}
-	if len(ch.Added)+len(ch.Dropped)+len(ch.Retyped) == 0 && !ch.KeyChanged {
+	if len(ch.Added)+len(ch.Dropped)+len(ch.Retyped) == 0 && !ch.KeyChanged && !ch.Rewritten {
 		return nil
 	}
 	return ch
 }
 
-// ChangedColumns compares the source catalog's columns, generated columns and key of each table
-// (found by its SourceOID) with its description, and returns the first
+// ChangedColumns compares the source catalog's columns (names, types, attnums), generated
+// columns, key and relfilenode of each table (found by its SourceOID) with its description, and returns the first
 // difference as a *SchemaChangeError whose LSN is at, the source position the caller read before
 // the catalog; nil when every table is as described. It catches a change no Relation message
-// shows yet: ADD COLUMN ... DEFAULT fills existing rows with no change that pgoutput sends. A
+// shows: ADD COLUMN ... DEFAULT fills existing rows with no change that pgoutput sends, and a
+// rewrite (ALTER COLUMN ... TYPE ... USING, also to the same type) changes them. A
 // table dropped from the source is left to the stream.
 func ChangedColumns(ctx context.Context, conn *pgx.Conn, tables []changebatch.Table, at pglogrepl.LSN) (*SchemaChangeError, error) {
 	byOID := map[uint32]changebatch.Table{}
@@ -128,21 +144,23 @@ func ChangedColumns(ctx context.Context, conn *pgx.Conn, tables []changebatch.Ta
 	rows, err := conn.Query(ctx, `select a.attrelid, a.attname, a.atttypid, a.atttypmod,
   coalesce(array_position((select i.indkey[0:i.indnkeyatts-1]::int2[] from pg_index i join pg_class c on c.oid = i.indrelid
     where i.indrelid = a.attrelid and case when c.relreplident = 'i' then i.indisreplident else i.indisprimary end), a.attnum), 0),
-  a.attgenerated <> ''
+  a.attgenerated <> '', a.attnum, coalesce(pg_relation_filenode(a.attrelid), 0)
 from pg_attribute a
 where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.attrelid, a.attnum`, oids)
 	if err != nil {
 		return nil, fmt.Errorf("read the source tables' columns: %w", err)
 	}
 	cols := map[uint32][]columnType{}
+	filenodes := map[uint32]uint32{}
 	for rows.Next() {
-		var oid uint32
+		var oid, filenode uint32
 		var c columnType
-		if err := rows.Scan(&oid, &c.name, &c.typeOID, &c.typeMod, &c.keyPos, &c.generated); err != nil {
+		if err := rows.Scan(&oid, &c.name, &c.typeOID, &c.typeMod, &c.keyPos, &c.generated, &c.attnum, &filenode); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read the source tables' columns: %w", err)
 		}
 		cols[oid] = append(cols[oid], c)
+		filenodes[oid] = filenode
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -150,7 +168,12 @@ where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.at
 	}
 	for _, oid := range oids {
 		if cs, ok := cols[oid]; ok {
-			if ch := compareColumns(byOID[oid], cs, at, true); ch != nil {
+			t := byOID[oid]
+			ch := compareColumns(t, cs, at, true)
+			if ch == nil && t.Filenode != 0 && filenodes[oid] != 0 && t.Filenode != filenodes[oid] {
+				ch = &SchemaChangeError{Table: t, LSN: at, Rewritten: true}
+			}
+			if ch != nil {
 				return ch, nil
 			}
 		}

@@ -95,14 +95,17 @@ where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' or
 			if err := rows.Scan(&c.Name, &c.Type, &num, &c.TypeOID, &c.TypeMod); err != nil {
 				return err
 			}
-			c.KeyPos = keys[num]
+			c.KeyPos, c.Attnum = keys[num], num
 			c.Key = c.KeyPos > 0
 			t.Columns = append(t.Columns, c)
 		}
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, `select a.attname, format_type(a.atttypid, a.atttypmod), pg_get_expr(d.adbin, d.adrelid)
+		if err := tx.QueryRow(ctx, `select coalesce(pg_relation_filenode($1::oid::regclass), 0)`, oid).Scan(&t.Filenode); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `select a.attname, format_type(a.atttypid, a.atttypmod), pg_get_expr(d.adbin, d.adrelid), a.attnum
 from pg_attribute a join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
 where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated = 's' order by a.attnum`, oid)
 		if err != nil {
@@ -110,7 +113,7 @@ where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated
 		}
 		t.Generated, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (changebatch.GeneratedColumn, error) {
 			var g changebatch.GeneratedColumn
-			return g, r.Scan(&g.Name, &g.Type, &g.Expr)
+			return g, r.Scan(&g.Name, &g.Type, &g.Expr, &g.Attnum)
 		})
 		return err
 	})

@@ -44,7 +44,11 @@ type StreamConfig struct {
 	// ends Run with a *SchemaChangeError before anything of that transaction is applied; 0 treats
 	// every difference so.
 	DescribedAt pglogrepl.LSN
-	Apply       ApplyFunc
+	// ReloadFences maps a table's source oid to a position below which a backfill read later is
+	// due for it (the ledger's schema_changed_lsn): a transaction below it that the stream cannot
+	// write in full is left to that backfill. Optional.
+	ReloadFences map[uint32]pglogrepl.LSN
+	Apply        ApplyFunc
 	// GroupRows ends a group of whole transactions once it holds this many changes (default 10,000).
 	GroupRows int
 	// GroupDelay ends a group once its first transaction waited this long (default 100 ms).
@@ -183,7 +187,7 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 	}
 	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String())
-	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables, cfg.DescribedAt)}
+	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables, cfg.DescribedAt, cfg.ReloadFences)}
 	defer l.asm.release()
 	// An apply that started finishes even when ctx ends, within a grace period.
 	applyCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -81,3 +81,25 @@ order by max(d.depth) desc, 1, 2`, t.Quoted())
 	}
 	return out, nil
 }
+
+// EnumLabels returns the labels, in sort order, of each enum named in names (quoted, schema
+// qualified, as TypeDefinition names them); an enum that no longer exists has none.
+func EnumLabels(ctx context.Context, conn *pgx.Conn, names []string) (map[string][]string, error) {
+	rows, err := conn.Query(ctx, `select n, coalesce((select array_agg(e.enumlabel::text order by e.enumsortorder)
+  from pg_enum e where e.enumtypid = to_regtype(n)), '{}') from unnest($1::text[]) n`, names)
+	if err != nil {
+		return nil, fmt.Errorf("read enum labels on the source: %w", err)
+	}
+	out := map[string][]string{}
+	for rows.Next() {
+		var n string
+		var labels []string
+		if err := rows.Scan(&n, &labels); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read enum labels on the source: %w", err)
+		}
+		out[n] = labels
+	}
+	rows.Close()
+	return out, rows.Err()
+}

@@ -148,6 +148,11 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 	if err != nil {
 		return rep, err
 	}
+	// Read after the ledger: a watermark moves while the report is made, never past the source.
+	after, err := cdc.CurrentLSN(ctx, src)
+	if err != nil {
+		return rep, err
+	}
 	byPublication := map[string][]cdc.TableName{}
 	for n, st := range states {
 		if !st.Streaming {
@@ -157,9 +162,9 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 			return rep, fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
 				ErrOtherSource, st.Table, st.Source, srcID)
 		}
-		if now < st.Ledger.Watermark {
+		if after < st.Ledger.Watermark {
 			return rep, fmt.Errorf("%w: the source's WAL position %s is behind %s's watermark %s: the source was restored from a backup or failed over to a standby that lacks changes the target holds; the target must be loaded again into a new database",
-				ErrOtherSource, now, st.Table, st.Ledger.Watermark)
+				ErrOtherSource, after, st.Table, st.Ledger.Watermark)
 		}
 		byPublication[st.Publication] = append(byPublication[st.Publication], n)
 	}

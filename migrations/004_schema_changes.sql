@@ -5,3 +5,8 @@
 -- counts as coverage, so the table is loaded again.
 alter table pgconverge.tables add column schema_changed_lsn pg_lsn;
 
+
+-- source_shape: the source table's relfilenode and its columns' attnums, types and generation
+-- expressions, as last streamed against (JSON, apply.sourceShape). A rewrite, or a column created
+-- again under the same name, changes values without a logical change: the table is loaded again.
+alter table pgconverge.tables add column source_shape jsonb;

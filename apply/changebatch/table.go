@@ -27,6 +27,9 @@ type Column struct {
 	// them to notice a column whose type changed.
 	TypeOID uint32
 	TypeMod int32
+	// Attnum is the source's attnum, 0 when unknown: a column dropped and added again under the
+	// same name gets another one.
+	Attnum int16
 }
 
 // GeneratedColumn is a stored generated column of a source table (GENERATED ALWAYS AS (Expr)
@@ -37,6 +40,8 @@ type GeneratedColumn struct {
 	// Name is the column's name (not quoted); Type is as in Column; Expr is the generation
 	// expression as pg_get_expr prints it, functions qualified with their schema.
 	Name, Type, Expr string
+	// Attnum is the source's attnum.
+	Attnum int16
 }
 
 // Table describes a replicated table: its schema-qualified name and its columns in the order the
@@ -47,6 +52,10 @@ type Table struct {
 	Columns []Column
 	// Generated are the source table's stored generated columns, which batches do not carry.
 	Generated []GeneratedColumn
+	// Filenode is the source table's relfilenode when described (0 for a partitioned table or
+	// when unknown): a rewrite (ALTER COLUMN ... TYPE, ADD COLUMN with a volatile default, TRUNCATE,
+	// VACUUM FULL) changes it, and may change values with no change pgoutput sends.
+	Filenode uint32
 	// SourceOID is the source relation's oid when the producer knows it (cdc.DescribeTable), else
 	// 0. The stream matches pgoutput Relation messages by it, so a table renamed on the source, or
 	// moved to another schema, and back, keeps its changes.

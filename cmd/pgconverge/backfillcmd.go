@@ -144,7 +144,7 @@ func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, er
 			return backfillReport{}, err
 		}
 	}
-	if err := ensureTables(ctx, src, tgt, tables, cfg.Logger); err != nil {
+	if _, err := ensureTables(ctx, src, tgt, tables, cfg.Logger); err != nil {
 		return backfillReport{}, err
 	}
 	busy := busyFail

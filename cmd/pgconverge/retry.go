@@ -70,7 +70,8 @@ func retryable(err error) bool {
 // once, without backing off.
 func restartNow(err error) bool {
 	var schema *cdc.SchemaChangeError
-	return errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) || errors.As(err, &schema)
+	return errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) || errors.Is(err, errEnumChanged) ||
+		errors.As(err, &schema)
 }
 
 // hint returns advice for an operator about a transient failure, or "".

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -166,7 +167,7 @@ func TestSchemaChangeIsNotCoveredUntilReloaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, env)
-	if err := ensureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
+	if _, err := ensureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
 		t.Fatal(err)
 	}
 	rep, code := coverageOf(t, env)
@@ -175,5 +176,87 @@ func TestSchemaChangeIsNotCoveredUntilReloaded(t *testing.T) {
 	}
 	startDaemon(t, cfg)
 	waitCovered(t, env)
+	waitConverged(t, env, "t", "id")
+}
+
+// waitRecordedColumn polls until the ledger's recorded source shape of table t has (or lacks,
+// when has is false) column col: a session started since the source changed.
+func waitRecordedColumn(t *testing.T, env *pgtest.Env, col string, has bool) {
+	t.Helper()
+	pgtest.Eventually(t, 60*time.Second, fmt.Sprintf("recorded shape has column %s: %v", col, has), func() (bool, string) {
+		got := scalar[bool](t, env.Target, `select coalesce(source_shape->'columns' ? $1, false) from pgconverge.tables where table_name = 't'`, col)
+		return got == has, fmt.Sprint(got)
+	})
+}
+
+// A column dropped and then added again under the same name and type holds new values on the
+// source (its default): the target's kept column is loaded again, never left stale.
+func TestColumnAddedAgainUnderItsNameIsReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t drop column n`, `insert into t values (51, 'v51')`)
+	waitRecordedColumn(t, env, "n", false)
+	pgtest.Exec(t, env.Source, `alter table t add column n int default 42`)
+	waitConverged(t, env, "t", "id")
+	waitCovered(t, env)
+}
+
+// A column renamed and renamed back: the changes written under the other name reach the column.
+func TestColumnRenamedBackIsReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	streamingTable(t, env)
+	pgtest.Exec(t, env.Source, `alter table t rename column v to w`, `update t set w = 'changed' where id <= 5`)
+	waitRecordedColumn(t, env, "w", true)
+	pgtest.Exec(t, env.Source, `alter table t rename column w to v`)
+	waitConverged(t, env, "t", "id")
+}
+
+// Rewrites that keep every column's name and type still change values with no change pgoutput
+// sends, and reach the target: a type change to the same type with USING, and a change made and
+// undone within one transaction with row changes in between (streamed against columns the
+// description never had).
+func TestRewritesKeepingTheColumnsAreReloaded(t *testing.T) {
+	for name, ddl := range map[string]string{
+		"same type using": `alter table t alter column n type int using n * 2`,
+		"type round trip": `begin; alter table t alter column n type bigint; update t set n = 999 where id = 1;
+alter table t alter column n type int; commit`,
+		"rename round trip": `begin; alter table t rename column v to w; update t set w = 'new name' where id = 1;
+insert into t values (51, 'inserted', 51); alter table t rename column w to v; commit`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := pgtest.New(t)
+			streamingTable(t, env)
+			pgtest.Exec(t, env.Source, ddl)
+			waitConverged(t, env, "t", "id")
+			waitCovered(t, env)
+			if got := scalar[int](t, env.Target, `select count(*) from t where _cdc_unknown is not null and not _cdc_deleted`); got != 0 {
+				t.Errorf("%d live rows with unknown columns", got)
+			}
+		})
+	}
+}
+
+// A generated column dropped and added again with another expression, or changed to another
+// type, is created again on the target with the source's.
+func TestGeneratedColumnRecreatedOnTheTarget(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, a int, g int generated always as (a * 2) stored,
+  f float8 generated always as (a / 3.0) stored)`, `insert into t (id, a) select x, x from generate_series(1, 20) x`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `alter table t drop column g`)
+	waitRecordedColumn(t, env, "g", false)
+	pgtest.Exec(t, env.Source, `alter table t add column g int generated always as (a * 3) stored`, `alter table t alter column f type int`)
+	waitConvergedColumns(t, env, "t", "id, a, g, f", "id")
+}
+
+// An enum label renamed on the source renames it on the target, which changes the rows holding it.
+func TestEnumLabelRenamedOnTheTarget(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create type mood as enum ('sad', 'ok')`,
+		`create table t (id int primary key, m mood)`, `insert into t select g, 'sad' from generate_series(1, 10) g`)
+	startDaemon(t, testConfig(t, env))
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `alter type mood rename value 'sad' to 'blue'`)
 	waitConverged(t, env, "t", "id")
 }

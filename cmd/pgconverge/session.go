@@ -31,6 +31,8 @@ type session struct {
 	ap          *apply.Applier
 	tables      []changebatch.Table
 	sourceID    string // cdc.SourceID of the source
+	// enums are the source's enums the tables use, with their labels at the start (ensureTypes).
+	enums map[string][]string
 	// memberBefore and memberAfter are source positions read before and after the memberships
 	// were read at the start (syncMemberships).
 	memberBefore, memberAfter pglogrepl.LSN
@@ -66,6 +68,10 @@ func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error
 	}
 	return nil
 }
+
+// errEnumChanged ends a session when an enum a table uses changed its labels on the source; the
+// next session changes the target's enum alike (a renamed label changes the rows that hold it).
+var errEnumChanged = errors.New("enum labels changed on the source")
 
 // errMembershipChanged ends a session when a table's publication membership changed while
 // streaming; the next session reloads the table.
@@ -111,7 +117,7 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		return permanent(err)
 	}
 
-	if err := ensureTables(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
+	if s.enums, err = ensureTables(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
 		return err
 	}
 	for _, t := range s.tables {
@@ -153,9 +159,14 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	defer stopSampling()
 	stopSchedule := s.startSchedule(ctx, start)
 	defer stopSchedule()
+	fences, err := s.reloadFences(ctx)
+	if err != nil {
+		return err
+	}
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables, DescribedAt: describedAt,
-		Apply: s.applyStream, SourceWALEnd: walEnd, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
+		ReloadFences: fences,
+		Apply:        s.applyStream, SourceWALEnd: walEnd, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
 		CheckStart: func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
 	})
 	if err != nil {
@@ -165,15 +176,38 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	defer cfg.Metrics.follow(nil)
 	err = streamer.Run(ctx, s.repl)
 	var schema *cdc.SchemaChangeError
-	if cause := context.Cause(ctx); errors.Is(cause, errMembershipChanged) || errors.As(cause, &schema) {
+	if cause := context.Cause(ctx); errors.Is(cause, errMembershipChanged) || errors.Is(cause, errEnumChanged) || errors.As(cause, &schema) {
 		err = cause
 	}
 	if errors.As(err, &schema) {
 		cfg.Logger.Warn("source table's columns changed while streaming: restarting the session to follow them",
 			"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
-			"dropped_or_renamed", schema.Dropped, "changed_type", schema.Retyped)
+			"dropped_or_renamed", schema.Dropped, "changed_type", schema.Retyped, "rewritten", schema.Rewritten,
+			"key_changed", schema.KeyChanged, "reload", schema.Reload)
+		if schema.Reload {
+			// The transaction at LSN is left to a backfill read after it.
+			if rerr := apply.RecordSchemaChange(context.WithoutCancel(ctx), s.tgt, schema.Table, schema.LSN+1); rerr != nil {
+				return rerr
+			}
+		}
 	}
 	return err
+}
+
+// reloadFences returns each selected table's schema_changed_lsn by source oid (see
+// cdc.StreamConfig.ReloadFences).
+func (s *session) reloadFences(ctx context.Context) (map[uint32]pglogrepl.LSN, error) {
+	states, err := coverage.ReadTables(ctx, s.tgt)
+	if err != nil {
+		return nil, err
+	}
+	fences := map[uint32]pglogrepl.LSN{}
+	for _, t := range s.tables {
+		if st := states[cdc.TableName{Schema: t.Schema, Name: t.Name}]; st != nil && t.SourceOID != 0 {
+			fences[t.SourceOID] = st.SchemaChanged
+		}
+	}
+	return fences, nil
 }
 
 func (s *session) close() {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -54,7 +56,8 @@ func (s *session) syncMemberships(ctx context.Context, names []cdc.TableName) er
 // differs from the one recorded at the session's start, or, with the default selection (no
 // --tables), when a table joined the publication; and with a *cdc.SchemaChangeError when a
 // table's columns differ from its description, which no Relation message shows until the table's
-// next change. Otherwise every table was published, as
+// next change; and with errEnumChanged when an enum the tables use changed its labels (a renamed
+// label changes rows with no change pgoutput sends). Otherwise every table was published, as
 // at the start, up to the source position read before the previous check (a commit before it was
 // visible to this check, however late its commit record was written); that position goes to the
 // stream, which records it in the ledger with its next transaction (coverage.ConfirmSpans).
@@ -74,6 +77,19 @@ func (s *session) checkMemberships(ctx context.Context) {
 	if changed != nil {
 		s.cancel(changed)
 		return
+	}
+	if len(s.enums) > 0 {
+		labels, err := cdc.EnumLabels(ctx, s.src, slices.Collect(maps.Keys(s.enums)))
+		if err != nil {
+			return
+		}
+		for name, l := range s.enums {
+			if !slices.Equal(labels[name], l) {
+				s.cancel(fmt.Errorf("%w: %s now has labels %q (had %q): restarting the session to change the target's type alike",
+					errEnumChanged, name, labels[name], l))
+				return
+			}
+		}
 	}
 	for n, tok := range s.memberships {
 		if tokens[n] != tok {
