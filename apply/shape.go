@@ -45,8 +45,9 @@ func shapeOf(t changebatch.Table) sourceShape {
 // changes returns why rows streamed against old may hold other values than the source table of
 // shape cur, which no change delivered: the table was rewritten (ALTER COLUMN ... TYPE, also to the
 // same type with USING, ADD COLUMN with a volatile default, TRUNCATE, VACUUM FULL), or a column
-// appeared (added, renamed, dropped and added again: another attnum) or changed type. A column
-// that is gone needs nothing; a generated column's values are the target's to compute. Nil when
+// appeared (added, renamed, dropped and added again: another attnum), changed type or is no
+// longer generated. A column that is gone needs nothing; a generated column's values are the
+// target's to compute. Nil when
 // old was never recorded.
 func (old sourceShape) changes(cur sourceShape) []string {
 	if old.Columns == nil {
@@ -63,7 +64,9 @@ func (old sourceShape) changes(cur sourceShape) []string {
 		case !had:
 			out = append(out, fmt.Sprintf("column %q appeared", name))
 		case o.Expr != "":
-			// Made plain (DROP EXPRESSION): its values stay what the target computed.
+			// Made plain (DROP EXPRESSION): rows written since by the source hold values a
+			// backfill read meanwhile could not store on the target, where it was generated.
+			out = append(out, fmt.Sprintf("column %q is no longer generated", name))
 		case o.Attnum != 0 && c.Attnum != 0 && o.Attnum != c.Attnum:
 			out = append(out, fmt.Sprintf("column %q was created again (attnum %d -> %d)", name, o.Attnum, c.Attnum))
 		case o.TypeOID != c.TypeOID || o.TypeMod != c.TypeMod:

@@ -22,7 +22,8 @@ import (
 // type is changed to t's type with a cast. Either leaves existing rows without the source's values
 // (ADD COLUMN ... DEFAULT and ALTER COLUMN ... TYPE rewrite the source table without logical
 // changes), so the table's schema_changed_lsn becomes changedAt, a source position read after t was
-// described: backfills read before it stop counting as coverage and the table is loaded again.
+// described: backfills read at or before it stop counting as coverage and the table is loaded
+// again.
 // Target columns t lacks are kept and no longer written. It returns what it changed, and an error
 // naming the fix when the key differs or a column's values do not convert.
 func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) (Reshape, error) {

@@ -35,7 +35,7 @@ type TableState struct {
 	// Source is the source database the stream reads (cdc.SourceID), "" when not recorded.
 	Source string
 	// SchemaChanged is the table's schema_changed_lsn (apply.EnsureTable), 0 when none: backfill
-	// chunks read before it do not count.
+	// chunks read at or before it do not count.
 	SchemaChanged pglogrepl.LSN
 }
 
@@ -120,7 +120,10 @@ order by t.id`)
 
 // readBackfills adds the chunks of each table's latest completed backfill of its current
 // generation (one chunk at the backfill's S for a backfill recorded without chunks), without the
-// chunks read before the table's schema_changed_lsn: their rows lack a column's values.
+// chunks read at or before the table's schema_changed_lsn: their rows lack a column's values (a
+// chunk read at exactly that position may predate the target table's change: the position need
+// not move in between; a backfill started later reads at a later one, as creating its slot writes
+// WAL).
 func readBackfills(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `with latest as (
   select distinct on (b.schema_name, b.table_name) b.id, b.schema_name, b.table_name, b.snapshot_lsn
@@ -131,7 +134,7 @@ func readBackfills(ctx context.Context, db DB, out map[cdc.TableName]*TableState
 select l.schema_name, l.table_name, l.id, c.lower_key, c.upper_key, coalesce(c.snapshot_lsn, l.snapshot_lsn)::text
 from latest l left join pgconverge.backfill_chunks c on c.backfill_id = l.id
 join pgconverge.tables g on g.schema_name = l.schema_name and g.table_name = l.table_name
-where coalesce(c.snapshot_lsn, l.snapshot_lsn) >= coalesce(g.schema_changed_lsn, '0/0')
+where coalesce(c.snapshot_lsn, l.snapshot_lsn) > coalesce(g.schema_changed_lsn, '0/0')
 order by l.id, c.chunk`)
 	if err != nil {
 		return fmt.Errorf("read coverage ledger backfills: %w", err)

@@ -1,8 +1,8 @@
 -- Schema changes of source tables (issue 5). A column added to a target table, or changed to
 -- another type, leaves its existing rows without the source's values (ADD COLUMN ... DEFAULT and
 -- ALTER COLUMN TYPE rewrite rows without logical changes): schema_changed_lsn is a source
--- position read after the change was seen, and a backfill chunk read at an S below it no longer
--- counts as coverage, so the table is loaded again.
+-- position read after the change was seen, and a backfill chunk read at an S at or below it no
+-- longer counts as coverage, so the table is loaded again.
 alter table pgconverge.tables add column schema_changed_lsn pg_lsn;
 
 
