@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -173,5 +174,23 @@ func TestChunksReadTheSnapshotOnly(t *testing.T) {
 	}
 	if n != 10 {
 		t.Errorf("read %d rows, want the 10 of the snapshot", n)
+	}
+}
+
+// A table whose columns changed after it was described (ADD COLUMN with a constant default
+// rewrites nothing) is not read with the old description: the rows would lack the column.
+func TestReadStopsWhenTheColumnsChanged(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table one (id int primary key, v text)`, `insert into one values (1, 'a')`,
+		`alter table one add column c int default 7`)
+	ctx := context.Background()
+	exp, err := Export(ctx, env.SourceURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exp.Close(ctx)
+	_, err = ReadChunk(ctx, env.Source, exp.Snapshot, tables["one"], Chunk{}, 100, func(context.Context, arrow.RecordBatch) error { return nil })
+	if !errors.Is(err, ErrRewritten) {
+		t.Fatalf("err = %v, want ErrRewritten", err)
 	}
 }

@@ -33,10 +33,16 @@ var ErrRewritten = errors.New("table rewritten since the snapshot")
 // (checkPartitionsUnchanged).
 func checkNotRewritten(ctx context.Context, tx pgx.Tx, t changebatch.Table, snap Snapshot) error {
 	if t.Partitioned {
-		return checkPartitionsUnchanged(ctx, tx, t, snap)
+		if err := checkPartitionsUnchanged(ctx, tx, t, snap); err != nil {
+			return err
+		}
+		return checkColumns(ctx, tx, t)
 	}
 	if _, err := tx.Exec(ctx, "lock table only "+t.Quoted()+" in access share mode"); err != nil {
 		return fmt.Errorf("lock %s for reading: %w", t, err)
+	}
+	if err := checkColumns(ctx, tx, t); err != nil {
+		return err
 	}
 	var same bool
 	err := tx.QueryRow(ctx, `select relfilenode = pg_relation_filenode(oid) from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&same)
@@ -46,6 +52,41 @@ func checkNotRewritten(ctx context.Context, tx pgx.Tx, t changebatch.Table, snap
 	if !same {
 		return fmt.Errorf("%w: %s was rewritten or truncated on the source after snapshot %s (ALTER TABLE that rewrites it, TRUNCATE, VACUUM FULL or CLUSTER), so the snapshot cannot show its rows; run the backfill again: it starts the table over from a new snapshot",
 			ErrRewritten, t, snap.LSN)
+	}
+	return nil
+}
+
+// checkColumns returns an error wrapping ErrRewritten when t's columns (names, attnums, types) on
+// the source are not the ones described: a column added since the description (ADD COLUMN with a
+// constant default rewrites nothing) would be missing from the rows read. Called with t locked.
+func checkColumns(ctx context.Context, tx pgx.Tx, t changebatch.Table) error {
+	rows, err := tx.Query(ctx, `select attname, atttypid, atttypmod, attnum from pg_attribute
+where attrelid = $1::regclass and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, t.Quoted())
+	if err != nil {
+		return fmt.Errorf("check the columns of %s: %w", t, err)
+	}
+	var got []changebatch.Column
+	for rows.Next() {
+		var c changebatch.Column
+		if err := rows.Scan(&c.Name, &c.TypeOID, &c.TypeMod, &c.Attnum); err != nil {
+			rows.Close()
+			return fmt.Errorf("check the columns of %s: %w", t, err)
+		}
+		got = append(got, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check the columns of %s: %w", t, err)
+	}
+	same := len(got) == len(t.Columns)
+	for i := 0; same && i < len(got); i++ {
+		d := t.Columns[i]
+		same = got[i].Name == d.Name && (d.Attnum == 0 || got[i].Attnum == d.Attnum) &&
+			(d.TypeOID == 0 || got[i].TypeOID == d.TypeOID && got[i].TypeMod == d.TypeMod)
+	}
+	if !same {
+		return fmt.Errorf("%w: the columns of %s changed on the source since it was described, so the rows read would lack or mistype some; run the backfill again: it describes the table again and starts it over",
+			ErrRewritten, t)
 	}
 	return nil
 }

@@ -12,15 +12,17 @@ import (
 // (publish_via_partition_root, CREATE PUBLICATION). Their leaf partitions are never selected next
 // to them, so no row is replicated twice.
 
-// partitionSet is SQL for a partitioned table's leaf partitions (recursively, through
-// sub-partitioned ones) as "oid.relfilenode" items in oid order, given the table's oid as c.oid;
+// partitionSet is SQL for a partitioned table's partitions (recursively, through sub-partitioned
+// ones) as "oid.relfilenode.xmin.inherits-xmin" items in oid order, given the table's oid as c.oid;
 // "" when it has none. It takes no lock. Any ATTACH, DETACH, CREATE or DROP of a partition changes
-// it, and so does a TRUNCATE (or other rewrite) of a partition, which publish_via_partition_root
-// does not publish when it is run on the partition alone.
-const partitionSet = `coalesce((with recursive tree (oid) as (
-    select c.oid union all select i.inhrelid from pg_inherits i join tree on i.inhparent = tree.oid)
-  select string_agg(l.oid || '.' || l.relfilenode, ',' order by l.oid) from tree join pg_class l on l.oid = tree.oid
-  where l.relkind <> 'p'), '')`
+// it, also a DETACH and ATTACH again of the same partition (changes made to it while detached
+// are not published via the root): both write new pg_class and pg_inherits row versions. So does
+// a TRUNCATE (or other rewrite) of a partition, which publish_via_partition_root does not publish
+// when it is run on the partition alone.
+const partitionSet = `coalesce((with recursive tree (oid, ix) as (
+    select c.oid, '0'::text union all select i.inhrelid, i.xmin::text from pg_inherits i join tree on i.inhparent = tree.oid)
+  select string_agg(l.oid || '.' || l.relfilenode || '.' || l.xmin::text || '.' || tree.ix, ',' order by l.oid)
+  from tree join pg_class l on l.oid = tree.oid where l.oid <> c.oid), '')`
 
 // checkPartitions reports, one error per table, the selected tables that publication name cannot
 // carry as selected: a partitioned table when the publication does not publish via the partition

@@ -161,6 +161,22 @@ func TestTruncatedPartitionIsReloaded(t *testing.T) {
 	waitCovered(t, env)
 }
 
+// Changes made to a partition while it was detached are not published via the root; detached and
+// attached again within one transaction, its oid and storage are the same, but its catalog rows
+// are new: the table is reloaded.
+func TestPartitionChangedWhileDetachedIsReloaded(t *testing.T) {
+	env := pgtest.New(t)
+	partitioned(t, env)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "p", "id, region")
+	waitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `begin; alter table p detach partition p_eu; update p_eu set v = 'while detached' where id <= 50;
+delete from p_eu where id > 280; insert into p_eu values (5000, 'eu', 'new while detached');
+alter table p attach partition p_eu for values in ('eu'); commit`)
+	waitConverged(t, env, "p", "id, region")
+	waitCovered(t, env)
+}
+
 // A backfill of a partitioned table stops when its partitions change under its snapshot: the
 // snapshot would read the current partitions and show rows the table did not have then, or miss
 // rows it had. Run again, it completes.
