@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -81,20 +80,20 @@ returning (select renew from r)`, t.Schema, t.Name, t.Quoted(), created).Scan(&r
 }
 
 // EnsureType creates type schema.name on the target with ddl (cdc.TypeDefinitions gives it),
-// with its schema when missing, unless the type exists. An existing enum is brought in line with
-// labels, the source's in sort order (addEnumLabels: renamed labels renamed, missing ones added
-// after the label that precedes them on the source); other existing types are left as they are
-// (a value one cannot hold is refused when it arrives). It reports whether it created the type
-// and the label changes it made ("old -> new", "+added").
-func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string, labels []string) (bool, []string, error) {
+// with its schema when missing, unless the type exists. An enum's labels are the source's, in
+// sort order: an existing enum is brought in line with them (syncEnum: labels renamed on the
+// source renamed alike, missing ones added), and they are recorded. Other existing types are left
+// as they are (a value one cannot hold is refused when it arrives). It reports whether it created
+// the type and the label changes it made ("old -> new", "+added").
+func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string, labels []EnumLabel) (bool, []string, error) {
 	qualified := pgx.Identifier{schema, name}.Sanitize()
 	var exists bool
 	if err := conn.QueryRow(ctx, `select to_regtype($1) is not null`, qualified).Scan(&exists); err != nil {
 		return false, nil, fmt.Errorf("look up type %s on the target: %w", qualified, err)
 	}
 	if exists {
-		added, err := addEnumLabels(ctx, conn, qualified, labels)
-		return false, added, err
+		changed, err := syncEnum(ctx, conn, qualified, labels)
+		return false, changed, err
 	}
 	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return false, nil, fmt.Errorf("create schema %q for type %s on the target (the target role needs CREATE on the database): %w", schema, qualified, err)
@@ -102,96 +101,12 @@ func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string, l
 	if _, err := conn.Exec(ctx, ddl); err != nil {
 		return false, nil, fmt.Errorf("create type %s on the target (%s): %w; create what it needs on the target first (a function or type the source has), or the type itself, as on the source", qualified, ddl, err)
 	}
+	if labels != nil {
+		if err := recordEnum(ctx, conn, qualified, labels); err != nil {
+			return true, nil, err
+		}
+	}
 	return true, nil, nil
-}
-
-// addEnumLabels brings the labels of target enum qualified in line with want, the source's labels
-// in sort order (see EnsureType), and returns what it changed; nothing when want is nil or the
-// target type is not an enum. PostgreSQL cannot drop an enum label, so a target label the source
-// lacks was renamed there (ALTER TYPE ... RENAME VALUE): it is renamed the same way when it pairs
-// with a source label in the same place (between the same common labels), which also changes the
-// rows that hold it; an unpaired one is an error naming the fix.
-func addEnumLabels(ctx context.Context, conn *pgx.Conn, qualified string, want []string) ([]string, error) {
-	if want == nil {
-		return nil, nil
-	}
-	rows, err := conn.Query(ctx, `select e.enumlabel::text from pg_enum e where e.enumtypid = $1::regtype order by e.enumsortorder`, qualified)
-	if err != nil {
-		return nil, fmt.Errorf("read the labels of enum %s on the target: %w", qualified, err)
-	}
-	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read the labels of enum %s on the target: %w", qualified, err)
-	}
-	if len(have) == 0 {
-		return nil, nil // not an enum there, or one without labels: leave it
-	}
-	renames, err := enumRenames(qualified, have, want)
-	if err != nil {
-		return nil, err
-	}
-	var changed []string
-	for _, r := range renames {
-		if _, err := conn.Exec(ctx, "alter type "+qualified+" rename value "+quoteLiteral(r[0])+" to "+quoteLiteral(r[1])); err != nil {
-			return changed, fmt.Errorf("rename label %q of enum %s to %q on the target: %w", r[0], qualified, r[1], err)
-		}
-		changed = append(changed, r[0]+" -> "+r[1])
-		have[slices.Index(have, r[0])] = r[1]
-	}
-	for i, l := range want {
-		if slices.Contains(have, l) {
-			continue
-		}
-		place := " before " + quoteLiteral(have[0])
-		if i > 0 {
-			place = " after " + quoteLiteral(want[i-1])
-		}
-		if _, err := conn.Exec(ctx, "alter type "+qualified+" add value if not exists "+quoteLiteral(l)+place); err != nil {
-			return changed, fmt.Errorf("add label %q to enum %s on the target: %w", l, qualified, err)
-		}
-		changed = append(changed, "+"+l)
-	}
-	return changed, nil
-}
-
-// enumRenames pairs each label of have (the target's, in order) that want (the source's) lacks
-// with the label want has in its place: between the same labels both have, in order. It returns
-// an error naming the fix when the counts in a place differ.
-func enumRenames(qualified string, have, want []string) ([][2]string, error) {
-	var out [][2]string
-	for i := 0; i < len(have); {
-		if slices.Contains(want, have[i]) {
-			i++
-			continue
-		}
-		// have[i:j] lack on the source; they sit between have[i-1] and have[j] (common or ends).
-		j := i
-		for j < len(have) && !slices.Contains(want, have[j]) {
-			j++
-		}
-		lo, hi := 0, len(want)
-		if i > 0 {
-			lo = slices.Index(want, have[i-1]) + 1
-		}
-		if j < len(have) {
-			hi = slices.Index(want, have[j])
-		}
-		var cands []string
-		for _, l := range want[lo:max(lo, hi)] {
-			if !slices.Contains(have, l) {
-				cands = append(cands, l)
-			}
-		}
-		if len(cands) != j-i {
-			return nil, fmt.Errorf("enum %s has labels %q on the target that the source lacks (renamed there?) and cannot be paired with the source's labels %q: rename them on the target (ALTER TYPE %s RENAME VALUE ...) as on the source and restart",
-				qualified, have[i:j], cands, qualified)
-		}
-		for k := range cands {
-			out = append(out, [2]string{have[i+k], cands[k]})
-		}
-		i = j
-	}
-	return out, nil
 }
 
 // quoteLiteral quotes s as an SQL string literal; pgsession pins standard_conforming_strings on.

@@ -13,8 +13,10 @@ type TypeDefinition struct {
 	Schema, Name string
 	// SQL creates the type, naming every type it uses with its schema.
 	SQL string
-	// Labels are an enum's labels in sort order; nil for other kinds.
-	Labels []string
+	// Labels are an enum's labels in sort order, LabelOIDs their pg_enum oids (which a RENAME
+	// VALUE keeps); nil for other kinds.
+	Labels    []string
+	LabelOIDs []uint32
 }
 
 // TypeDefinitions returns the definitions of the user-defined enums, domains, composite types and
@@ -60,7 +62,8 @@ select n.nspname::text, t.typname::text, case t.typtype
     (select string_agg(format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)), ', ' order by a.attnum)
      from pg_attribute a where a.attrelid = t.typrelid and a.attnum > 0 and not a.attisdropped))
   end,
-  case when t.typtype = 'e' then array(select e.enumlabel::text from pg_enum e where e.enumtypid = t.oid order by e.enumsortorder) end
+  case when t.typtype = 'e' then array(select e.enumlabel::text from pg_enum e where e.enumtypid = t.oid order by e.enumsortorder) end,
+  case when t.typtype = 'e' then array(select e.oid from pg_enum e where e.enumtypid = t.oid order by e.enumsortorder) end
 from deps d join pg_type t on t.oid = d.oid join pg_namespace n on n.oid = t.typnamespace
 where n.nspname not in ('pg_catalog', 'information_schema')
   and (t.typtype in ('e', 'd') or t.typtype = 'c' and (select relkind from pg_class where oid = t.typrelid) = 'c'
@@ -72,7 +75,7 @@ order by max(d.depth) desc, 1, 2`, t.Quoted())
 		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TypeDefinition, error) {
 			var d TypeDefinition
-			return d, r.Scan(&d.Schema, &d.Name, &d.SQL, &d.Labels)
+			return d, r.Scan(&d.Schema, &d.Name, &d.SQL, &d.Labels, &d.LabelOIDs)
 		})
 		return err
 	})

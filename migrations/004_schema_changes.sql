@@ -10,3 +10,11 @@ alter table pgconverge.tables add column schema_changed_lsn pg_lsn;
 -- expressions, as last streamed against (JSON, apply.sourceShape). A rewrite, or a column created
 -- again under the same name, changes values without a logical change: the table is loaded again.
 alter table pgconverge.tables add column source_shape jsonb;
+
+-- enum_labels: per enum (quoted, schema-qualified name) the source's labels with their pg_enum
+-- oids, in sort order, as last synced to the target (apply.EnumLabel). An oid keeps its label's
+-- identity across ALTER TYPE ... RENAME VALUE, so renamed or swapped labels are renamed alike.
+create table pgconverge.enum_labels (
+  type_name text primary key,
+  labels jsonb not null
+);

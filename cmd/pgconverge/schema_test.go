@@ -250,13 +250,28 @@ func TestGeneratedColumnRecreatedOnTheTarget(t *testing.T) {
 	waitConvergedColumns(t, env, "t", "id, a, g, f", "id")
 }
 
-// An enum label renamed on the source renames it on the target, which changes the rows holding it.
-func TestEnumLabelRenamedOnTheTarget(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create type mood as enum ('sad', 'ok')`,
-		`create table t (id int primary key, m mood)`, `insert into t select g, 'sad' from generate_series(1, 10) g`)
-	startDaemon(t, testConfig(t, env))
-	waitStreaming(t, env)
-	pgtest.Exec(t, env.Source, `alter type mood rename value 'sad' to 'blue'`)
-	waitConverged(t, env, "t", "id")
+// Enum labels renamed on the source are renamed on the target, which changes the rows holding
+// them: also when names are swapped or a renamed label's old name is added again (labels are
+// followed by their oids, not their names).
+func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
+	for name, ddl := range map[string][]string{
+		"rename": {`alter type mood rename value 'b' to 'blue'`},
+		"swap": {`alter type mood rename value 'b' to 'tmp'`, `alter type mood rename value 'c' to 'b'`,
+			`alter type mood rename value 'tmp' to 'c'`},
+		"old name added again": {`alter type mood rename value 'b' to 'x'`, `alter type mood add value 'b' after 'x'`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := pgtest.New(t)
+			pgtest.Exec(t, env.Source, `create type mood as enum ('a', 'b', 'c', 'd')`, `create table t (id int primary key, m mood)`,
+				`insert into t select g, (array['a', 'b', 'c', 'd'])[g % 4 + 1]::mood from generate_series(1, 20) g`)
+			startDaemon(t, testConfig(t, env))
+			waitStreaming(t, env)
+			pgtest.Exec(t, env.Source, ddl...)
+			waitConverged(t, env, "t", "id")
+			order := `select string_agg(enumlabel, ',' order by enumsortorder) from pg_enum where enumtypid = 'mood'::regtype`
+			if src, tgt := scalar[string](t, env.Source, order), scalar[string](t, env.Target, order); src != tgt {
+				t.Errorf("enum labels: source %s, target %s", src, tgt)
+			}
+		})
+	}
 }

@@ -24,15 +24,19 @@ func ensureTypes(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.T
 			if d.Labels != nil {
 				enums[pgx.Identifier{d.Schema, d.Name}.Sanitize()] = d.Labels
 			}
-			created, labels, err := apply.EnsureType(ctx, tgt, d.Schema, d.Name, d.SQL, d.Labels)
+			var labels []apply.EnumLabel
+			for i, l := range d.Labels {
+				labels = append(labels, apply.EnumLabel{OID: d.LabelOIDs[i], Label: l})
+			}
+			created, changed, err := apply.EnsureType(ctx, tgt, d.Schema, d.Name, d.SQL, labels)
 			if err != nil {
 				return nil, err
 			}
 			if created {
 				log.Info("created type on the target", "type", changebatch.QualifiedName(d.Schema, d.Name), "table", t.String())
 			}
-			if len(labels) > 0 {
-				log.Info("changed enum labels on the target as on the source", "type", changebatch.QualifiedName(d.Schema, d.Name), "labels", labels)
+			if len(changed) > 0 {
+				log.Info("changed enum labels on the target as on the source", "type", changebatch.QualifiedName(d.Schema, d.Name), "labels", changed)
 			}
 		}
 	}
