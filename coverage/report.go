@@ -261,7 +261,7 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		tr.Status = Loading
 	case backfilled == 0 && st.SchemaChanged != 0:
 		tr.Status = SchemaChanged
-		tr.Note = strings.TrimPrefix(tr.Note+"; "+fmt.Sprintf("the source table's columns changed (recorded at %s): backfills before that no longer count", st.SchemaChanged), "; ")
+		tr.Note = strings.TrimPrefix(tr.Note+"; "+fmt.Sprintf("the source table changed in a way no streamed change shows (columns, or a rewrite; recorded at %s): backfills read until then no longer count", st.SchemaChanged), "; ")
 	case backfilled == 0:
 		tr.Status = NeverLoaded
 	default:

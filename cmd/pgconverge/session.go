@@ -180,7 +180,7 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 		err = cause
 	}
 	if errors.As(err, &schema) {
-		cfg.Logger.Warn("source table's columns changed while streaming: restarting the session to follow them",
+		cfg.Logger.Warn("source table changed while streaming (columns, key or storage): restarting the session to follow it",
 			"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
 			"dropped_or_renamed", schema.Dropped, "changed_type", schema.Retyped, "rewritten", schema.Rewritten,
 			"key_changed", schema.KeyChanged, "reload", schema.Reload)
