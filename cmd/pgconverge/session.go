@@ -194,22 +194,6 @@ func runSession(ctx context.Context, cfg daemonConfig) error {
 	return err
 }
 
-// reloadFences returns each selected table's schema_changed_lsn by source oid (see
-// cdc.StreamConfig.ReloadFences).
-func (s *session) reloadFences(ctx context.Context) (map[uint32]pglogrepl.LSN, error) {
-	states, err := coverage.ReadTables(ctx, s.tgt)
-	if err != nil {
-		return nil, err
-	}
-	fences := map[uint32]pglogrepl.LSN{}
-	for _, t := range s.tables {
-		if st := states[cdc.TableName{Schema: t.Schema, Name: t.Name}]; st != nil && t.SourceOID != 0 {
-			fences[t.SourceOID] = st.SchemaChanged
-		}
-	}
-	return fences, nil
-}
-
 func (s *session) close() {
 	ctx := context.Background()
 	for _, c := range []*pgx.Conn{s.src, s.tgt} {

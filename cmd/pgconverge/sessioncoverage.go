@@ -183,3 +183,19 @@ func (s *session) publishCoverage(ctx context.Context, logRemaining bool) error 
 	}
 	return nil
 }
+
+// reloadFences returns each selected table's schema_changed_lsn by source oid (see
+// cdc.StreamConfig.ReloadFences).
+func (s *session) reloadFences(ctx context.Context) (map[uint32]pglogrepl.LSN, error) {
+	states, err := coverage.ReadTables(ctx, s.tgt)
+	if err != nil {
+		return nil, err
+	}
+	fences := map[uint32]pglogrepl.LSN{}
+	for _, t := range s.tables {
+		if st := states[cdc.TableName{Schema: t.Schema, Name: t.Name}]; st != nil && t.SourceOID != 0 {
+			fences[t.SourceOID] = st.SchemaChanged
+		}
+	}
+	return fences, nil
+}
