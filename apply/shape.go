@@ -76,6 +76,17 @@ func (old sourceShape) changes(cur sourceShape) []string {
 	return out
 }
 
+// ShapeChanges returns why target table t's rows may differ from the source table described as
+// t (cdc.DescribeTable) in a way no streamed change shows, against the shape recorded when the
+// stream last followed it (sourceShape.changes); nil when none, or when none was recorded.
+func ShapeChanges(ctx context.Context, conn *pgx.Conn, t changebatch.Table) ([]string, error) {
+	old, err := readShape(ctx, conn, t)
+	if err != nil {
+		return nil, err
+	}
+	return old.changes(shapeOf(t)), nil
+}
+
 // equal reports whether two shapes are the same.
 func (old sourceShape) equal(cur sourceShape) bool {
 	return old.Filenode == cur.Filenode && maps.Equal(old.Columns, cur.Columns)

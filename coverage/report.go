@@ -108,7 +108,8 @@ type Options struct {
 // Build reads the ledger in tgt and the source's slots and publication in src and returns the
 // report. A slot that is lost or missing, or a table whose publication membership changed since
 // the daemon recorded it, cannot deliver what follows its watermark: the range from there to the
-// source's current position is reported as a gap at once, before the daemon notices.
+// source's current position is reported as a gap at once, before the daemon notices. A table the
+// source changed in a way no streamed change shows (sourceChanges) is schema-changed at once too.
 func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error) {
 	var rep Report
 	if err := checkLedger(ctx, tgt); err != nil {
@@ -178,6 +179,10 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 			tokens[n] = tok
 		}
 	}
+	reshaped, err := sourceChanges(ctx, src, tgt, states)
+	if err != nil {
+		return rep, err
+	}
 	rep.Covered = true
 	for _, st := range states {
 		slot, ok := slots[st.Slot]
@@ -190,6 +195,11 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 		tr, err := tableReport(ctx, tgt, st, slot, tokens, now)
 		if err != nil {
 			return rep, err
+		}
+		if r := reshaped[st.Table]; len(r) > 0 && tr.Status != NotStreamed {
+			tr.Status = SchemaChanged
+			tr.Note = strings.TrimPrefix(tr.Note+"; the source table changed since the stream last followed it, in a way no streamed change shows ("+
+				strings.Join(r, "; ")+"): its rows are loaded again once the daemon notices (within 5 s)", "; ")
 		}
 		if tr.Status != Covered && tr.Status != NotStreamed {
 			rep.Covered = false
@@ -268,6 +278,27 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		tr.Status = GapStatus
 	}
 	return tr, nil
+}
+
+// sourceChanges returns, per streamed table, why its source table may hold values the target's
+// rows lack with no change the stream will deliver (apply.ShapeChanges against its current
+// description): a rewrite, a column added, re-created or retyped, which the daemon only notices
+// at its next catalog check. A table the source no longer has is left to the membership check.
+func sourceChanges(ctx context.Context, src, tgt *pgx.Conn, states map[cdc.TableName]*TableState) (map[cdc.TableName][]string, error) {
+	out := map[cdc.TableName][]string{}
+	for n, st := range states {
+		if !st.Streaming {
+			continue
+		}
+		t, err := cdc.DescribeTable(ctx, src, n.Schema, n.Name)
+		if err != nil {
+			continue
+		}
+		if out[n], err = apply.ShapeChanges(ctx, tgt, t); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // keyRanges returns the key ranges of the chunks at idx (in key order), adjacent chunks merged

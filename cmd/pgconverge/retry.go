@@ -54,8 +54,7 @@ func retryable(err error) bool {
 		// session describes the table again.
 		// 22P02 for an enum: a label added on the source while streaming, which the next
 		// session adds on the target (ensureTypes).
-		return pgErr.Code == "55006" || pgErr.Code == "42P01" || pgErr.Code == "42703" ||
-			pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "invalid input value for enum") ||
+		return pgErr.Code == "55006" || pgErr.Code == "42P01" || pgErr.Code == "42703" || enumLabelMissing(err) ||
 			pgErr.Code == "42704" && strings.Contains(pgErr.Message, "replication slot")
 	}
 	var connectErr *pgconn.ConnectError
@@ -72,6 +71,13 @@ func restartNow(err error) bool {
 	var schema *cdc.SchemaChangeError
 	return errors.Is(err, errMembershipChanged) || errors.Is(err, errSlotMoved) || errors.Is(err, errEnumChanged) ||
 		errors.As(err, &schema)
+}
+
+// enumLabelMissing reports whether err is the target refusing an enum label the source added
+// since the session started: the next session adds it (ensureTypes), so it is routine.
+func enumLabelMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, "invalid input value for enum")
 }
 
 // hint returns advice for an operator about a transient failure, or "".

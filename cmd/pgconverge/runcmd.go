@@ -127,6 +127,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		started := time.Now()
 		err := runSession(ctx, cfg)
 		if ctx.Err() != nil {
+			cfg.Logger.Info("daemon stopped on request (SIGINT or SIGTERM)", "slot", cfg.Slot)
 			return nil
 		}
 		if err == nil || !retryable(err) {
@@ -140,7 +141,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig) error {
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "hint", h)
 		}
-		if restartNow(err) {
+		if restartNow(err) || enumLabelMissing(err) {
 			cfg.Logger.Warn("restarting the session", attrs...)
 		} else {
 			cfg.Logger.Error("session failed, reconnecting", attrs...)

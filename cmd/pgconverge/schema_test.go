@@ -275,3 +275,19 @@ func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
 		})
 	}
 }
+
+// The report compares the source table with the shape the stream last followed: a rewrite is
+// schema-changed at once, before the daemon notices it (here: while it is stopped).
+func TestCoverageSeesARewriteBeforeTheDaemon(t *testing.T) {
+	env := pgtest.New(t)
+	d := streamingTable(t, env)
+	d.stop(t)
+	pgtest.Exec(t, env.Source, `alter table t alter column n type int using n * 2`)
+	rep, code := coverageOf(t, env)
+	if tr := tableReport(t, rep, "public.t"); code != 3 || tr.Status != coverage.SchemaChanged || !strings.Contains(tr.Note, "table rewritten") {
+		t.Fatalf("coverage exit %d, status %s (%s), want 3, schema-changed and the rewrite", code, tr.Status, tr.Note)
+	}
+	startDaemon(t, testConfig(t, env))
+	waitCovered(t, env)
+	waitConverged(t, env, "t", "id")
+}

@@ -93,7 +93,7 @@ func (s *session) checkMemberships(ctx context.Context) {
 	}
 	for n, tok := range s.memberships {
 		if tokens[n] != tok {
-			s.cancel(fmt.Errorf("%w for table %s (ALTER PUBLICATION … DROP/ADD TABLE, or the table was recreated): restarting the session to load it again",
+			s.cancel(fmt.Errorf("%w for table %s (ALTER PUBLICATION … DROP/ADD TABLE, the table was recreated, or a partition was attached, detached, created, dropped or truncated): restarting the session to load it again",
 				errMembershipChanged, n))
 			return
 		}
