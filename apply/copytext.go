@@ -143,16 +143,12 @@ func describeCopyError(t changebatch.Table, rows []stagedRow, err error) error {
 		vals = append(vals, r.values[i].Text)
 	}
 	where := fmt.Sprintf("the row with key (%s) = (%s), version %s", strings.Join(keys, ", "), strings.Join(vals, ", "), r.version)
-	if col := m[2]; col != "" {
-		for i, c := range t.Columns {
-			if c.Name == col && !r.values[i].Null && !r.values[i].Unchanged {
-				v := r.values[i].Text
-				if len(v) > 200 {
-					v = v[:200] + "…"
-				}
-				where += fmt.Sprintf(", column %q (type %s) with value %q", col, c.Type, v)
-			}
+	if i := t.ColumnIndex(m[2]); i >= 0 && !r.values[i].Null && !r.values[i].Unchanged {
+		v := r.values[i].Text
+		if len(v) > 200 {
+			v = v[:200] + "…"
 		}
+		where += fmt.Sprintf(", column %q (type %s) with value %q", m[2], t.Columns[i].Type, v)
 	}
 	return fmt.Errorf("the target refused %s: %w", where, err)
 }

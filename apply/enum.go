@@ -49,16 +49,22 @@ func syncEnum(ctx context.Context, conn *pgx.Conn, qualified string, want []Enum
 		if err != nil {
 			return err
 		}
-		// Two passes, so that names can be swapped or reused.
-		for _, pass := range []func(r [3]string) (string, string){
-			func(r [3]string) (string, string) { return r[0], r[2] },
-			func(r [3]string) (string, string) { return r[2], r[1] },
-		} {
-			for _, r := range renames {
-				from, to := pass(r)
-				if _, err := tx.Exec(ctx, "alter type "+qualified+" rename value "+quoteLiteral(from)+" to "+quoteLiteral(to)); err != nil {
-					return fmt.Errorf("rename label %q to %q: %w", from, to, err)
-				}
+		// Through temporary names first, so that names can be swapped or reused.
+		rename := func(from, to string) error {
+			_, err := tx.Exec(ctx, "alter type "+qualified+" rename value "+quoteLiteral(from)+" to "+quoteLiteral(to))
+			if err != nil {
+				return fmt.Errorf("rename label %q to %q: %w", from, to, err)
+			}
+			return nil
+		}
+		for _, r := range renames {
+			if err := rename(r[0], r[2]); err != nil {
+				return err
+			}
+		}
+		for _, r := range renames {
+			if err := rename(r[2], r[1]); err != nil {
+				return err
 			}
 		}
 		for _, r := range renames {

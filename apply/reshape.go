@@ -201,7 +201,7 @@ func (r *Reshape) plan(t changebatch.Table, cols []targetColumn) []string {
 		ddl = append(ddl, fmt.Sprintf("add column %s %s generated always as (%s) stored", q, g.Type, g.Expr))
 	}
 	for _, c := range cols {
-		if columnIndex(t, c.name) >= 0 || generated[c.name] {
+		if t.ColumnIndex(c.name) >= 0 || generated[c.name] {
 			continue
 		}
 		r.Kept = append(r.Kept, c.name)
@@ -240,9 +240,4 @@ where schema_name = $1 and table_name = $2`, t.Schema, t.Name, changedAt.String(
 		return fmt.Errorf("record the schema change of %s: %w", t, err)
 	}
 	return abandonBackfills(ctx, conn, t.Schema, t.Name)
-}
-
-// columnIndex returns the position of the column named name in t.Columns, -1 when t has none.
-func columnIndex(t changebatch.Table, name string) int {
-	return slices.IndexFunc(t.Columns, func(c changebatch.Column) bool { return c.Name == name })
 }

@@ -132,7 +132,7 @@ func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 	}
 	r := &relation{table: t, cols: make([]int, len(m.Columns))}
 	for i, c := range m.Columns {
-		j := columnIndex(t, c.Name)
+		j := t.ColumnIndex(c.Name)
 		if j >= 0 && t.Columns[j].TypeOID != 0 && (t.Columns[j].TypeOID != c.DataType || t.Columns[j].TypeMod != c.TypeModifier) {
 			j = -1
 		}

@@ -96,7 +96,7 @@ func compareColumns(t changebatch.Table, cols []columnType, lsn pglogrepl.LSN, w
 			}
 			continue
 		}
-		i := columnIndex(t, c.name)
+		i := t.ColumnIndex(c.name)
 		switch {
 		case i < 0:
 			ch.Added = append(ch.Added, c.name)
@@ -179,14 +179,4 @@ where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.at
 		}
 	}
 	return nil, nil
-}
-
-// columnIndex returns the position of the column named name in t.Columns, -1 when t has none.
-func columnIndex(t changebatch.Table, name string) int {
-	for i, c := range t.Columns {
-		if c.Name == name {
-			return i
-		}
-	}
-	return -1
 }

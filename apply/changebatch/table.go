@@ -118,6 +118,17 @@ func (t Table) KeyOrder() []int {
 	return idx
 }
 
+// ColumnIndex returns the position in Columns of the column named name (unquoted), -1 when the
+// table has none.
+func (t Table) ColumnIndex(name string) int {
+	for i, c := range t.Columns {
+		if c.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
 // KeyIndexes returns the positions of the key columns in Columns, in column order.
 func (t Table) KeyIndexes() []int {
 	var idx []int

@@ -84,10 +84,8 @@ func (v *View) Change(i int) Change {
 		c.Values[col] = v.Value(i, col)
 	}
 	for _, name := range v.Unchanged(i) {
-		for col, tc := range v.Table.Columns {
-			if tc.Name == name {
-				c.Values[col] = Value{Unchanged: true}
-			}
+		if col := v.Table.ColumnIndex(name); col >= 0 {
+			c.Values[col] = Value{Unchanged: true}
 		}
 	}
 	return c

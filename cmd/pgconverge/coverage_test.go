@@ -248,21 +248,28 @@ func TestSlotAdvancedElsewhereIsAGap(t *testing.T) {
 	waitCovered(t, env)
 }
 
-// A table added to --tables later has a gap until its load completes: the report says loading
-// while it runs.
-func TestTableAddedLaterIsAGapUntilLoaded(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key, v text)`,
-		`insert into a values (1)`, `insert into b select g, 'v' from generate_series(1, 3000) g`)
+// coveredAThenB creates tables a (id, v; 1 row) and b (id, v; 3,000 rows) on the source, runs the
+// daemon on a alone until coverage is clean, stops it, and returns a configuration selecting both.
+func coveredAThenB(t *testing.T, env *pgtest.Env) daemonConfig {
+	t.Helper()
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
+		`insert into a values (1, 'x')`, `insert into b select g, 'v' from generate_series(1, 3000) g`)
 	cfg := testConfig(t, env)
 	cfg.Tables = []string{"public.a"}
 	d := startDaemon(t, cfg)
 	waitConverged(t, env, "a", "id")
 	waitCovered(t, env)
 	d.stop(t)
-
 	cfg = testConfig(t, env)
 	cfg.Tables = []string{"public.a", "public.b"}
+	return cfg
+}
+
+// A table added to --tables later has a gap until its load completes: the report says loading
+// while it runs.
+func TestTableAddedLaterIsAGapUntilLoaded(t *testing.T) {
+	env := pgtest.New(t)
+	cfg := coveredAThenB(t, env)
 	reached, release := holdLoad(&cfg, "public.b")
 	startDaemon(t, cfg)
 	<-reached
@@ -343,17 +350,7 @@ func TestInvalidatedSlotIsAGapNotACrashLoop(t *testing.T) {
 // the range skipped is a gap.
 func TestSlotAdvancedDuringTheLoadIsAGap(t *testing.T) {
 	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key)`,
-		`insert into a values (1, 'x')`, `insert into b select generate_series(1, 3000)`)
-	cfg := testConfig(t, env)
-	cfg.Tables = []string{"public.a"}
-	d := startDaemon(t, cfg)
-	waitConverged(t, env, "a", "id")
-	waitCovered(t, env)
-	d.stop(t)
-
-	cfg = testConfig(t, env)
-	cfg.Tables = []string{"public.a", "public.b"}
+	cfg := coveredAThenB(t, env)
 	cfg.OnGap = onGapAlert
 	reached, release := holdLoad(&cfg, "public.b")
 	startDaemon(t, cfg)

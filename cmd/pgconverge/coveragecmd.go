@@ -24,7 +24,10 @@ type exitError struct {
 	Err  error
 }
 
+// Error returns the wrapped error's message.
 func (e exitError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the wrapped error.
 func (e exitError) Unwrap() error { return e.Err }
 
 // coverageConfig configures `pgconverge coverage`.

@@ -25,6 +25,18 @@ func partitioned(t *testing.T, env *pgtest.Env) {
 		`insert into p select g, 'us', 'high' || g from generate_series(1000, 1099) g`)
 }
 
+// streamingPartitioned creates the partitioned table p (partitioned), starts the daemon on it and
+// waits until the target holds it and the daemon streams.
+func streamingPartitioned(t *testing.T) *pgtest.Env {
+	t.Helper()
+	env := pgtest.New(t)
+	partitioned(t, env)
+	startDaemon(t, testConfig(t, env))
+	waitConverged(t, env, "p", "id, region")
+	waitStreaming(t, env)
+	return env
+}
+
 // Without --tables a partitioned table is selected as one table and its partitions are not: the
 // target gets one plain table with the rows of every partition, and the publication pgconverge
 // creates publishes the partitions' changes under the table's name.
@@ -135,11 +147,7 @@ func TestAttachedPartitionIsAGapUntilBackfilled(t *testing.T) {
 // DETACH PARTITION removes its rows from the partitioned table without deletes in the stream; the
 // reload that the membership change causes tombstones them.
 func TestDetachedPartitionRowsAreTombstoned(t *testing.T) {
-	env := pgtest.New(t)
-	partitioned(t, env)
-	startDaemon(t, testConfig(t, env))
-	waitConverged(t, env, "p", "id, region")
-	waitStreaming(t, env)
+	env := streamingPartitioned(t)
 	pgtest.Exec(t, env.Source, `alter table p_us detach partition p_us_high`, `insert into p values (5000, 'eu', 'after the detach')`)
 	waitConverged(t, env, "p", "id, region")
 	if n := scalar[int64](t, env.Target, `select count(*) from p where _cdc_deleted and id between 1000 and 1099`); n != 100 {
@@ -151,11 +159,7 @@ func TestDetachedPartitionRowsAreTombstoned(t *testing.T) {
 // A TRUNCATE of one partition alone is not published via the partition root (pgoutput skips
 // it): the partition's new storage changes the membership, and the reload removes its rows.
 func TestTruncatedPartitionIsReloaded(t *testing.T) {
-	env := pgtest.New(t)
-	partitioned(t, env)
-	startDaemon(t, testConfig(t, env))
-	waitConverged(t, env, "p", "id, region")
-	waitStreaming(t, env)
+	env := streamingPartitioned(t)
 	pgtest.Exec(t, env.Source, `truncate p_eu`, `insert into p values (10000, 'eu', 'after the truncate')`)
 	waitConverged(t, env, "p", "id, region")
 	waitCovered(t, env)
@@ -165,11 +169,7 @@ func TestTruncatedPartitionIsReloaded(t *testing.T) {
 // attached again within one transaction, its oid and storage are the same, but its catalog rows
 // are new: the table is reloaded.
 func TestPartitionChangedWhileDetachedIsReloaded(t *testing.T) {
-	env := pgtest.New(t)
-	partitioned(t, env)
-	startDaemon(t, testConfig(t, env))
-	waitConverged(t, env, "p", "id, region")
-	waitStreaming(t, env)
+	env := streamingPartitioned(t)
 	pgtest.Exec(t, env.Source, `begin; alter table p detach partition p_eu; update p_eu set v = 'while detached' where id <= 50;
 delete from p_eu where id > 280; insert into p_eu values (5000, 'eu', 'new while detached');
 alter table p attach partition p_eu for values in ('eu'); commit`)
