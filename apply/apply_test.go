@@ -13,7 +13,7 @@ import (
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
-var acc = changebatch.Table{Schema: "public", Name: "acc", Columns: []changebatch.Column{
+var acc = changebatch.Table{TableName: changebatch.TableName{Schema: "public", Name: "acc"}, Columns: []changebatch.Column{
 	{Name: "id", Type: "integer", Key: true},
 	{Name: "note", Type: "text"},
 	{Name: "bal", Type: "integer"},
@@ -67,7 +67,7 @@ func setup(t *testing.T) fixture {
 	if err := migrations.Apply(ctx, env.Target); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := apply.EnsureTable(ctx, env.Target, acc, 0); err != nil {
+	if _, err := apply.EnsureTable(ctx, env.Target, acc, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	return fixture{env: env, ap: apply.New(env.Target)}
@@ -129,7 +129,7 @@ func TestReplayedBatchIsSuppressed(t *testing.T) {
 	f.expect(t, "1|a|10|0/64#1|f|", "2|b|20|0/64#2|f|", "3|||0/64#3|t|")
 }
 
-// The three worked cases of DESIGN.md, watermark 5,000,000 and backfill snapshot 4,995,000.
+// The three worked cases of docs/design.md, watermark 5,000,000 and backfill snapshot 4,995,000.
 func TestVersionRuleWorkedCases(t *testing.T) {
 	f := setup(t)
 	// 1. The stream applied a change at 4,994,500; the backfill carries its result and wins.

@@ -2,8 +2,16 @@
 // snapshot rows both go through Tx.Apply.
 //
 // Invariant: apply never lowers a row's version, never writes a version at or below the table's
-// TRUNCATE fence, and commits data, the progress LSN and ledger rows in one target transaction
-// (DESIGN.md, "The version rule" and "Exactly-once effect").
+// TRUNCATE fence, and a Tx commits data and the progress LSN (and the ledger rows its caller writes
+// on Tx.Conn) in one target transaction (docs/design.md, "The version rule" and "Exactly-once
+// effect").
+//
+// Besides the write path, apply owns the target's shape: EnsureTable creates or reshapes the
+// target tables (and EnsureType their types) and registers them in pgconverge.tables with their
+// fence, generation and recorded source shape; the progress LSN per slot (ReadProgress,
+// SetProgressTx, StartSlot). The coverage ledger (backfill runs, loaded state, membership, spans)
+// is package coverage's: apply does not import it, and tells it of a table that must be reloaded
+// through a ReloadFunc.
 //
 // A batch is staged with COPY (text format, PostgreSQL docs §COPY "Text Format") into a temporary
 // table and merged with one INSERT … ON CONFLICT … DO UPDATE … WHERE (old version) < (new version)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,7 +86,7 @@ where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped order by
 // (sourceShape); changedAt is recorded as the table's schema_changed_lsn when rows must be loaded
 // again. It returns an error naming the fix when the metadata columns are missing, the key
 // differs, or the target refuses a change.
-func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) (Reshape, error) {
+func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN, onReload ReloadFunc) (Reshape, error) {
 	var r Reshape
 	cols, all, err := readTargetColumns(ctx, conn, t)
 	if err != nil {
@@ -116,14 +117,14 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 		if !r.Reloads() {
 			return nil
 		}
-		return RecordSchemaChange(ctx, tx.Conn(), t, changedAt)
+		return RecordSchemaChange(ctx, tx.Conn(), t.TableName, changedAt, onReload)
 	})
 	if err == nil {
 		return r, nil
 	}
 	// Once someone fixes the target table by hand, the table must still be loaded again.
 	if r.Reloads() {
-		if rerr := RecordSchemaChange(ctx, conn, t, changedAt); rerr != nil {
+		if rerr := RecordSchemaChange(ctx, conn, t.TableName, changedAt, onReload); rerr != nil {
 			return r, rerr
 		}
 	}
@@ -221,9 +222,9 @@ func reshapeError(t changebatch.Table, r Reshape, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "42704", "3F000":
+		case pgerrcode.UndefinedObject, pgerrcode.InvalidSchemaName:
 			return fmt.Errorf("%s: %w; a type (or its schema) the source uses does not exist on the target: create it there first (CREATE TYPE, or CREATE EXTENSION for an extension's type), then restart", what, err)
-		case "42883":
+		case pgerrcode.UndefinedFunction:
 			return fmt.Errorf("%s: %w; a function a generated column's expression uses does not exist on the target: create it there first, then restart", what, err)
 		}
 	}
@@ -231,13 +232,13 @@ func reshapeError(t changebatch.Table, r Reshape, err error) error {
 		what, err, t.Quoted(), t.Quoted())
 }
 
-// RecordSchemaChange sets table t's schema_changed_lsn to changedAt (when later) and abandons its
-// unfinished backfills, whose chunks may lack a column's values: backfills read before changedAt
-// stop counting as coverage, so the table is loaded again.
-func RecordSchemaChange(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) error {
+// RecordSchemaChange sets table t's schema_changed_lsn to changedAt (when later) and tells onReload
+// (nil: nothing), which abandons its unfinished backfills, whose chunks may lack a column's values:
+// backfills read before changedAt stop counting as coverage, so the table is loaded again.
+func RecordSchemaChange(ctx context.Context, conn *pgx.Conn, t changebatch.TableName, changedAt pglogrepl.LSN, onReload ReloadFunc) error {
 	if _, err := conn.Exec(ctx, `update pgconverge.tables set schema_changed_lsn = greatest(schema_changed_lsn, $3::pg_lsn)
 where schema_name = $1 and table_name = $2`, t.Schema, t.Name, changedAt.String()); err != nil {
 		return fmt.Errorf("record the schema change of %s: %w", t, err)
 	}
-	return abandonBackfills(ctx, conn, t.Schema, t.Name)
+	return onReload.reloaded(ctx, conn, t)
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -146,9 +147,9 @@ func sequenceError(err error, op, quoted string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "42501": // insufficient_privilege
+		case pgerrcode.InsufficientPrivilege:
 			return fmt.Errorf("%s: run GRANT SELECT, UPDATE ON SEQUENCE %s TO <role> on the target: %w", op, quoted, err)
-		case "22003": // numeric_value_out_of_range
+		case pgerrcode.NumericValueOutOfRange:
 			return fmt.Errorf("%s: the value is outside the target sequence's range; run ALTER SEQUENCE %s with the source's AS type, MINVALUE and MAXVALUE on the target: %w", op, quoted, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -83,7 +84,7 @@ func (t *Tx) CopySnapshot(ctx context.Context, tab changebatch.Table, batches <-
 	encErr := <-encoded
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UniqueViolation:
 		return res, true, nil
 	case err != nil && encErr != nil:
 		return res, false, encErr

@@ -86,7 +86,7 @@ func copySQL(t changebatch.Table, stage string) string {
 // true) the target row belongs to another incarnation of the key, so the column is written as
 // staged (NULL) and stays unknown. A snapshot row (seq 0, a backfill) that is older than a live
 // target row with unknown columns fills just those columns and changes nothing else: the stream
-// left them unchanged since before the snapshot, so the snapshot holds their value (DESIGN.md,
+// left them unchanged since before the snapshot, so the snapshot holds their value (docs/design.md,
 // "The version rule").
 func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 	cols := strings.Join(copyColumns(t), ", ")

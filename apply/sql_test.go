@@ -7,7 +7,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
-var accTable = changebatch.Table{Schema: "public", Name: "Acc", Columns: []changebatch.Column{
+var accTable = changebatch.Table{TableName: changebatch.TableName{Schema: "public", Name: "Acc"}, Columns: []changebatch.Column{
 	{Name: "id", Type: "integer", Key: true},
 	{Name: "note", Type: "text"},
 	{Name: "bal", Type: "numeric(10,2)"},
@@ -65,7 +65,7 @@ where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_se
 }
 
 func TestUpsertSQLCompositeKeyOnly(t *testing.T) {
-	tab := changebatch.Table{Schema: "s", Name: "link", Columns: []changebatch.Column{
+	tab := changebatch.Table{TableName: changebatch.TableName{Schema: "s", Name: "link"}, Columns: []changebatch.Column{
 		{Name: "a", Type: "bigint", Key: true}, {Name: "b", Type: "text", Key: true},
 	}}
 	const want = `insert into "s"."link" as tgt ("a", "b", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,7 +26,10 @@ import (
 // again.
 // Target columns t lacks are kept and no longer written. It returns what it changed, and an error
 // naming the fix when the key differs or a column's values do not convert.
-func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN) (Reshape, error) {
+//
+// onReload (nil: nothing) is called on conn whenever the table's rows stop counting as loaded: a
+// new generation of the target table, or a schema change that needs a reload (RecordSchemaChange).
+func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt pglogrepl.LSN, onReload ReloadFunc) (Reshape, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, `select to_regclass($1) is not null`, t.Quoted()).Scan(&exists); err != nil {
 		return Reshape{}, fmt.Errorf("look up target table %s: %w", t, err)
@@ -36,25 +40,40 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, chang
 		}
 		if _, err := conn.Exec(ctx, createTableSQL(t)); err != nil {
 			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "3F000") {
+			if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedObject || pgErr.Code == pgerrcode.InvalidSchemaName) {
 				return Reshape{}, fmt.Errorf("create target table %s: a column's type (or its schema) does not exist on the target: create it there first, as on the source (pgconverge creates user-defined enums, domains and composite types, not other kinds): %w", t, err)
 			}
 			return Reshape{}, fmt.Errorf("create target table %s (the target role needs CREATE on schema %q): %w", t, t.Schema, err)
 		}
 	}
 	// A table registered for the first time has nothing to reload: it is loaded anyway.
-	if err := register(ctx, conn, t, !exists); err != nil {
+	if err := register(ctx, conn, t, !exists, onReload); err != nil {
 		return Reshape{}, err
 	}
-	return reshape(ctx, conn, t, changedAt)
+	return reshape(ctx, conn, t, changedAt, onReload)
+}
+
+// ReloadFunc is told, on the target connection and inside the transaction that records it (when
+// there is one), that table t's target rows stopped counting as loaded: its target table began a
+// new generation, or a schema change needs a reload. The engine passes coverage.AbandonBackfills,
+// so that no unfinished backfill of the table is resumed into rows of another generation or shape;
+// apply itself keeps no backfill ledger.
+type ReloadFunc func(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) error
+
+// reloaded calls f, when set, for t.
+func (f ReloadFunc) reloaded(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) error {
+	if f == nil {
+		return nil
+	}
+	return f(ctx, conn, t)
 }
 
 // register records t's target table in pgconverge.tables with its oid. A registered table that
 // pgconverge just created anew (created), or whose oid changed (someone dropped or replaced it by
-// hand), starts a new generation: not loaded, no truncate recorded, its unfinished backfills
-// abandoned, and what older backfills and streams wrote no longer counts as coverage. A table
+// hand), starts a new generation: not loaded, no truncate recorded, onReload told (which abandons
+// its unfinished backfills), and what older backfills and streams wrote no longer counts as coverage. A table
 // registered without an oid (by an older version) adopts its current one.
-func register(ctx context.Context, conn *pgx.Conn, t changebatch.Table, created bool) error {
+func register(ctx context.Context, conn *pgx.Conn, t changebatch.Table, created bool, onReload ReloadFunc) error {
 	var renewed bool
 	err := conn.QueryRow(ctx, `with old as (
   select target_oid from pgconverge.tables where schema_name = $1 and table_name = $2 for update),
@@ -74,7 +93,7 @@ returning (select renew from r)`, t.Schema, t.Name, t.Quoted(), created).Scan(&r
 		return fmt.Errorf("register table %s: %w", t, err)
 	}
 	if renewed {
-		return abandonBackfills(ctx, conn, t.Schema, t.Name)
+		return onReload.reloaded(ctx, conn, t.TableName)
 	}
 	return nil
 }

@@ -14,13 +14,13 @@ import (
 
 // tables describes the test tables as a producer would (key columns with their index positions).
 var tables = map[string]changebatch.Table{
-	"words":  {Schema: "public", Name: "words", Columns: []changebatch.Column{{Name: "w", Type: "text", Key: true, KeyPos: 1}, {Name: "n", Type: "integer"}}},
-	"cwords": {Schema: "public", Name: "cwords", Columns: []changebatch.Column{{Name: "w", Type: "text", Key: true, KeyPos: 1}, {Name: "n", Type: "integer"}}},
-	"pairs":  {Schema: "public", Name: "pairs", Columns: []changebatch.Column{{Name: "a", Type: "integer", Key: true, KeyPos: 2}, {Name: "b", Type: "text", Key: true, KeyPos: 1}}},
-	"empty":  {Schema: "public", Name: "empty", Columns: []changebatch.Column{{Name: "id", Type: "integer", Key: true, KeyPos: 1}}},
-	"one":    {Schema: "public", Name: "one", Columns: []changebatch.Column{{Name: "id", Type: "integer", Key: true, KeyPos: 1}, {Name: "v", Type: "text"}}},
-	"ints":   {Schema: "public", Name: "ints", Columns: []changebatch.Column{{Name: "id", Type: "bigint", Key: true, KeyPos: 1}}},
-	"seq":    {Schema: "public", Name: "seq", Columns: []changebatch.Column{{Name: "id", Type: "integer", Key: true, KeyPos: 1}}},
+	"words":  {TableName: changebatch.TableName{Schema: "public", Name: "words"}, Columns: []changebatch.Column{{Name: "w", Type: "text", Key: true, KeyPos: 1}, {Name: "n", Type: "integer"}}},
+	"cwords": {TableName: changebatch.TableName{Schema: "public", Name: "cwords"}, Columns: []changebatch.Column{{Name: "w", Type: "text", Key: true, KeyPos: 1}, {Name: "n", Type: "integer"}}},
+	"pairs":  {TableName: changebatch.TableName{Schema: "public", Name: "pairs"}, Columns: []changebatch.Column{{Name: "a", Type: "integer", Key: true, KeyPos: 2}, {Name: "b", Type: "text", Key: true, KeyPos: 1}}},
+	"empty":  {TableName: changebatch.TableName{Schema: "public", Name: "empty"}, Columns: []changebatch.Column{{Name: "id", Type: "integer", Key: true, KeyPos: 1}}},
+	"one":    {TableName: changebatch.TableName{Schema: "public", Name: "one"}, Columns: []changebatch.Column{{Name: "id", Type: "integer", Key: true, KeyPos: 1}, {Name: "v", Type: "text"}}},
+	"ints":   {TableName: changebatch.TableName{Schema: "public", Name: "ints"}, Columns: []changebatch.Column{{Name: "id", Type: "bigint", Key: true, KeyPos: 1}}},
+	"seq":    {TableName: changebatch.TableName{Schema: "public", Name: "seq"}, Columns: []changebatch.Column{{Name: "id", Type: "integer", Key: true, KeyPos: 1}}},
 }
 
 // readPlan plans table name in a fresh snapshot with chunkRows rows per chunk, reads every chunk

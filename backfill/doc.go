@@ -3,6 +3,6 @@
 //
 // Invariant: S is the consistent point of a logical slot created with an exported snapshot, never
 // pg_current_wal_lsn() read next to a snapshot: the exported snapshot shows exactly the
-// transactions that committed before S (DESIGN.md, "Exact snapshot LSNs"; PostgreSQL docs §55.4,
+// transactions that committed before S (docs/design.md, "Exact snapshots"; PostgreSQL docs §55.4,
 // CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT, and §9.27.5 "Snapshot Synchronization Functions").
 package backfill

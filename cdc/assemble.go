@@ -112,9 +112,9 @@ func (a *assembler) handle(m pglogrepl.Message) (bool, error) {
 func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 	t, ok := a.byOID[m.RelationID]
 	if !ok {
-		t, ok = a.tables[TableName{m.Namespace, m.RelationName}.String()]
+		t, ok = a.tables[changebatch.TableName{Schema: m.Namespace, Name: m.RelationName}.String()]
 	}
-	name := TableName{t.Schema, t.Name}
+	name := t.TableName
 	if !ok {
 		a.rels[m.RelationID] = &relation{}
 		return nil

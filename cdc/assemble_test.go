@@ -11,7 +11,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
-var items = changebatch.Table{Schema: "public", Name: "items", Columns: []changebatch.Column{
+var items = changebatch.Table{TableName: changebatch.TableName{Schema: "public", Name: "items"}, Columns: []changebatch.Column{
 	{Name: "id", Type: "integer", Key: true}, {Name: "body", Type: "text"}, {Name: "n", Type: "integer"},
 }}
 
@@ -188,7 +188,7 @@ func TestAssembleRefuses(t *testing.T) {
 
 // typedItems is items described with type oids: n is an integer (23), the others text (25), so a
 // Relation message of msgRelation (every column text) shows n with another type.
-var typedItems = changebatch.Table{Schema: "public", Name: "items", SourceOID: 16400, Columns: []changebatch.Column{
+var typedItems = changebatch.Table{TableName: changebatch.TableName{Schema: "public", Name: "items"}, SourceOID: 16400, Columns: []changebatch.Column{
 	{Name: "id", Type: "text", Key: true, TypeOID: 25, TypeMod: -1}, {Name: "body", Type: "text", TypeOID: 25, TypeMod: -1},
 	{Name: "n", Type: "integer", TypeOID: 23, TypeMod: -1},
 }}

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -105,9 +105,10 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 		return nil
 	case *pgproto3.ErrorResponse:
 		err := pgconn.ErrorResponseToPgError(msg)
-		if msg.Code == "42704" && strings.Contains(msg.Message, "publication") {
-			return fmt.Errorf("source ended replication on slot %q: %w; the publication was dropped (and maybe created again) while the slot still needed it, and PostgreSQL cannot decode past that point: drop the slot (SELECT pg_drop_replication_slot('%s')) and restart, and pgconverge reloads every table",
-				l.s.cfg.Slot, err, l.s.cfg.Slot)
+		if msg.Code == pgerrcode.UndefinedObject {
+			// Once streaming, the object pgoutput looks up and may not find is the publication.
+			return fmt.Errorf("source ended replication on slot %q: %w: %w; the publication was dropped (and maybe created again) while the slot still needed it, and PostgreSQL cannot decode past that point: drop the slot (SELECT pg_drop_replication_slot('%s')) and restart, and pgconverge reloads every table",
+				l.s.cfg.Slot, ErrPublicationMissing, err, l.s.cfg.Slot)
 		}
 		return fmt.Errorf("source ended replication on slot %q: %w", l.s.cfg.Slot, err)
 	case *pgproto3.CopyDone:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
 // Partitioned tables (PostgreSQL docs §5.11) are replicated as one table: the publication must
@@ -29,7 +30,7 @@ const partitionSet = `coalesce((with recursive tree (oid, ix) as (
 // root (its changes would arrive under its partitions' names), and a partition when it does (its
 // changes arrive under its root's name). viaRoot is the publication's publish_via_partition_root,
 // or what pgconverge would create it with.
-func checkPartitions(ctx context.Context, conn *pgx.Conn, name string, viaRoot bool, tables []TableName) ([]error, error) {
+func checkPartitions(ctx context.Context, conn *pgx.Conn, name string, viaRoot bool, tables []changebatch.TableName) ([]error, error) {
 	var errs []error
 	for _, t := range tables {
 		kind, partition, err := relationKind(ctx, conn, t)
@@ -49,7 +50,7 @@ func checkPartitions(ctx context.Context, conn *pgx.Conn, name string, viaRoot b
 }
 
 // anyPartitioned reports whether one of tables is a partitioned table.
-func anyPartitioned(ctx context.Context, conn *pgx.Conn, tables []TableName) (bool, error) {
+func anyPartitioned(ctx context.Context, conn *pgx.Conn, tables []changebatch.TableName) (bool, error) {
 	for _, t := range tables {
 		kind, _, err := relationKind(ctx, conn, t)
 		if err != nil || kind == "p" {
@@ -60,7 +61,7 @@ func anyPartitioned(ctx context.Context, conn *pgx.Conn, tables []TableName) (bo
 }
 
 // relationKind returns table t's relkind and whether it is a partition.
-func relationKind(ctx context.Context, conn *pgx.Conn, t TableName) (string, bool, error) {
+func relationKind(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) (string, bool, error) {
 	var kind string
 	var partition bool
 	err := conn.QueryRow(ctx, `select relkind::text, relispartition from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&kind, &partition)
@@ -73,7 +74,7 @@ func relationKind(ctx context.Context, conn *pgx.Conn, t TableName) (string, boo
 // checkLeaves returns an error naming the first leaf partition of partitioned table t (oid) that
 // is not an ordinary table: a foreign table's rows are not in the source's WAL, so its changes
 // would never reach the target.
-func checkLeaves(ctx context.Context, conn *pgx.Conn, t TableName, oid uint32) error {
+func checkLeaves(ctx context.Context, conn *pgx.Conn, t changebatch.TableName, oid uint32) error {
 	var leaf *string
 	err := conn.QueryRow(ctx, `with recursive tree (oid) as (
   select $1::oid union all select i.inhrelid from pg_inherits i join tree on i.inhparent = tree.oid)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
 func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
@@ -24,7 +25,7 @@ func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, 
 // so the caller marks them for loading first and a crash in between cannot hide that. It returns the tables it added (all of them when it created the
 // publication). Creating or altering a publication needs ownership of the tables and CREATE on the
 // database (PostgreSQL docs, CREATE PUBLICATION).
-func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName, beforeAdd func([]TableName) error) ([]TableName, error) {
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName, beforeAdd func([]changebatch.TableName) error) ([]changebatch.TableName, error) {
 	if err := ValidatePublicationName(name); err != nil {
 		return nil, err
 	}
@@ -56,7 +57,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	if exists && allTables {
 		return nil, nil
 	}
-	var missing []TableName
+	var missing []changebatch.TableName
 	for _, t := range tables {
 		var in bool
 		if exists {
@@ -101,7 +102,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 // tables (PostgreSQL docs §31.3 "Row Filters", §31.4 "Column Lists"), publish_via_partition_root
 // with a partition among tables, or without it and with a partitioned table among tables (§31.1,
 // CREATE PUBLICATION).
-func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []TableName) error {
+func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName) error {
 	var ins, upd, del, trunc, viaRoot bool
 	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot from pg_publication where pubname = $1`, name).
 		Scan(&ins, &upd, &del, &trunc, &viaRoot)
@@ -150,7 +151,7 @@ join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = 
 // A partitioned table's token also holds its set of leaf partitions and their storage
 // (partitionSet): rows that appear with an ATTACH PARTITION or vanish with a DETACH, a DROP or a
 // TRUNCATE of a partition alone have no change in the stream, so such a change reloads the table.
-func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables []TableName) (map[TableName]string, error) {
+func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables []changebatch.TableName) (map[changebatch.TableName]string, error) {
 	schemas, names := make([]string, len(tables)), make([]string, len(tables))
 	for i, t := range tables {
 		schemas[i], names[i] = t.Schema, t.Name
@@ -171,9 +172,9 @@ where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`,
 		return nil, fmt.Errorf("read publication %q membership: %w", publication, err)
 	}
 	defer rows.Close()
-	out := map[TableName]string{}
+	out := map[changebatch.TableName]string{}
 	for rows.Next() {
-		var n TableName
+		var n changebatch.TableName
 		var token string
 		if err := rows.Scan(&n.Schema, &n.Name, &token); err != nil {
 			return nil, fmt.Errorf("read publication %q membership: %w", publication, err)

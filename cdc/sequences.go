@@ -64,7 +64,7 @@ func CheckSequenceSource(ctx context.Context, conn *pgx.Conn) error {
 // defaults reference as nextval('name') (a dependency of the pg_attrdef row on the sequence). A
 // default that names its sequence as text (nextval('name'::text)) has no dependency and is not
 // found. A missing table returns an error wrapping ErrNoSourceTable.
-func TableSequences(ctx context.Context, conn *pgx.Conn, t TableName) ([]SequenceName, error) {
+func TableSequences(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) ([]SequenceName, error) {
 	var oid *uint32
 	if err := conn.QueryRow(ctx, `select to_regclass($1)::oid`, t.Quoted()).Scan(&oid); err != nil {
 		return nil, fmt.Errorf("look up source table %s: %w", t, err)

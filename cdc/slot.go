@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // SlotInfo is what the source says of a replication slot (pg_replication_slots).
@@ -20,16 +22,22 @@ type SlotInfo struct {
 	WALStatus string
 	// ActivePID is the pid of the walsender using the slot, or 0.
 	ActivePID int32
+	// RestartLSN is the oldest WAL position the slot keeps, 0 when it keeps none (lost).
+	RestartLSN pglogrepl.LSN
+	// SafeWALSize is how many bytes of WAL may still be written before the slot is at risk of
+	// being invalidated (safe_wal_size); nil when max_slot_wal_keep_size is -1 or the slot is lost.
+	SafeWALSize *int64
 }
 
 // ReadSlot returns what the source says of slot name; Exists is false when there is none.
 func ReadSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, error) {
 	var s SlotInfo
-	var flush *string
+	var flush, restart *string
 	var plugin, db, status *string
 	var pid *int32
-	err := conn.QueryRow(ctx, `select plugin::text, database::text, confirmed_flush_lsn::text, wal_status, active_pid
-from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid)
+	err := conn.QueryRow(ctx, `select plugin::text, database::text, confirmed_flush_lsn::text, wal_status, active_pid,
+  restart_lsn::text, safe_wal_size
+from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -41,12 +49,43 @@ from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush
 	if pid != nil {
 		s.ActivePID = *pid
 	}
-	if flush != nil {
-		if s.ConfirmedFlush, err = pglogrepl.ParseLSN(*flush); err != nil {
+	for _, l := range []struct {
+		text *string
+		lsn  *pglogrepl.LSN
+	}{{flush, &s.ConfirmedFlush}, {restart, &s.RestartLSN}} {
+		if l.text == nil {
+			continue
+		}
+		if *l.lsn, err = pglogrepl.ParseLSN(*l.text); err != nil {
 			return s, fmt.Errorf("read replication slot %q: %w", name, err)
 		}
 	}
 	return s, nil
+}
+
+// MaxSlotWALKeepSize returns the source's max_slot_wal_keep_size in bytes, -1 for unlimited
+// (PostgreSQL docs §20.6.1).
+func MaxSlotWALKeepSize(ctx context.Context, conn *pgx.Conn) (int64, error) {
+	var n int64
+	if err := conn.QueryRow(ctx, `select pg_size_bytes(current_setting('max_slot_wal_keep_size'))`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read max_slot_wal_keep_size: %w", err)
+	}
+	return n, nil
+}
+
+// ErrSlotMissing is wrapped by errors of starting replication on, or dropping, a slot that does not
+// exist (it was dropped meanwhile): the next session records the gap and creates it anew.
+var ErrSlotMissing = errors.New("replication slot missing")
+
+// ErrPublicationMissing is wrapped by the error of a stream the source ended because the
+// publication does not exist at the position it decodes: it was dropped (and maybe created again)
+// while the slot still needed it, and PostgreSQL cannot decode past that point.
+var ErrPublicationMissing = errors.New("publication missing")
+
+// isCode reports whether err wraps a *pgconn.PgError with SQLSTATE code.
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
 // ErrSlotBusy is returned by Busy when another session holds the slot or is still creating it;
@@ -108,6 +147,9 @@ func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
 // inactive.
 func DropSlot(ctx context.Context, conn *pgx.Conn, name string) error {
 	if _, err := conn.Exec(ctx, `select pg_drop_replication_slot($1)`, name); err != nil {
+		if isCode(err, pgerrcode.UndefinedObject) {
+			return fmt.Errorf("drop replication slot %q: %w: %w", name, ErrSlotMissing, err)
+		}
 		return fmt.Errorf("drop replication slot %q: %w", name, err)
 	}
 	return nil

@@ -42,7 +42,7 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 // partitioned with a partition that is not an ordinary table. A partitioned table is described as
 // one table with its own columns and key.
 func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (changebatch.Table, error) {
-	t := changebatch.Table{Schema: schema, Name: name}
+	t := changebatch.Table{TableName: changebatch.TableName{Schema: schema, Name: name}}
 	var oid uint32
 	var kind, ident string
 	var usage, sel bool
@@ -60,7 +60,7 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 		return t, fmt.Errorf("source relation %s is not an ordinary or partitioned table (relkind %q): only tables can be replicated", t, kind)
 	}
 	if kind == "p" {
-		if err := checkLeaves(ctx, conn, TableName{schema, name}, oid); err != nil {
+		if err := checkLeaves(ctx, conn, changebatch.TableName{Schema: schema, Name: name}, oid); err != nil {
 			return t, err
 		}
 		t.Partitioned = true
@@ -146,18 +146,9 @@ func keyColumns(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (
 	return keys, nil
 }
 
-// TableName is a schema-qualified table name, unquoted.
-type TableName struct{ Schema, Name string }
-
-// String returns the name for logs and map keys (changebatch.QualifiedName).
-func (n TableName) String() string { return changebatch.QualifiedName(n.Schema, n.Name) }
-
-// Quoted returns the name quoted for SQL.
-func (n TableName) Quoted() string { return pgx.Identifier{n.Schema, n.Name}.Sanitize() }
-
 // SkippedTable is a table left out of the default selection, with the reason.
 type SkippedTable struct {
-	Table  TableName
+	Table  changebatch.TableName
 	Reason string
 }
 
@@ -166,7 +157,7 @@ type SkippedTable struct {
 // the partition root, else their partitions), else every user table that has a primary key or a
 // replica identity index, where a partitioned table counts as one table and its partitions are
 // left out (they are replicated through it). Tables left out are returned with the reason.
-func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]TableName, []SkippedTable, error) {
+func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]changebatch.TableName, []SkippedTable, error) {
 	exists, err := publicationExists(ctx, conn, publication)
 	if err != nil {
 		return nil, nil, err
@@ -185,10 +176,10 @@ order by 1, 2`)
 		return nil, nil, fmt.Errorf("list source tables: %w", err)
 	}
 	defer rows.Close()
-	var names []TableName
+	var names []changebatch.TableName
 	var skipped []SkippedTable
 	for rows.Next() {
-		var n TableName
+		var n changebatch.TableName
 		var keyed bool
 		if err := rows.Scan(&n.Schema, &n.Name, &keyed); err != nil {
 			return nil, nil, fmt.Errorf("list source tables: %w", err)
@@ -203,12 +194,12 @@ order by 1, 2`)
 }
 
 // PublishedTables lists the tables of publication (none when it does not exist).
-func PublishedTables(ctx context.Context, conn *pgx.Conn, publication string) ([]TableName, error) {
+func PublishedTables(ctx context.Context, conn *pgx.Conn, publication string) ([]changebatch.TableName, error) {
 	rows, err := conn.Query(ctx, `select schemaname::text, tablename::text from pg_publication_tables where pubname = $1 order by 1, 2`, publication)
 	if err != nil {
 		return nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[TableName])
+	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
 	if err != nil {
 		return nil, fmt.Errorf("list tables of publication %q: %w", publication, err)
 	}

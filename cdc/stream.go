@@ -10,6 +10,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -179,6 +180,10 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'"},
 	})
 	if err != nil {
+		if isCode(err, pgerrcode.UndefinedObject) {
+			// The one object START_REPLICATION names that can be missing is the slot.
+			return fmt.Errorf("start replication on slot %q at %s: %w: %w", cfg.Slot, cfg.Start, ErrSlotMissing, err)
+		}
 		return fmt.Errorf("start replication on slot %q at %s: %w", cfg.Slot, cfg.Start, err)
 	}
 	if cfg.CheckStart != nil {

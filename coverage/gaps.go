@@ -49,7 +49,7 @@ func (g Gap) Bytes() uint64 { return uint64(g.To - g.From) }
 // Gaps returns the ranges below t.Watermark that t's ledger leaves uncovered, sorted and disjoint;
 // adjacent gaps differ in the key ranges they name. A key range is covered at LSN x when its
 // backfill chunk was read at S > x, a streamed TRUNCATE at T > x voided everything older, or a
-// stream span holds x (DESIGN.md, "Coverage"). Like a span frontier (CockroachDB's
+// stream span holds x (docs/design.md, "Coverage"). Like a span frontier (CockroachDB's
 // span.Frontier), each key range's backfill frontier is max(S, Truncated), and the table's gaps are
 // the ranges between each frontier and the watermark that no span fills.
 func Gaps(t TableLedger) []Gap {

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
 // DB is what the ledger needs of the target: a connection or a transaction.
@@ -83,7 +83,7 @@ func CheckSource(ctx context.Context, db DB, slot, source string) error {
 // another source database than source (cdc.SourceID), or a backfill wrote rows of another source
 // database into its current target table: two databases' rows would mix in one target table, and
 // the version rule cannot order LSNs of different databases.
-func CheckTableSource(ctx context.Context, db DB, n cdc.TableName, source string) error {
+func CheckTableSource(ctx context.Context, db DB, n changebatch.TableName, source string) error {
 	var other string
 	err := db.QueryRow(ctx, `select s.source from pgconverge.table_spans t
 join pgconverge.stream_segments s on s.id = t.segment_id
@@ -146,20 +146,20 @@ const (
 
 // EndSpans ends the open spans of tables in slot's open segment for reason, at the slot's
 // progress or, earlier, at their confirmed_lsn.
-func EndSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, reason string) error {
+func EndSpans(ctx context.Context, db DB, slot string, tables []changebatch.TableName, reason string) error {
 	_, err := endSpans(ctx, db, slot, tables, "in", reason)
 	return err
 }
 
 // EndSpansExcept ends, for reason, the open spans in slot's open segment of every table not among
 // keep, at the slot's progress or, earlier, at their confirmed_lsn, and returns their tables.
-func EndSpansExcept(ctx context.Context, db DB, slot string, keep []cdc.TableName, reason string) ([]cdc.TableName, error) {
+func EndSpansExcept(ctx context.Context, db DB, slot string, keep []changebatch.TableName, reason string) ([]changebatch.TableName, error) {
 	return endSpans(ctx, db, slot, keep, "not in", reason)
 }
 
 // endSpans ends the open spans in slot's open segment of the tables that are (op "in") or are not
 // (op "not in") among tables, and returns the tables whose span it ended.
-func endSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, op, reason string) ([]cdc.TableName, error) {
+func endSpans(ctx context.Context, db DB, slot string, tables []changebatch.TableName, op, reason string) ([]changebatch.TableName, error) {
 	schemas, names := split(tables)
 	rows, err := db.Query(ctx, `update pgconverge.table_spans t set
   end_lsn = greatest(t.start_lsn, least(t.confirmed_lsn, coalesce((select applied_lsn from pgconverge.progress where slot = $1), t.confirmed_lsn))),
@@ -171,8 +171,8 @@ returning t.schema_name, t.table_name`, slot, schemas, names, reason)
 	if err != nil {
 		return nil, fmt.Errorf("end table spans of slot %q (%s): %w", slot, reason, err)
 	}
-	ended, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cdc.TableName, error) {
-		var n cdc.TableName
+	ended, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (changebatch.TableName, error) {
+		var n changebatch.TableName
 		return n, r.Scan(&n.Schema, &n.Name)
 	})
 	if err != nil {
@@ -183,7 +183,7 @@ returning t.schema_name, t.table_name`, slot, schemas, names, reason)
 
 // ConfirmSpans records that tables were still published, with the membership their spans began
 // with, at lsn: a source position read before the membership was checked.
-func ConfirmSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName, lsn pglogrepl.LSN) error {
+func ConfirmSpans(ctx context.Context, db DB, slot string, tables []changebatch.TableName, lsn pglogrepl.LSN) error {
 	schemas, names := split(tables)
 	_, err := db.Exec(ctx, `update pgconverge.table_spans t set confirmed_lsn = greatest(t.confirmed_lsn, $4::pg_lsn)
 from pgconverge.stream_segments s
@@ -204,8 +204,8 @@ type SpanStart struct {
 // StartSpans opens a span in slot's open segment for each table of starts that has none in its
 // target table's current generation; the span of an older generation is ended. It returns the
 // tables it opened a span for.
-func StartSpans(ctx context.Context, db DB, slot string, starts map[cdc.TableName]SpanStart) ([]cdc.TableName, error) {
-	var opened []cdc.TableName
+func StartSpans(ctx context.Context, db DB, slot string, starts map[changebatch.TableName]SpanStart) ([]changebatch.TableName, error) {
+	var opened []changebatch.TableName
 	for n, start := range starts {
 		_, err := db.Exec(ctx, `update pgconverge.table_spans t set end_lsn = t.start_lsn, end_reason = 'target table created anew', ended_at = now()
 from pgconverge.stream_segments s, pgconverge.tables g
@@ -240,7 +240,7 @@ type LatestSpan struct {
 
 // LatestSpans returns, for each of tables that has one, its latest span in its target table's
 // current generation, in any slot's segment.
-func LatestSpans(ctx context.Context, db DB, slot string, tables []cdc.TableName) (map[cdc.TableName]LatestSpan, error) {
+func LatestSpans(ctx context.Context, db DB, slot string, tables []changebatch.TableName) (map[changebatch.TableName]LatestSpan, error) {
 	schemas, names := split(tables)
 	rows, err := db.Query(ctx, `select distinct on (t.schema_name, t.table_name) t.schema_name, t.table_name,
   t.end_lsn is null and s.slot = $1 and s.end_lsn is null, coalesce(t.membership, '')
@@ -253,9 +253,9 @@ order by t.schema_name, t.table_name, t.id desc`, slot, schemas, names)
 		return nil, fmt.Errorf("read the latest stream spans: %w", err)
 	}
 	defer rows.Close()
-	out := map[cdc.TableName]LatestSpan{}
+	out := map[changebatch.TableName]LatestSpan{}
 	for rows.Next() {
-		var n cdc.TableName
+		var n changebatch.TableName
 		var l LatestSpan
 		if err := rows.Scan(&n.Schema, &n.Name, &l.Open, &l.Membership); err != nil {
 			return nil, fmt.Errorf("read the latest stream spans: %w", err)
@@ -265,7 +265,7 @@ order by t.schema_name, t.table_name, t.id desc`, slot, schemas, names)
 	return out, rows.Err()
 }
 
-func split(tables []cdc.TableName) ([]string, []string) {
+func split(tables []changebatch.TableName) ([]string, []string) {
 	schemas, names := make([]string, len(tables)), make([]string, len(tables))
 	for i, t := range tables {
 		schemas[i], names[i] = t.Schema, t.Name

@@ -6,12 +6,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
-func ledgerOf(t *testing.T, conn *pgx.Conn, n cdc.TableName) *TableState {
+func ledgerOf(t *testing.T, conn *pgx.Conn, n changebatch.TableName) *TableState {
 	t.Helper()
 	states, err := ReadTables(context.Background(), conn)
 	if err != nil {
@@ -33,7 +33,7 @@ func TestSegmentsAndSpans(t *testing.T) {
 	if err := migrations.Apply(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	a, b := cdc.TableName{Schema: "public", Name: "a"}, cdc.TableName{Schema: "public", Name: "b"}
+	a, b := changebatch.TableName{Schema: "public", Name: "a"}, changebatch.TableName{Schema: "public", Name: "b"}
 	pgtest.Exec(t, db, `create table a (id int)`, `create table b (id int)`,
 		`insert into pgconverge.tables (schema_name, table_name, target_oid) values ('public', 'a', 'a'::regclass), ('public', 'b', 'b'::regclass)`,
 		`insert into pgconverge.progress (slot, applied_lsn) values ('s', '0/500')`)
@@ -45,21 +45,21 @@ func TestSegmentsAndSpans(t *testing.T) {
 	}
 	_, err := StartSegment(ctx, db, "s", 0x100, 0x100)
 	must(err)
-	opened, err := StartSpans(ctx, db, "s", map[cdc.TableName]SpanStart{a: {LSN: 0x100}, b: {LSN: 0x300}})
+	opened, err := StartSpans(ctx, db, "s", map[changebatch.TableName]SpanStart{a: {LSN: 0x100}, b: {LSN: 0x300}})
 	must(err)
 	if len(opened) != 2 {
 		t.Fatalf("opened %v", opened)
 	}
 	// Opening again does nothing: each table has its open span.
-	opened, err = StartSpans(ctx, db, "s", map[cdc.TableName]SpanStart{a: {LSN: 0x400}})
+	opened, err = StartSpans(ctx, db, "s", map[changebatch.TableName]SpanStart{a: {LSN: 0x400}})
 	must(err)
 	if len(opened) != 0 {
 		t.Fatalf("opened %v again", opened)
 	}
-	must(ConfirmSpans(ctx, db, "s", []cdc.TableName{a, b}, 0x450))
+	must(ConfirmSpans(ctx, db, "s", []changebatch.TableName{a, b}, 0x450))
 	// b's membership changed: its span ends at its confirmed position, below the progress.
 	pgtest.Exec(t, db, `update pgconverge.progress set applied_lsn = '0/600'`)
-	must(EndSpans(ctx, db, "s", []cdc.TableName{b}, ReasonMembership))
+	must(EndSpans(ctx, db, "s", []changebatch.TableName{b}, ReasonMembership))
 	if got, want := ledgerOf(t, db, b).Ledger.Spans, []Span{{0x300, 0x450}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("b's spans %v, want %v", got, want)
 	}
@@ -69,7 +69,7 @@ func TestSegmentsAndSpans(t *testing.T) {
 	}
 	// The slot is lost: at the next start a's membership is confirmed up to now, then the segment
 	// and a's span end at the progress; a new segment starts later.
-	must(ConfirmSpans(ctx, db, "s", []cdc.TableName{a}, 0x700))
+	must(ConfirmSpans(ctx, db, "s", []changebatch.TableName{a}, 0x700))
 	ended, err := EndSegment(ctx, db, "s", 0x600, "slot lost")
 	must(err)
 	if !ended {
@@ -78,7 +78,7 @@ func TestSegmentsAndSpans(t *testing.T) {
 	_, err = StartSegment(ctx, db, "s", 0x900, 0x900)
 	must(err)
 	pgtest.Exec(t, db, `update pgconverge.progress set applied_lsn = '0/A00'`)
-	_, err = StartSpans(ctx, db, "s", map[cdc.TableName]SpanStart{a: {LSN: 0x900}})
+	_, err = StartSpans(ctx, db, "s", map[changebatch.TableName]SpanStart{a: {LSN: 0x900}})
 	must(err)
 	st = ledgerOf(t, db, a)
 	st.Ledger.Chunks = []Chunk{{S: 0x100}}
@@ -86,9 +86,9 @@ func TestSegmentsAndSpans(t *testing.T) {
 		t.Errorf("a's gaps %v, want %v (spans %v)", got, want, st.Ledger.Spans)
 	}
 	// Left the selection: not streamed any more.
-	left, err := EndSpansExcept(ctx, db, "s", []cdc.TableName{b}, ReasonDeselected)
+	left, err := EndSpansExcept(ctx, db, "s", []changebatch.TableName{b}, ReasonDeselected)
 	must(err)
-	if !reflect.DeepEqual(left, []cdc.TableName{a}) {
+	if !reflect.DeepEqual(left, []changebatch.TableName{a}) {
 		t.Errorf("ended %v, want a", left)
 	}
 	if st := ledgerOf(t, db, a); st.Streaming || st.LastEndReason != ReasonDeselected {
@@ -112,7 +112,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	if err := migrations.Apply(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	st := ledgerOf(t, db, cdc.TableName{Schema: "public", Name: "a"})
+	st := ledgerOf(t, db, changebatch.TableName{Schema: "public", Name: "a"})
 	if want := []Span{{0x200, 0x900}}; !st.Streaming || !reflect.DeepEqual(st.Ledger.Spans, want) || st.Backfilled != 0x200 {
 		t.Fatalf("after the upgrade: %+v, want an open span %v and a backfill at 0/200", st, want)
 	}

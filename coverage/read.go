@@ -5,12 +5,12 @@ import (
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
 // TableState is what the ledger holds about one table in its target table's current generation.
 type TableState struct {
-	Table cdc.TableName
+	Table changebatch.TableName
 	// Ledger is the input of Gaps; its Watermark is where the table's open span ends (its slot's
 	// progress), or where its last span ended when no stream follows it now.
 	Ledger TableLedger
@@ -40,8 +40,8 @@ type TableState struct {
 }
 
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
-func ReadTables(ctx context.Context, db DB) (map[cdc.TableName]*TableState, error) {
-	out := map[cdc.TableName]*TableState{}
+func ReadTables(ctx context.Context, db DB) (map[changebatch.TableName]*TableState, error) {
+	out := map[changebatch.TableName]*TableState{}
 	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(schema_changed_lsn, '0/0')::text, coalesce(membership, ''),
   to_regclass(format('%I.%I', schema_name, table_name)) is null
     or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false)
@@ -76,7 +76,7 @@ from pgconverge.tables`)
 }
 
 // readSpans adds the stream spans of the tables' current generation, oldest first.
-func readSpans(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
+func readSpans(ctx context.Context, db DB, out map[changebatch.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `select t.schema_name, t.table_name, s.slot, coalesce(s.publication, ''), coalesce(s.source, ''), t.start_lsn::text,
   coalesce(t.end_lsn, greatest(t.start_lsn, p.applied_lsn), t.start_lsn)::text, t.end_lsn is null,
   t.confirmed_lsn::text, coalesce(t.end_reason, ''), coalesce(t.membership, '')
@@ -90,7 +90,7 @@ order by t.id`)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var n cdc.TableName
+		var n changebatch.TableName
 		var slot, pub, source, start, end, confirmed, reason, member string
 		var open bool
 		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &source, &start, &end, &open, &confirmed, &reason, &member); err != nil {
@@ -124,7 +124,7 @@ order by t.id`)
 // chunk read at exactly that position may predate the target table's change: the position need
 // not move in between; a backfill started later reads at a later one, as creating its slot writes
 // WAL).
-func readBackfills(ctx context.Context, db DB, out map[cdc.TableName]*TableState) error {
+func readBackfills(ctx context.Context, db DB, out map[changebatch.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `with latest as (
   select distinct on (b.schema_name, b.table_name) b.id, b.schema_name, b.table_name, b.snapshot_lsn
   from pgconverge.backfills b
@@ -141,7 +141,7 @@ order by l.id, c.chunk`)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var n cdc.TableName
+		var n changebatch.TableName
 		var id int64
 		var c Chunk
 		var s string

@@ -9,9 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
-	"github.com/pgconverge/pgconverge/cdc"
 )
 
 // Status is a table's coverage status in a Report.
@@ -63,6 +61,17 @@ type Report struct {
 	Tables  []TableReport `json:"tables"`
 }
 
+// Table returns the report of the table named name (as changebatch.TableName.String prints it),
+// and false when the report has none.
+func (r Report) Table(name string) (TableReport, bool) {
+	for _, t := range r.Tables {
+		if t.Table == name {
+			return t, true
+		}
+	}
+	return TableReport{}, false
+}
+
 // TableReport is one table's coverage.
 type TableReport struct {
 	Table  string `json:"table"`
@@ -100,103 +109,65 @@ type KeyRange struct {
 	Upper []string `json:"upper"`
 }
 
-// Options says which slot to describe when no table is streamed.
-type Options struct {
-	Slot string
+// Facts are what a report needs beyond the ledger: what the source says, and the backfill locks
+// held on the target. The engine gathers them around ReadTables in this order, which keeps the
+// report honest while a daemon streams: the slots are read before the ledger (a streaming daemon's
+// confirmed_flush_lsn, read first, is then never above the progress read after it, unless someone
+// else moved the slot), AfterLSN after it (a watermark moves while the report is made, never past
+// the source).
+type Facts struct {
+	// SourceLSN is the source's current WAL position read before the ledger; AfterLSN one read
+	// after it.
+	SourceLSN, AfterLSN pglogrepl.LSN
+	// SourceID identifies the source database the URL reaches (cdc.SourceID).
+	SourceID string
+	// Slots are the slots the report lists (OpenSlots, or the default slot when none is open);
+	// MoreSlots those that streamed tables name beyond them (a segment opened after the slots
+	// were read).
+	Slots, MoreSlots []SlotHealth
+	// Memberships are the current publication membership tokens of the streamed tables
+	// (cdc.Memberships of each table's publication); a missing token is a changed membership.
+	Memberships map[changebatch.TableName]string
+	// SourceChanges says, per streamed table, why its source table may hold values the target's
+	// rows lack with no change the stream will deliver (apply.ShapeChanges against its current
+	// description): a rewrite, a column added, re-created or retyped.
+	SourceChanges map[changebatch.TableName][]string
+	// Held marks the tables whose backfill lock a session holds (BackfillHeld): a backfill of
+	// them runs now.
+	Held map[changebatch.TableName]bool
 }
 
-// Build reads the ledger in tgt and the source's slots and publication in src and returns the
-// report. A slot that is lost or missing, or a table whose publication membership changed since
-// the daemon recorded it, cannot deliver what follows its watermark: the range from there to the
-// source's current position is reported as a gap at once, before the daemon notices. A table the
-// source changed in a way no streamed change shows (sourceChanges) is schema-changed at once too.
-func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error) {
-	var rep Report
-	if err := checkLedger(ctx, tgt); err != nil {
-		return rep, err
-	}
-	// The slots are read before the ledger: a streaming daemon's confirmed_flush_lsn, read first,
-	// is then never above the progress read after it, unless someone else moved the slot.
-	rows, err := tgt.Query(ctx, `select distinct slot from pgconverge.stream_segments where end_lsn is null`)
-	if err != nil {
-		return rep, fmt.Errorf("read the ledger's slots: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return rep, fmt.Errorf("read the ledger's slots: %w", err)
-	}
-	if len(names) == 0 {
-		names = []string{opt.Slot}
-	}
-	now, err := cdc.CurrentLSN(ctx, src)
-	if err != nil {
-		return rep, err
-	}
-	rep.SourceLSN = LSN(now)
-	slots := map[string]SlotHealth{}
-	for _, name := range names {
-		if slots[name], err = ReadSlotHealth(ctx, src, name, now); err != nil {
-			return rep, err
-		}
-		rep.Slots = append(rep.Slots, slots[name])
-	}
+// NewReport returns the report of the tables' ledger states (ReadTables) given the facts. A slot
+// that is lost or missing, or a table whose publication membership changed since the daemon
+// recorded it, cannot deliver what follows its watermark: the range from there to the source's
+// current position is reported as a gap at once, before the daemon notices. A table the source
+// changed in a way no streamed change shows is schema-changed at once too. It returns an error
+// wrapping ErrOtherSource when the source is not the database the ledger's streams read, or is
+// behind a watermark (restored from a backup, failed over to a standby that lacks changes).
+func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, error) {
+	rep := Report{SourceLSN: LSN(f.SourceLSN), Slots: slices.Clone(f.Slots)}
 	slices.SortFunc(rep.Slots, func(a, b SlotHealth) int { return strings.Compare(a.Name, b.Name) })
-	states, err := ReadTables(ctx, tgt)
-	if err != nil {
-		return rep, err
+	slots := map[string]SlotHealth{}
+	for _, h := range append(slices.Clone(f.MoreSlots), f.Slots...) {
+		slots[h.Name] = h
 	}
-	srcID, err := cdc.SourceID(ctx, src)
-	if err != nil {
-		return rep, err
-	}
-	// Read after the ledger: a watermark moves while the report is made, never past the source.
-	after, err := cdc.CurrentLSN(ctx, src)
-	if err != nil {
-		return rep, err
-	}
-	byPublication := map[string][]cdc.TableName{}
-	for n, st := range states {
+	for _, st := range states {
 		if !st.Streaming {
 			continue
 		}
-		if st.Source != "" && st.Source != srcID {
+		if st.Source != "" && st.Source != f.SourceID {
 			return rep, fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
-				ErrOtherSource, st.Table, st.Source, srcID)
+				ErrOtherSource, st.Table, st.Source, f.SourceID)
 		}
-		if after < st.Ledger.Watermark {
+		if f.AfterLSN < st.Ledger.Watermark {
 			return rep, fmt.Errorf("%w: the source's WAL position %s is behind %s's watermark %s: the source was restored from a backup or failed over to a standby that lacks changes the target holds; the target must be loaded again into a new database",
-				ErrOtherSource, after, st.Table, st.Ledger.Watermark)
+				ErrOtherSource, f.AfterLSN, st.Table, st.Ledger.Watermark)
 		}
-		byPublication[st.Publication] = append(byPublication[st.Publication], n)
-	}
-	tokens := map[cdc.TableName]string{}
-	for pub, names := range byPublication {
-		got, err := cdc.Memberships(ctx, src, pub, names)
-		if err != nil {
-			return rep, err
-		}
-		for n, tok := range got {
-			tokens[n] = tok
-		}
-	}
-	reshaped, err := sourceChanges(ctx, src, tgt, states)
-	if err != nil {
-		return rep, err
 	}
 	rep.Covered = true
 	for _, st := range states {
-		slot, ok := slots[st.Slot]
-		if !ok && st.Streaming {
-			// A segment opened after the slots were read: read its slot now.
-			if slot, err = ReadSlotHealth(ctx, src, st.Slot, now); err != nil {
-				return rep, err
-			}
-		}
-		tr, err := tableReport(ctx, tgt, st, slot, tokens, now)
-		if err != nil {
-			return rep, err
-		}
-		if r := reshaped[st.Table]; len(r) > 0 && tr.Status != NotStreamed {
+		tr := tableReport(st, slots[st.Slot], f)
+		if r := f.SourceChanges[st.Table]; len(r) > 0 && tr.Status != NotStreamed {
 			tr.Status = SchemaChanged
 			tr.Note = strings.TrimPrefix(tr.Note+"; the source table changed since the stream last followed it, in a way no streamed change shows ("+
 				strings.Join(r, "; ")+"): its rows are loaded again once the daemon notices (within 5 s)", "; ")
@@ -210,9 +181,23 @@ func Build(ctx context.Context, src, tgt *pgx.Conn, opt Options) (Report, error)
 	return rep, nil
 }
 
-// tableReport builds one table's report from its ledger, its slot's health and the current
-// publication memberships.
-func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHealth, tokens map[cdc.TableName]string, now pglogrepl.LSN) (TableReport, error) {
+// OpenSlots returns the slots with an open stream segment in the ledger, the slots a report
+// describes.
+func OpenSlots(ctx context.Context, db DB) ([]string, error) {
+	rows, err := db.Query(ctx, `select distinct slot from pgconverge.stream_segments where end_lsn is null`)
+	if err != nil {
+		return nil, fmt.Errorf("read the ledger's slots: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read the ledger's slots: %w", err)
+	}
+	return names, nil
+}
+
+// tableReport builds one table's report from its ledger, its slot's health and the facts.
+func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
+	now := f.SourceLSN
 	led := st.Ledger
 	led.Spans = slices.Clone(led.Spans)
 	tr := TableReport{Table: st.Table.String(), WatermarkLSN: LSN(led.Watermark), Gaps: []GapReport{}}
@@ -228,7 +213,7 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		if st.LastEndReason != "" {
 			tr.Note += " (its stream ended: " + st.LastEndReason + ")"
 		}
-		return tr, nil
+		return tr
 	}
 	start := LSN(st.StreamStart)
 	tr.Slot, tr.StreamStartLSN = st.Slot, &start
@@ -249,7 +234,7 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		tr.Note = fmt.Sprintf("slot %s has confirmed_flush_lsn %s, past the watermark: another consumer advanced it, or it was dropped and created again, so its stream skips what lies between",
 			slot.Name, *slot.ConfirmedFlushLSN)
 		led.Watermark = pglogrepl.LSN(*slot.ConfirmedFlushLSN) // the stream resumes there
-	case tokens[st.Table] != st.Membership:
+	case f.Memberships[st.Table] != st.Membership:
 		tr.Note = "the table's publication membership changed since the daemon recorded it: its stream ended at the last confirmed position"
 		last := &led.Spans[len(led.Spans)-1]
 		last.To = max(last.From, min(last.To, st.Confirmed))
@@ -260,14 +245,10 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 		tr.Gaps = append(tr.Gaps, GapReport{FromLSN: LSN(g.From), ToLSN: LSN(g.To), Bytes: g.Bytes(), Keys: keyRanges(led.Chunks, g.Chunks)})
 	}
 	tr.GapBytes = Total(gaps)
-	held, err := apply.BackfillHeld(ctx, tgt, changebatch.Table{Schema: st.Table.Schema, Name: st.Table.Name})
-	if err != nil {
-		return tr, err
-	}
 	switch {
 	case len(gaps) == 0:
 		tr.Status = Covered
-	case held:
+	case f.Held[st.Table]:
 		tr.Status = Loading
 	case backfilled == 0 && st.SchemaChanged != 0:
 		tr.Status = SchemaChanged
@@ -277,28 +258,7 @@ func tableReport(ctx context.Context, tgt *pgx.Conn, st *TableState, slot SlotHe
 	default:
 		tr.Status = GapStatus
 	}
-	return tr, nil
-}
-
-// sourceChanges returns, per streamed table, why its source table may hold values the target's
-// rows lack with no change the stream will deliver (apply.ShapeChanges against its current
-// description): a rewrite, a column added, re-created or retyped, which the daemon only notices
-// at its next catalog check. A table the source no longer has is left to the membership check.
-func sourceChanges(ctx context.Context, src, tgt *pgx.Conn, states map[cdc.TableName]*TableState) (map[cdc.TableName][]string, error) {
-	out := map[cdc.TableName][]string{}
-	for n, st := range states {
-		if !st.Streaming {
-			continue
-		}
-		t, err := cdc.DescribeTable(ctx, src, n.Schema, n.Name)
-		if err != nil {
-			continue
-		}
-		if out[n], err = apply.ShapeChanges(ctx, tgt, t); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return tr
 }
 
 // keyRanges returns the key ranges of the chunks at idx (in key order), adjacent chunks merged
@@ -315,8 +275,8 @@ func keyRanges(chunks []Chunk, idx []int) []KeyRange {
 	return out
 }
 
-// checkLedger returns an error naming the fix when tgt holds no coverage ledger.
-func checkLedger(ctx context.Context, tgt *pgx.Conn) error {
+// CheckLedger returns an error naming the fix when tgt holds no coverage ledger.
+func CheckLedger(ctx context.Context, tgt *pgx.Conn) error {
 	var ok bool
 	if err := tgt.QueryRow(ctx, `select to_regclass('pgconverge.stream_segments') is not null`).Scan(&ok); err != nil {
 		return fmt.Errorf("look up the coverage ledger: %w", err)

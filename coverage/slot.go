@@ -1,12 +1,7 @@
 package coverage
 
 import (
-	"context"
-	"errors"
 	"fmt"
-
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 )
 
 // SlotHealth is what the source says of a replication slot's hold on WAL (PostgreSQL docs §54.19,
@@ -37,51 +32,15 @@ type SlotHealth struct {
 // riskFraction is the share of max_slot_wal_keep_size below which a slot's safe_wal_size warns.
 const riskFraction = 0.2
 
-// ReadSlotHealth returns the health of slot name on src; now is the source's current position.
-func ReadSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogrepl.LSN) (SlotHealth, error) {
-	h := SlotHealth{Name: name}
-	if err := src.QueryRow(ctx, `select pg_size_bytes(current_setting('max_slot_wal_keep_size'))`).Scan(&h.MaxSlotWALKeepSizeBytes); err != nil {
-		return h, fmt.Errorf("read max_slot_wal_keep_size: %w", err)
-	}
-	var status, restart, flush, plugin *string
-	err := src.QueryRow(ctx, `select wal_status, safe_wal_size, restart_lsn::text, confirmed_flush_lsn::text, active, plugin::text
-from pg_replication_slots where slot_name = $1 and (database is null or database = current_database())`,
-		name).Scan(&status, &h.SafeWALSizeBytes, &restart, &flush, &h.Active, &plugin)
-	if errors.Is(err, pgx.ErrNoRows) {
-		h.Warning = fmt.Sprintf("slot %q does not exist in this database: changes after the watermark were not kept for pgconverge; pgconverge run creates a new slot and, with --on-gap=backfill, backfills the gap", name)
-		return h, nil
-	}
-	if err != nil {
-		return h, fmt.Errorf("read replication slot %q: %w", name, err)
-	}
-	h.Exists = true
-	if plugin != nil {
-		h.Plugin = *plugin
-	}
-	if status != nil {
-		h.WALStatus = *status
-	}
-	if restart != nil {
-		l, err := pglogrepl.ParseLSN(*restart)
-		if err != nil {
-			return h, err
-		}
-		r := LSN(l)
-		h.RestartLSN = &r
-		if now > l {
-			h.RestartLagBytes = uint64(now - l)
-		}
-	}
-	if flush != nil {
-		l, err := pglogrepl.ParseLSN(*flush)
-		if err != nil {
-			return h, err
-		}
-		f := LSN(l)
-		h.ConfirmedFlushLSN = &f
+// Assess sets h.Warning from the other fields: a missing slot, one that is not a pgoutput logical
+// slot, one that is lost or unreserved, or one whose safe_wal_size fell below riskFraction of
+// max_slot_wal_keep_size; "" when healthy.
+func (h *SlotHealth) Assess() {
+	if !h.Exists {
+		h.Warning = fmt.Sprintf("slot %q does not exist in this database: changes after the watermark were not kept for pgconverge; pgconverge run creates a new slot and, with --on-gap=backfill, backfills the gap", h.Name)
+		return
 	}
 	h.Warning = h.risk()
-	return h, nil
 }
 
 // risk returns the warning for an existing slot, or "".

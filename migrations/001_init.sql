@@ -3,7 +3,7 @@
 -- table in it).
 
 -- progress: the position up to which the target holds every change of the source for one slot.
--- applied_lsn is written in the same target transaction as the data it covers (DESIGN.md,
+-- applied_lsn is written in the same target transaction as the data it covers (docs/design.md,
 -- "Exactly-once effect"); a restart resumes from it.
 create table pgconverge.progress (
     slot              text primary key,

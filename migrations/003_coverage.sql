@@ -1,4 +1,4 @@
--- pgconverge metadata schema, version 3: the coverage ledger (DESIGN.md, "Coverage").
+-- pgconverge metadata schema, version 3: the coverage ledger (docs/design.md, "Coverage").
 
 -- stream_segments: the continuous coverage of one slot incarnation, from start_lsn (the slot's
 -- consistent point, or where the stream resumed after a break) to end_lsn. While a segment is

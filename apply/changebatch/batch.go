@@ -48,7 +48,7 @@ func TableOf(s *arrow.Schema) (Table, error) {
 	if si < 0 || ti < 0 || n < 0 || s.Field(n).Name != ColLSN {
 		return Table{}, fmt.Errorf("schema is not a change batch schema: %s", s)
 	}
-	t := Table{Schema: md.Values()[si], Name: md.Values()[ti]}
+	t := Table{TableName: TableName{Schema: md.Values()[si], Name: md.Values()[ti]}}
 	for i := 0; i < n; i++ {
 		f := s.Field(i)
 		c := Column{Name: f.Name}

@@ -9,7 +9,7 @@ import (
 )
 
 func TestBuilderViewRoundTrip(t *testing.T) {
-	tab := Table{Schema: "My Schema", Name: "t", Columns: []Column{
+	tab := Table{TableName: TableName{Schema: "My Schema", Name: "t"}, Columns: []Column{
 		{Name: "id", Type: "bigint", Key: true}, {Name: "body", Type: "text"}, {Name: "n", Type: "numeric(5,2)"},
 	}}
 	in := []Change{
@@ -75,7 +75,8 @@ func TestParseTableName(t *testing.T) {
 		{`s.`, "", "", "empty name part"},
 	}
 	for _, c := range cases {
-		schema, name, err := ParseTableName(c.in)
+		n, err := ParseTableName(c.in)
+		schema, name := n.Schema, n.Name
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("ParseTableName(%q) err = %v, want %q", c.in, err, c.err)
@@ -103,7 +104,7 @@ func TestQualifiedName(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
-	tab := Table{Schema: "public", Name: "t", Columns: []Column{{Name: "a"}, {Name: "a"}, {Name: "_cdc_lsn"}}}
+	tab := Table{TableName: TableName{Schema: "public", Name: "t"}, Columns: []Column{{Name: "a"}, {Name: "a"}, {Name: "_cdc_lsn"}}}
 	err := tab.Validate()
 	for _, want := range []string{"no primary key", `column "a" appears twice`, `"_cdc_lsn" uses a name pgconverge reserves`} {
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -20,7 +20,11 @@
 // field's metadata gives its SQL type ("pgconverge.type", from format_type) and whether it is part
 // of the replica identity key ("pgconverge.key" = "true").
 //
-// Versions follow the version rule of DESIGN.md: a streamed change is (commit LSN, ordinal 1..n), a
-// snapshot row is (S, 0); versions compare lexicographically. See PostgreSQL docs §55.5
+// Versions follow the version rule of docs/design.md: a streamed change is (commit LSN, ordinal
+// 1..n), a snapshot row is (S, 0); versions compare lexicographically. See PostgreSQL docs §55.5
 // "Logical Replication Message Formats" for where the values come from.
+//
+// TableName is the one name of a table across the project (cdc, backfill, apply, coverage and the
+// engine use it; Table, a description with columns, embeds it); ParseTableName and ParseTableList
+// read it as SQL does.
 package changebatch

@@ -3,11 +3,7 @@ package changebatch
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
-	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Column is one column of a replicated table.
@@ -44,11 +40,10 @@ type GeneratedColumn struct {
 	Attnum int16
 }
 
-// Table describes a replicated table: its schema-qualified name and its columns in the order the
-// producer emits them.
+// Table describes a replicated table: its schema-qualified name (String and Quoted come from
+// TableName) and its columns in the order the producer emits them.
 type Table struct {
-	Schema  string
-	Name    string
+	TableName
 	Columns []Column
 	// Generated are the source table's stored generated columns, which batches do not carry.
 	Generated []GeneratedColumn
@@ -82,28 +77,6 @@ func IsReserved(name string) bool {
 		return true
 	}
 	return false
-}
-
-// String returns the table's name for logs, errors and map keys: schema.name, with a part
-// double-quoted only when it needs quoting (QualifiedName). Build SQL with Quoted instead.
-func (t Table) String() string { return QualifiedName(t.Schema, t.Name) }
-
-// Quoted returns the table's name quoted for SQL: "schema"."name".
-func (t Table) Quoted() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
-
-var plainName = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
-
-// QualifiedName renders schema.name for people: a part that is lower-case letters, digits and
-// underscores stays bare, any other part is double-quoted as in SQL (`"My Schema".t`). It is
-// unambiguous, so it also serves as a map key.
-func QualifiedName(schema, name string) string {
-	part := func(p string) string {
-		if plainName.MatchString(p) {
-			return p
-		}
-		return `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
-	}
-	return part(schema) + "." + part(name)
 }
 
 // KeyOrder returns the positions of the key columns in Columns in the order of the key's index
@@ -163,80 +136,4 @@ func (t Table) Validate() error {
 		seen[c.Name] = true
 	}
 	return errors.Join(errs...)
-}
-
-// ParseTableName splits "schema.table" into its parts. A name without a schema means "public".
-// Double-quoted parts keep dots and case: `"My Schema"."T.1"`.
-func ParseTableName(s string) (schema, name string, err error) {
-	parts, err := splitQualified(s)
-	if err != nil {
-		return "", "", fmt.Errorf("table name %q: %w", s, err)
-	}
-	switch len(parts) {
-	case 1:
-		return "public", parts[0], nil
-	case 2:
-		return parts[0], parts[1], nil
-	}
-	return "", "", fmt.Errorf("table name %q: want schema.table", s)
-}
-
-// SplitTableList splits a comma-separated list of table names, keeping commas inside double
-// quotes: `a.b,"x,y".z` is ["a.b", `"x,y".z`]. Parse each element with ParseTableName.
-func SplitTableList(s string) []string {
-	var out []string
-	quoted, start := false, 0
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '"':
-			quoted = !quoted
-		case ',':
-			if !quoted {
-				out = append(out, strings.TrimSpace(s[start:i]))
-				start = i + 1
-			}
-		}
-	}
-	return append(out, strings.TrimSpace(s[start:]))
-}
-
-func splitQualified(s string) ([]string, error) {
-	var parts []string
-	var cur strings.Builder
-	quoted, wasQuoted := false, false
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		switch {
-		case quoted && ch == '"' && i+1 < len(s) && s[i+1] == '"':
-			cur.WriteByte('"')
-			i++
-		case ch == '"':
-			quoted = !quoted
-			wasQuoted = true
-		case ch == '.' && !quoted:
-			parts = append(parts, finishPart(cur.String(), wasQuoted))
-			cur.Reset()
-			wasQuoted = false
-		default:
-			cur.WriteByte(ch)
-		}
-	}
-	if quoted {
-		return nil, errors.New("unterminated double quote")
-	}
-	parts = append(parts, finishPart(cur.String(), wasQuoted))
-	for _, p := range parts {
-		if p == "" {
-			return nil, errors.New("empty name part")
-		}
-	}
-	return parts, nil
-}
-
-// finishPart folds an unquoted part to lower case, as PostgreSQL does with unquoted identifiers.
-func finishPart(p string, quoted bool) string {
-	if quoted {
-		return p
-	}
-	return strings.ToLower(p)
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// Version orders changes of one key: (LSN, Seq) compared lexicographically (DESIGN.md, "The
+// Version orders changes of one key: (LSN, Seq) compared lexicographically (docs/design.md, "The
 // version rule"). A streamed change has the commit LSN of its transaction and its ordinal in it
 // (1..n); a snapshot row has the snapshot LSN S and Seq 0.
 type Version struct {

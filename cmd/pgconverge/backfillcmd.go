@@ -1,45 +1,19 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/pgconverge/pgconverge/apply"
-	"github.com/pgconverge/pgconverge/apply/changebatch"
-	"github.com/pgconverge/pgconverge/cdc"
-	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/pgsession"
-	"github.com/pgconverge/pgconverge/migrations"
+	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
 
-// backfillConfig configures `pgconverge backfill`.
-type backfillConfig struct {
-	Source, Target string
-	// Tables are comma-separated lists of "schema.table" names (changebatch.SplitTableList).
-	Tables             []string
-	Workers, ChunkRows int
-	SnapshotWarn       time.Duration
-	Resume, Wait       bool
-	// SyncSequences syncs the sequences of each completed table after the run (syncSequences).
-	SyncSequences bool
-	Logger        *slog.Logger
-	// Progress reports rows; nil picks a bar on a terminal, else log lines.
-	Progress progress
-	// AfterChunk and AfterMergedBatch are test hooks (backfillJob).
-	AfterChunk       func(table string, rows int64)
-	AfterMergedBatch func()
-}
-
 func newBackfillCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := backfillConfig{}
+	cfg := engine.BackfillConfig{}
 	var logFormat, logLevel string
 	cmd := &cobra.Command{
 		Use:   "backfill --source URL --target URL --table s.t [--table ...] [--workers N] [--chunk-rows N]",
@@ -71,8 +45,8 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 				f, ok := stderr.(*os.File)
 				cfg.Progress = newProgress(stderr, ok && term.IsTerminal(int(f.Fd())), "backfill", logger, 10*time.Second)
 			}
-			rep, err := runBackfillCmd(cmd.Context(), cfg)
-			if errors.Is(err, errSequencesNotSynced) {
+			rep, err := engine.Backfill(cmd.Context(), cfg)
+			if errors.Is(err, engine.ErrSequencesNotSynced) {
 				printBackfillReport(stdout, rep)
 				return err
 			}
@@ -100,106 +74,8 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 	return cmd
 }
 
-// Validate reports every problem of the configuration at once.
-func (c *backfillConfig) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
-	if len(c.Tables) == 0 {
-		errs = append(errs, errors.New("no table: name each table to backfill with --table schema.table"))
-	}
-	errs = append(errs, validateBackfillSizes(c.Workers, c.ChunkRows, c.SnapshotWarn))
-	return errors.Join(errs...)
-}
-
-// runBackfillCmd checks the source and the tables, prepares the target and runs the backfill.
-func runBackfillCmd(ctx context.Context, cfg backfillConfig) (backfillReport, error) {
-	src, err := pgsession.Connect(ctx, cfg.Source, "source")
-	if err != nil {
-		return backfillReport{}, err
-	}
-	defer src.Close(context.WithoutCancel(ctx))
-	tgt, err := pgsession.Connect(ctx, cfg.Target, "target")
-	if err != nil {
-		return backfillReport{}, err
-	}
-	defer tgt.Close(context.WithoutCancel(ctx))
-	if err := checkDistinct(ctx, src, tgt); err != nil {
-		return backfillReport{}, err
-	}
-	if err := cdc.CheckSource(ctx, src); err != nil {
-		return backfillReport{}, fmt.Errorf("%w (a backfill takes its exact snapshot from a temporary logical replication slot)", err)
-	}
-	tables, err := describeTables(ctx, src, cfg.Tables)
-	if err != nil {
-		return backfillReport{}, err
-	}
-	if err := migrations.Apply(ctx, tgt); err != nil {
-		return backfillReport{}, err
-	}
-	srcID, err := cdc.SourceID(ctx, src)
-	if err != nil {
-		return backfillReport{}, err
-	}
-	for _, t := range tables {
-		if err := coverage.CheckTableSource(ctx, tgt, cdc.TableName{Schema: t.Schema, Name: t.Name}, srcID); err != nil {
-			return backfillReport{}, err
-		}
-	}
-	if _, err := ensureTables(ctx, src, tgt, tables, cfg.Logger); err != nil {
-		return backfillReport{}, err
-	}
-	busy := busyFail
-	if cfg.Wait {
-		busy = busyWait
-	}
-	rep, err := runBackfill(ctx, backfillJob{
-		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: apply.TriggerManual,
-		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
-		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
-	})
-	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
-		return rep, err
-	}
-	rep.Sequences, err = syncSequencesAt(ctx, cfg.Source, cfg.Target, completedTables(tables, rep), cfg.Logger)
-	if err != nil {
-		return rep, fmt.Errorf("%w: %w", errSequencesNotSynced, err)
-	}
-	return rep, nil
-}
-
-// errSequencesNotSynced marks the error of a backfill that completed but could not sync every
-// sequence (--sync-sequences): its report is still printed.
-var errSequencesNotSynced = errors.New("backfill completed, but sequences were not all synced")
-
-// describeTables parses the table lists and describes each table on the source; every problem is
-// reported at once.
-func describeTables(ctx context.Context, src *pgx.Conn, lists []string) ([]changebatch.Table, error) {
-	var out []changebatch.Table
-	var errs []error
-	seen := map[string]bool{}
-	for _, list := range lists {
-		for _, n := range changebatch.SplitTableList(list) {
-			schema, name, err := changebatch.ParseTableName(n)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("--table: %w", err))
-				continue
-			}
-			t, err := cdc.DescribeTable(ctx, src, schema, name)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if !seen[t.String()] {
-				seen[t.String()] = true
-				out = append(out, t)
-			}
-		}
-	}
-	return out, errors.Join(errs...)
-}
-
 // printBackfillReport writes the summary of a completed run for people.
-func printBackfillReport(w io.Writer, rep backfillReport) {
+func printBackfillReport(w io.Writer, rep engine.BackfillReport) {
 	if rep.RunID == 0 {
 		fmt.Fprintf(w, "nothing backfilled: every table was busy (%v)\n", rep.Skipped)
 		return

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,9 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/pgconverge/pgconverge/cdc"
-	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
 )
 
@@ -30,18 +27,16 @@ func (e exitError) Error() string { return e.Err.Error() }
 // Unwrap returns the wrapped error.
 func (e exitError) Unwrap() error { return e.Err }
 
-// coverageConfig configures `pgconverge coverage`.
+// coverageConfig configures `pgconverge coverage`: the report's inputs, and how to print it.
 type coverageConfig struct {
-	Source, Target, Slot, Format string
-	FailOnGap                    bool
+	engine.CoverageConfig
+	Format    string
+	FailOnGap bool
 }
 
 // Validate reports every problem of the configuration at once.
 func (c *coverageConfig) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
-	if err := cdc.ValidateSlotName(c.Slot); err != nil {
-		errs = append(errs, err)
-	}
+	errs := []error{c.CoverageConfig.Validate()}
 	if c.Format != "table" && c.Format != "json" {
 		errs = append(errs, fmt.Errorf("--format %q is invalid: use table or json", c.Format))
 	}
@@ -70,7 +65,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			rep, err := buildCoverage(cmd.Context(), cfg)
+			rep, err := engine.CoverageReport(cmd.Context(), cfg.CoverageConfig)
 			if err != nil {
 				return err
 			}
@@ -97,24 +92,10 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 	return cmd
 }
 
-func buildCoverage(ctx context.Context, cfg coverageConfig) (coverage.Report, error) {
-	src, err := pgsession.Connect(ctx, cfg.Source, "source")
-	if err != nil {
-		return coverage.Report{}, err
-	}
-	defer src.Close(context.WithoutCancel(ctx))
-	tgt, err := pgsession.Connect(ctx, cfg.Target, "target")
-	if err != nil {
-		return coverage.Report{}, err
-	}
-	defer tgt.Close(context.WithoutCancel(ctx))
-	return coverage.Build(ctx, src, tgt, coverage.Options{Slot: cfg.Slot})
-}
-
-func uncovered(rep coverage.Report) []string {
+func uncovered(rep engine.Report) []string {
 	var out []string
 	for _, t := range rep.Tables {
-		if t.Status != coverage.Covered && t.Status != coverage.NotStreamed {
+		if t.Status != engine.Covered && t.Status != engine.NotStreamed {
 			out = append(out, t.Table+" ("+string(t.Status)+")")
 		}
 	}
@@ -123,7 +104,7 @@ func uncovered(rep coverage.Report) []string {
 
 // printCoverage writes the report for a terminal: the slots, one line per table, then the gaps
 // and notes.
-func printCoverage(w io.Writer, rep coverage.Report) {
+func printCoverage(w io.Writer, rep engine.Report) {
 	fmt.Fprintf(w, "source at %s\n", rep.SourceLSN)
 	for _, s := range rep.Slots {
 		switch {
@@ -134,13 +115,13 @@ func printCoverage(w io.Writer, rep coverage.Report) {
 		default:
 			safe := "unlimited"
 			if s.SafeWALSizeBytes != nil {
-				safe = coverage.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
+				safe = engine.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
 			}
 			active := "no walsender streams from it now (the daemon is stopped, loading or reconnecting)"
 			if s.Active {
 				active = "streaming"
 			}
-			fmt.Fprintf(w, "slot %s: wal_status %s, safe_wal_size %s, holds %s of WAL, %s\n", s.Name, s.WALStatus, safe, coverage.HumanBytes(s.RestartLagBytes), active)
+			fmt.Fprintf(w, "slot %s: wal_status %s, safe_wal_size %s, holds %s of WAL, %s\n", s.Name, s.WALStatus, safe, engine.HumanBytes(s.RestartLagBytes), active)
 		}
 		if s.Warning != "" {
 			fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
@@ -152,18 +133,18 @@ func printCoverage(w io.Writer, rep coverage.Report) {
 	for _, t := range rep.Tables {
 		gaps := "-"
 		if len(t.Gaps) > 0 {
-			gaps = fmt.Sprintf("%d, %s", len(t.Gaps), coverage.HumanBytes(t.GapBytes))
+			gaps = fmt.Sprintf("%d, %s", len(t.Gaps), engine.HumanBytes(t.GapBytes))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Table, t.Status, lsnOr(t.BackfillLSN), lsnOr(t.StreamStartLSN),
-			t.WatermarkLSN, coverage.HumanBytes(t.LagBytes), gaps)
+			t.WatermarkLSN, engine.HumanBytes(t.LagBytes), gaps)
 	}
 	tw.Flush()
 	var gapLines, notes []string
 	for _, t := range rep.Tables {
 		for _, g := range t.Gaps {
-			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, coverage.HumanBytes(g.Bytes), keysText(g.Keys)))
+			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, engine.HumanBytes(g.Bytes), keysText(g.Keys)))
 		}
-		if t.Note != "" && t.Status != coverage.Covered {
+		if t.Note != "" && t.Status != engine.Covered {
 			notes = append(notes, fmt.Sprintf("  %s: %s", t.Table, t.Note))
 		}
 	}
@@ -183,14 +164,14 @@ func printCoverage(w io.Writer, rep coverage.Report) {
 	}
 }
 
-func keysText(keys []coverage.KeyRange) string {
+func keysText(keys []engine.KeyRange) string {
 	if keys == nil {
 		return "all keys"
 	}
-	return "keys " + coverage.FormatKeyRanges(keys)
+	return "keys " + engine.FormatKeyRanges(keys)
 }
 
-func lsnOr(l *coverage.LSN) string {
+func lsnOr(l *engine.LSN) string {
 	if l == nil {
 		return "-"
 	}

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"errors"
 	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -14,23 +14,20 @@ func addURLFlags(f *pflag.FlagSet, source, target *string) {
 	f.StringVar(target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
 }
 
-// validateURLs returns the problems of a source and target URL pair: missing, or the same.
-func validateURLs(source, target string) []error {
-	var errs []error
-	if source == "" {
-		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
-	}
-	if target == "" {
-		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
-	}
-	if source != "" && source == target {
-		errs = append(errs, errors.New("source and target are the same URL: they must be two different databases"))
-	}
-	return errs
-}
-
 // addLogFlags defines --log-format and --log-level (see newLogger).
 func addLogFlags(f *pflag.FlagSet, format, level *string) {
 	f.StringVar(format, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
 	f.StringVar(level, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// addBackfillFlags defines the flags that size backfills, shared by run and backfill.
+func addBackfillFlags(f *pflag.FlagSet, workers, chunkRows *int, snapshotWarn *time.Duration) {
+	f.IntVar(workers, "workers", 2, "chunks read and applied in parallel during a backfill (each uses a source and a target connection)")
+	f.IntVar(chunkRows, "chunk-rows", 250_000, "rows per chunk, the unit of parallel reading and of resuming; a chunk whose keys the target does not hold is copied in one transaction, else merged batch by batch")
+	f.DurationVar(snapshotWarn, "snapshot-warn", 30*time.Minute, "warn when a backfill holds its snapshot longer than this (it holds back VACUUM on the source); 0 never warns")
+}
+
+// addSyncSequencesFlag defines --sync-sequences, shared by run and backfill.
+func addSyncSequencesFlag(f *pflag.FlagSet, sync *bool) {
+	f.BoolVar(sync, "sync-sequences", false, "after a table's backfill completes, sync the sequences it uses to the target as the sequences command does (a point-in-time value: run pgconverge sequences again at cutover)")
 }

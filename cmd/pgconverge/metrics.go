@@ -10,16 +10,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgconverge/pgconverge/apply"
-	"github.com/pgconverge/pgconverge/cdc"
-	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // metrics are the daemon's Prometheus metrics (github.com/prometheus/client_golang), in their own
-// registry. A nil *metrics records nothing, so code paths without --metrics-addr need no checks.
+// registry: the engine.Monitor of `run --metrics-addr`.
 type metrics struct {
 	reg          *prometheus.Registry
 	applied      *prometheus.CounterVec
@@ -36,9 +34,9 @@ type metrics struct {
 	slotStatus *prometheus.GaugeVec
 
 	mu          sync.Mutex
-	stream      func() cdc.Stats // the current session's streamer, nil between sessions
-	txSeen      int64            // transactions of the current streamer already counted
-	changesSeen int64            // changes of the current streamer already counted
+	stream      func() engine.StreamStats // the current session's streamer, nil between sessions
+	txSeen      int64                     // transactions of the current streamer already counted
+	changesSeen int64                     // changes of the current streamer already counted
 }
 
 // Descriptions of the metrics streamCollector reports while a stream runs.
@@ -63,7 +61,7 @@ func (c streamCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	st := stream()
-	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(st.Lag()))
+	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(st.LagBytes))
 	ch <- prometheus.MustNewConstMetric(watermarkDesc, prometheus.GaugeValue, float64(st.Flushed))
 }
 
@@ -124,23 +122,17 @@ func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) erro
 	return nil
 }
 
-// follow makes the lag and watermark gauges read stats (a session's streamer); nil stops that.
-func (m *metrics) follow(stats func() cdc.Stats) {
-	if m == nil {
-		return
-	}
+// FollowStream makes the lag and watermark gauges read stats (a session's streamer); nil stops that.
+func (m *metrics) FollowStream(stats func() engine.StreamStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.stream, m.txSeen, m.changesSeen = stats, 0, 0
 }
 
-// streamApplied counts one committed stream apply of table results that took d.
-func (m *metrics) streamApplied(results map[string]apply.Result, d time.Duration) {
-	if m == nil {
-		return
-	}
+// StreamApplied counts one committed stream apply of rows per table that took d.
+func (m *metrics) StreamApplied(rows map[string]engine.RowCounts, d time.Duration) {
 	m.applySeconds.Observe(d.Seconds())
-	for table, r := range results {
+	for table, r := range rows {
 		m.applied.WithLabelValues(table, "stream").Add(float64(r.Applied))
 		m.suppressed.WithLabelValues(table, "stream").Add(float64(r.Suppressed))
 	}
@@ -155,21 +147,15 @@ func (m *metrics) streamApplied(results map[string]apply.Result, d time.Duration
 	}
 }
 
-// backfillChunk counts the rows of one applied backfill chunk of table.
-func (m *metrics) backfillChunk(table string, rows int64, r apply.Result) {
-	if m == nil {
-		return
-	}
-	m.backfillRows.WithLabelValues(table).Add(float64(rows))
+// BackfillChunk counts the rows of one applied backfill chunk of table.
+func (m *metrics) BackfillChunk(table string, read int64, r engine.RowCounts) {
+	m.backfillRows.WithLabelValues(table).Add(float64(read))
 	m.applied.WithLabelValues(table, "backfill").Add(float64(r.Applied))
 	m.suppressed.WithLabelValues(table, "backfill").Add(float64(r.Suppressed))
 }
 
-// setSlot sets the slot health gauges.
-func (m *metrics) setSlot(h coverage.SlotHealth) {
-	if m == nil {
-		return
-	}
+// SlotHealth sets the slot health gauges.
+func (m *metrics) SlotHealth(h engine.SlotHealth) {
 	if h.SafeWALSizeBytes != nil {
 		m.slotSafe.WithLabelValues(h.Name).Set(float64(*h.SafeWALSizeBytes))
 	} else {
@@ -185,32 +171,26 @@ func (m *metrics) setSlot(h coverage.SlotHealth) {
 	}
 }
 
-// setGap sets table's coverage gap gauge.
-func (m *metrics) setGap(table string, bytes uint64) {
-	if m == nil {
-		return
-	}
+// CoverageGap sets table's coverage gap gauge.
+func (m *metrics) CoverageGap(table string, bytes uint64) {
 	m.gapBytes.WithLabelValues(table).Set(float64(bytes))
 }
 
-// progress returns p, which also sets the progress gauge of trigger's runs.
-func (m *metrics) progress(trigger string, p progress) progress {
-	if m == nil {
-		return p
-	}
-	return &gaugedProgress{progress: p, g: m.backfillDone.WithLabelValues(trigger)}
+// BackfillProgress returns p, which also sets the progress gauge of trigger's runs.
+func (m *metrics) BackfillProgress(trigger string, p engine.Progress) engine.Progress {
+	return &gaugedProgress{Progress: p, g: m.backfillDone.WithLabelValues(trigger)}
 }
 
 // gaugedProgress is a progress that also sets a ratio gauge.
 type gaugedProgress struct {
-	progress
+	engine.Progress
 	g           prometheus.Gauge
 	mu          sync.Mutex
 	total, done int64
 }
 
 func (p *gaugedProgress) Start(total, done int64) {
-	p.progress.Start(total, done)
+	p.Progress.Start(total, done)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.total, p.done = total, done
@@ -218,7 +198,7 @@ func (p *gaugedProgress) Start(total, done int64) {
 }
 
 func (p *gaugedProgress) Add(rows int64) {
-	p.progress.Add(rows)
+	p.Progress.Add(rows)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done += rows
@@ -226,7 +206,7 @@ func (p *gaugedProgress) Add(rows int64) {
 }
 
 func (p *gaugedProgress) Finish() {
-	p.progress.Finish()
+	p.Progress.Finish()
 	p.g.Set(1)
 }
 

@@ -51,13 +51,12 @@ func TestMetrics(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' from generate_series(1, 50) g`)
-	cfg := testConfig(t, env)
-	cfg.MetricsAddr = freeAddr(t)
-	startDaemon(t, cfg)
-	waitStreaming(t, env)
+	addr := freeAddr(t)
+	startRun(t, env, "--metrics-addr", addr)
+	pgtest.WaitStreaming(t, env)
 	pgtest.Exec(t, env.Source, `insert into a select g, 'w' from generate_series(51, 150) g`,
 		`update a set v = 'u' where id <= 10`)
-	waitSlotCaughtUp(t, env)
+	pgtest.WaitSlotCaughtUp(t, env)
 	want := map[string]string{
 		`pgconverge_backfill_rows_total{table="public.a"}`:                          "50",
 		`pgconverge_rows_applied_total{path="backfill",table="public.a"}`:           "50",
@@ -74,7 +73,7 @@ func TestMetrics(t *testing.T) {
 		`pgconverge_watermark_lsn`:                                                  "",
 	}
 	pgtest.Eventually(t, 30*time.Second, "metrics", func() (bool, string) {
-		got := scrape(t, cfg.MetricsAddr)
+		got := scrape(t, addr)
 		for k, v := range want {
 			if g, ok := got[k]; !ok || (v != "" && g != v) {
 				return false, fmt.Sprintf("%s = %q, want %q", k, g, v)

@@ -1,37 +1,17 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
+	"strings"
+	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/pgconverge/pgconverge/apply"
-	"github.com/pgconverge/pgconverge/apply/changebatch"
-	"github.com/pgconverge/pgconverge/cdc"
-	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
 )
 
-// sequencesConfig configures `pgconverge sequences`.
-type sequencesConfig struct {
-	Source, Target string
-	// Tables are comma-separated lists of "schema.table" names (changebatch.SplitTableList); empty
-	// means every table registered in the target's pgconverge.tables (apply.RegisteredTables).
-	Tables []string
-	Logger *slog.Logger
-}
-
-// Validate reports every problem of the configuration at once.
-func (c *sequencesConfig) Validate() error {
-	return errors.Join(validateURLs(c.Source, c.Target)...)
-}
-
 func newSequencesCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := sequencesConfig{}
+	cfg := engine.SequencesConfig{}
 	var logFormat, logLevel string
 	cmd := &cobra.Command{
 		Use:   "sequences --source URL --target URL [--table s.t ...]",
@@ -56,7 +36,7 @@ names the sequence and the fix). URLs default to $PGCONVERGE_SOURCE and $PGCONVE
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			lines, err := runSequencesCmd(cmd.Context(), cfg)
+			lines, err := engine.SyncSequences(cmd.Context(), cfg)
 			if lines != nil || err == nil {
 				printSequences(stdout, lines)
 			}
@@ -70,71 +50,33 @@ names the sequence and the fix). URLs default to $PGCONVERGE_SOURCE and $PGCONVE
 	return cmd
 }
 
-// runSequencesCmd resolves the tables and syncs their sequences (syncSequences).
-func runSequencesCmd(ctx context.Context, cfg sequencesConfig) ([]sequenceLine, error) {
-	src, err := pgsession.Connect(ctx, cfg.Source, "source")
-	if err != nil {
-		return nil, err
+// printSequences writes one line per sequence and a summary.
+func printSequences(w io.Writer, lines []engine.SequenceLine) {
+	if len(lines) == 0 {
+		fmt.Fprintln(w, "no sequences: the tables use none (owned by a column, or in a column default's nextval)")
+		return
 	}
-	defer src.Close(context.WithoutCancel(ctx))
-	tgt, err := pgsession.Connect(ctx, cfg.Target, "target")
-	if err != nil {
-		return nil, err
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tSEQUENCE\tSOURCE\tTARGET BEFORE\tTARGET AFTER\tACTION")
+	count := map[string]int{}
+	for _, l := range lines {
+		after, action := l.After.String(), string(l.Action)
+		if l.Err != nil {
+			after, action = "-", "error (below)"
+		}
+		count[action]++
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(l.Tables, ","), l.Sequence, engine.ValueText(l.Source), engine.ValueText(l.Before), after, action)
 	}
-	defer tgt.Close(context.WithoutCancel(ctx))
-	if err := checkDistinct(ctx, src, tgt); err != nil {
-		return nil, err
-	}
-	var names []cdc.TableName
-	if len(cfg.Tables) > 0 {
-		var errs []error
-		for _, list := range cfg.Tables {
-			for _, n := range changebatch.SplitTableList(list) {
-				schema, name, err := changebatch.ParseTableName(n)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("--table: %w", err))
-					continue
-				}
-				names = append(names, cdc.TableName{Schema: schema, Name: name})
-			}
-		}
-		if err := errors.Join(errs...); err != nil {
-			return nil, err
-		}
-	} else {
-		tables, err := apply.RegisteredTables(ctx, tgt)
-		if err != nil {
-			return nil, err
-		}
-		for _, t := range tables {
-			names = append(names, cdc.TableName{Schema: t.Schema, Name: t.Name})
+	tw.Flush()
+	var parts []string
+	for _, a := range []string{string(engine.SequenceCreated), string(engine.SequenceAdvanced), string(engine.SequenceEqual), string(engine.SequenceKeptAhead), "error (below)"} {
+		if count[a] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", count[a], strings.TrimSuffix(a, " (below)")))
 		}
 	}
-	if err := checkSequenceSource(ctx, src, tgt, names); err != nil {
-		return nil, err
+	noun := "sequences"
+	if len(lines) == 1 {
+		noun = "sequence"
 	}
-	lines, err := syncSequences(ctx, src, tgt, names, len(cfg.Tables) == 0, cfg.Logger)
-	if err != nil {
-		return lines, fmt.Errorf("sequences not synced: %w", err)
-	}
-	return lines, nil
-}
-
-// checkSequenceSource refuses a source database other than the one the target's tables were
-// loaded or streamed from (coverage.CheckTableSource): its sequences are another database's.
-func checkSequenceSource(ctx context.Context, src, tgt *pgx.Conn, names []cdc.TableName) error {
-	known, err := apply.HasMetadata(ctx, tgt)
-	if err != nil || !known {
-		return err
-	}
-	id, err := cdc.SourceID(ctx, src)
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		if err := coverage.CheckTableSource(ctx, tgt, n, id); err != nil {
-			return err
-		}
-	}
-	return nil
+	fmt.Fprintf(w, "%d %s: %s\n", len(lines), noun, strings.Join(parts, ", "))
 }

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// startRun runs `pgconverge run` for the test's databases (slot and publication named after the
+// test, 1,000-row chunks) with extra flags; it is stopped, as by SIGTERM, at cleanup at the latest.
+func startRun(t *testing.T, env *pgtest.Env, extra ...string) *pgtest.Running {
+	t.Helper()
+	args := append([]string{"run", "--source", env.SourceURL, "--target", env.TargetURL, "--slot", env.Name,
+		"--publication", env.Name, "--chunk-rows", "1000", "--log-format", "text"}, extra...)
+	return pgtest.Start(t, func(ctx context.Context) error { return run(ctx, args, io.Discard, pgtest.LogWriter(t)) })
+}
+
+// coverageOf runs `pgconverge coverage --format json --fail-on-gap` for the test's databases and
+// returns the report and the exit status the process would have.
+func coverageOf(t *testing.T, env *pgtest.Env) (engine.Report, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"coverage", "--source", env.SourceURL, "--target", env.TargetURL,
+		"--slot", env.Name, "--format", "json", "--fail-on-gap"}, &out, &errb)
+	code := 0
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.Code
+	case err != nil:
+		t.Fatalf("coverage: %v", err)
+	}
+	var rep engine.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("coverage JSON: %v\n%s", err, out.String())
+	}
+	return rep, code
+}
+
+// waitCovered polls `pgconverge coverage --fail-on-gap` until it exits 0 and returns its report.
+func waitCovered(t *testing.T, env *pgtest.Env) engine.Report {
+	t.Helper()
+	var rep engine.Report
+	pgtest.Eventually(t, 60*time.Second, "coverage without gaps", func() (bool, string) {
+		var code int
+		rep, code = coverageOf(t, env)
+		return code == 0 && rep.Covered, fmt.Sprintf("exit %d: %+v", code, rep.Tables)
+	})
+	return rep
+}
+
+// `pgconverge coverage --fail-on-gap` exits 0 on a covered target and 3, with the gap in its JSON
+// and the table format, once the daemon's slot was dropped and the source written.
+func TestCoverageCommand(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a select generate_series(1, 10)`)
+	d := startRun(t, env)
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitSlotCaughtUp(t, env)
+	if tr, ok := waitCovered(t, env).Table("public.a"); !ok || tr.Status != engine.Covered {
+		t.Fatalf("coverage of public.a: %+v", tr)
+	}
+	d.Stop(t)
+	pgtest.Eventually(t, 30*time.Second, "slot dropped", func() (bool, string) {
+		_, err := env.Source.Exec(context.Background(), `select pg_drop_replication_slot($1)`, env.Name)
+		return err == nil, fmt.Sprint(err)
+	})
+	pgtest.Exec(t, env.Source, `insert into a values (11)`) // no slot keeps this change
+	rep, code := coverageOf(t, env)
+	if tr, _ := rep.Table("public.a"); code != exitGap || tr.Status != "gap" || len(tr.Gaps) == 0 {
+		t.Errorf("coverage after the slot was dropped: exit %d, %+v; want exit %d and a gap", code, tr, exitGap)
+	}
+	var table bytes.Buffer
+	err := run(context.Background(), []string{"coverage", "--source", env.SourceURL, "--target", env.TargetURL, "--fail-on-gap"}, &table, io.Discard)
+	var ee exitError
+	if !errors.As(err, &ee) || ee.Code != exitGap || !strings.Contains(table.String(), "not covered: public.a (gap)") {
+		t.Errorf("coverage table: %v\n%s", err, table.String())
+	}
+}
+
+// An interrupted `pgconverge backfill` exits with an error, also before its run started.
+func TestInterruptedBackfillFails(t *testing.T) {
+	env := pgtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := run(ctx, []string{"backfill", "--source", env.SourceURL, "--target", env.TargetURL, "--table", "public.x", "--log-format", "json"}, io.Discard, io.Discard)
+	if err == nil {
+		t.Fatal("interrupted backfill succeeded, want an error")
+	}
+}
+
+// Names that need quoting everywhere — a schema with a space, a table with double quotes, another
+// with a comma, columns in mixed case, with a space, a reserved word and a non-ASCII letter —
+// pass through --tables, the coverage report and the metrics labels.
+func TestQuotedNamesEverywhere(t *testing.T) {
+	env := pgtest.New(t)
+	const items, comma = `"Sales Dept"."Order ""Items"""`, `"Sales Dept"."a,b"`
+	pgtest.Exec(t, env.Source, `create schema "Sales Dept"`,
+		`create table `+items+` ("OrderId" int, "line no" int, "select" text, "prix€" numeric, primary key ("OrderId", "line no"))`,
+		`create table `+comma+` ("Key" text primary key)`,
+		`insert into `+items+` select g / 3, g % 3, 'sel ' || g, g * 1.5 from generate_series(1, 30) g`,
+		`insert into `+comma+` values ('x'), ('y')`)
+	metrics := freeAddr(t)
+	startRun(t, env, "--tables", items+", "+comma, "--metrics-addr", metrics)
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `update `+items+` set "select" = 'upd', "prix€" = -1 where "line no" = 0`,
+		`update `+items+` set "OrderId" = "OrderId" + 100 where "OrderId" = 1`, `delete from `+items+` where "OrderId" = 2`,
+		`insert into `+comma+` values ('z')`)
+	pgtest.WaitConverged(t, env, items, `"OrderId", "line no"`)
+	pgtest.WaitConverged(t, env, comma, `"Key"`)
+
+	rep := waitCovered(t, env)
+	for _, name := range []string{items, comma} {
+		if tr, _ := rep.Table(name); tr.Status != engine.Covered {
+			t.Errorf("coverage of %s: %s", name, tr.Status)
+		}
+	}
+	var table bytes.Buffer
+	if err := run(context.Background(), []string{"coverage", "--source", env.SourceURL, "--target", env.TargetURL,
+		"--slot", env.Name}, &table, &bytes.Buffer{}); err != nil {
+		t.Fatalf("coverage: %v", err)
+	}
+	if !strings.Contains(table.String(), items) || !strings.Contains(table.String(), comma) {
+		t.Errorf("coverage table does not name the tables as %s and %s:\n%s", items, comma, table.String())
+	}
+
+	label := func(name string) string { return strings.ReplaceAll(name, `"`, `\"`) }
+	want := map[string]string{
+		`pgconverge_rows_applied_total{path="backfill",table="` + label(items) + `"}`: "30",
+		`pgconverge_rows_applied_total{path="backfill",table="` + label(comma) + `"}`: "2",
+		`pgconverge_rows_applied_total{path="stream",table="` + label(comma) + `"}`:   "1",
+		`pgconverge_coverage_gap_bytes{table="` + label(items) + `"}`:                 "0",
+	}
+	pgtest.Eventually(t, 30*time.Second, "metrics with quoted table labels", func() (bool, string) {
+		got := scrape(t, metrics)
+		for k, v := range want {
+			if got[k] != v {
+				return false, fmt.Sprintf("%s = %q, want %q", k, got[k], v)
+			}
+		}
+		return true, ""
+	})
+}

@@ -1,0 +1,363 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"golang.org/x/sync/errgroup"
+)
+
+// backfillJob is one backfill run: every chunk of every table read from one exact snapshot by
+// Workers readers in parallel, each chunk applied through the apply step in one target
+// transaction together with its ledger row. The daemon's initial load, `pgconverge backfill` and
+// scheduled backfills are all such runs. The target tables must exist (apply.EnsureTable).
+type backfillJob struct {
+	Source, Target string
+	Tables         []changebatch.Table
+	// Trigger is coverage.TriggerInitial, TriggerManual, TriggerSchedule or TriggerGap.
+	Trigger string
+	// Slot names the slot whose stream follows the tables; "" when none does.
+	Slot string
+	// Workers is the number of chunks read and applied at once; ChunkRows the rows per chunk;
+	// BatchRows the rows per change batch within a chunk.
+	Workers, ChunkRows, BatchRows int
+	// Snapshot, when set, is an exported snapshot to read from (the caller keeps it importable);
+	// otherwise the run exports its own from a temporary slot.
+	Snapshot *backfill.Snapshot
+	// Resume adopts each table's interrupted backfill: its completed chunks with an S at or above
+	// KeepFrom stay, the rest are read again.
+	Resume   bool
+	KeepFrom pglogrepl.LSN
+	// Busy says what to do when another process backfills a table: wait for it, skip the table, or
+	// fail (the default).
+	Busy busyPolicy
+	// SnapshotWarn is how long the run may hold its snapshot before it warns (it holds back VACUUM
+	// on the source); 0 never warns.
+	SnapshotWarn time.Duration
+	Logger       *slog.Logger
+	Progress     Progress
+	// AfterChunk is a test hook run after each committed chunk with the table and rows so far;
+	// AfterMergedBatch after each committed batch of a merged chunk.
+	AfterChunk       func(table string, rows int64)
+	AfterMergedBatch func()
+	// Monitor counts the rows read and applied.
+	Monitor Monitor
+	// SourceID identifies the source database (cdc.SourceID); runBackfill reads it.
+	SourceID string
+}
+
+// busyPolicy is what a backfill does with a table another backfill holds.
+type busyPolicy int
+
+const (
+	busyFail busyPolicy = iota
+	busyWait
+	busySkip
+)
+
+// BackfillReport sums up a run.
+type BackfillReport struct {
+	RunID    int64
+	Snapshot pglogrepl.LSN
+	// Rows were read from the source in this run; Reread of them are in chunks an interrupted
+	// run had started; Kept rows were applied by interrupted runs and kept.
+	Rows, Reread, Kept int64
+	Result             apply.Result
+	// Tombstoned counts live target rows the source no longer had, turned into tombstones.
+	Tombstoned int64
+	// Tables lists the tables backfilled, each at the smallest S of its chunks.
+	Tables  []TableResult
+	Skipped []string
+	// Sequences are the outcomes of --sync-sequences after the run, nil without it.
+	Sequences []SequenceLine
+}
+
+// TableResult is one table of a completed run.
+type TableResult struct {
+	Table        string
+	BackfilledAt pglogrepl.LSN
+	Rows         int64
+}
+
+// tableRun is the state of one table in a run.
+type tableRun struct {
+	t        changebatch.Table
+	id       int64
+	mu       sync.Mutex
+	adopted  bool // an interrupted backfill resumed by this run
+	planned  bool
+	open     int // chunks planned or adopted and not completed yet
+	finished bool
+	rows     int64 // rows of the completed chunks
+	// directConflicts counts chunks whose direct COPY met keys the target held.
+	directConflicts int
+	// result is set when the table's backfill completed.
+	result *TableResult
+	// unwritten is true when, as the run took the table's backfill lock, its target table was empty
+	// and no stream wrote it (coverage.Unwritten): every row it holds at the end came from this run.
+	unwritten bool
+}
+
+// chunkWork is one chunk for a worker.
+type chunkWork struct {
+	tr      *tableRun
+	ordinal int
+	chunk   backfill.Chunk
+	// doneKey is the last key of the chunk already applied (by batches of an earlier attempt),
+	// nil when none is; the rest of the chunk is (doneKey, chunk.Upper].
+	doneKey []string
+}
+
+// rest returns the part of the chunk still to read.
+func (cw chunkWork) rest() backfill.Chunk {
+	if cw.doneKey == nil {
+		return cw.chunk
+	}
+	return backfill.Chunk{Lower: cw.doneKey, Upper: cw.chunk.Upper}
+}
+
+// runBackfill runs job and returns its report. On an error the run is recorded as failed, on a
+// cancelled ctx as interrupted; either way what it completed stays for the next run to resume.
+func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err error) {
+	if job.Monitor == nil {
+		job.Monitor = nopMonitor{}
+	}
+	ctrl, err := pgsession.Connect(ctx, job.Target, "target")
+	if err != nil {
+		return rep, err
+	}
+	defer ctrl.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Release the backfill locks now: a closed session's locks outlive it until its backend
+		// exits, which a next backfill of the same tables must not have to wait for.
+		ctrl.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock_all()`)
+	}()
+	if job.SourceID, err = sourceID(ctx, job.Source); err != nil {
+		return rep, err
+	}
+	tables, err := lockTables(ctx, ctrl, job, &rep)
+	if err != nil || len(tables) == 0 {
+		return rep, err
+	}
+	if rep.RunID, err = coverage.StartRun(ctx, ctrl, job.Trigger, job.Slot, job.Workers, job.ChunkRows); err != nil {
+		return rep, err
+	}
+	defer func() { err = endRun(ctx, ctrl, job, rep, err) }()
+	snap := job.Snapshot
+	if snap == nil {
+		exp, err := backfill.Export(ctx, job.Source)
+		if err != nil {
+			return rep, err
+		}
+		defer exp.Close(context.WithoutCancel(ctx)) // drops the temporary slot
+		snap = &exp.Snapshot
+	}
+	rep.Snapshot = snap.LSN
+	return rep, runTables(ctx, ctrl, job, *snap, tables, &rep)
+}
+
+// endRun records the end of run rep.RunID as runErr says (completed, failed or interrupted) and
+// returns runErr, or the error of recording the end when runErr is nil. A run stopped by a rewrite
+// of a source table is abandoned: chunks read before a rewrite or TRUNCATE may hold rows the table
+// no longer has, so the next run starts the table over instead of resuming.
+func endRun(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep BackfillReport, runErr error) error {
+	// A cancellation during a query closes the connection (pgx); record the end over a new one.
+	conn, ectx := ctrl, context.WithoutCancel(ctx)
+	if conn.IsClosed() {
+		c, err := pgsession.Connect(ectx, job.Target, "target")
+		if err != nil {
+			job.Logger.Error("record the end of the backfill run", "run", rep.RunID, "err", err)
+			return runErr
+		}
+		defer c.Close(ectx)
+		conn = c
+	}
+	if err := coverage.EndRun(ectx, conn, rep.RunID, rep.Rows, rep.Reread, runErr); err != nil {
+		if runErr == nil {
+			return err
+		}
+		job.Logger.Error("record the end of the backfill run", "run", rep.RunID, "err", err)
+	}
+	if errors.Is(runErr, backfill.ErrRewritten) {
+		if err := coverage.AbandonRun(ectx, conn, rep.RunID); err != nil {
+			job.Logger.Error("abandon the backfills of a run stopped by a rewrite", "run", rep.RunID, "err", err)
+		}
+	}
+	return runErr
+}
+
+// runTables backfills the locked tables of run rep.RunID from snap: it starts (or adopts) each
+// table's backfill, reads and applies their chunks (runChunks), finishes the tables whose chunks
+// all completed, and fills in rep.
+func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfill.Snapshot, tables []changebatch.Table, rep *BackfillReport) error {
+	log := job.Logger.With("run", rep.RunID, "snapshot_lsn", snap.LSN.String())
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = t.String()
+	}
+	log.Info("backfill started", "trigger", job.Trigger, "tables", names, "workers", job.Workers, "chunk_rows", job.ChunkRows)
+	began := time.Now()
+	stopWarn := warnSnapshotAge(ctx, job.SnapshotWarn, log)
+	defer stopWarn()
+	src, err := pgsession.Connect(ctx, job.Source, "source")
+	if err != nil {
+		return err
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	runs := make([]*tableRun, len(tables))
+	pending := make([][]chunkWork, len(tables))
+	var total int64
+	for i, t := range tables {
+		tr, work, kept, err := startTable(ctx, ctrl, job, rep.RunID, snap.LSN, t)
+		if err != nil {
+			return err
+		}
+		runs[i], pending[i] = tr, work
+		rep.Kept += kept
+		total += estimateRows(ctx, src, t)
+	}
+	job.Progress.Start(total, rep.Kept)
+	defer job.Progress.Finish()
+	if err := runChunks(ctx, ctrl, src, job, snap, runs, pending, rep, log); err != nil {
+		return fmt.Errorf("backfill run %d: %w", rep.RunID, err)
+	}
+	// A table whose chunks had all completed in earlier runs is finished here.
+	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl), snap: snap}
+	for _, tr := range runs {
+		if n, err := wk.finishIfComplete(ctx, tr, log); err != nil {
+			return err
+		} else if n >= 0 {
+			rep.Tombstoned += n
+		}
+	}
+	for _, tr := range runs {
+		if tr.result != nil {
+			rep.Tables = append(rep.Tables, *tr.result)
+		}
+	}
+	secs := max(time.Since(began).Seconds(), 0.001)
+	log.Info("backfill completed", "rows", rep.Rows, "rows_per_s", int64(float64(rep.Rows)/secs), "reread", rep.Reread,
+		"kept_from_earlier_runs", rep.Kept, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
+		"tombstoned_absent", rep.Tombstoned, "seconds", fmt.Sprintf("%.1f", secs))
+	return nil
+}
+
+// runChunks reads and applies the chunks of the tables under one errgroup: a planner hands each
+// table's adopted chunks, then its newly planned ones, to job.Workers workers, which count each
+// completed chunk in rep (under a mutex) and finish a table when its last chunk completed.
+func runChunks(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap backfill.Snapshot, runs []*tableRun, pending [][]chunkWork, rep *BackfillReport, log *slog.Logger) error {
+	work := make(chan chunkWork)
+	g, gctx := errgroup.WithContext(ctx)
+	var mu sync.Mutex
+	g.Go(func() error {
+		defer close(work)
+		for i, tr := range runs {
+			if err := planTable(gctx, ctrl, src, job, snap, tr, pending[i], work); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for w := 0; w < job.Workers; w++ {
+		g.Go(func() error {
+			wk, err := newBackfillWorker(gctx, job, snap)
+			if err != nil {
+				return err
+			}
+			defer wk.close()
+			return wk.run(gctx, work, func(cw chunkWork, done chunkDone) error {
+				mu.Lock()
+				rep.Rows += done.rows
+				rep.Result.Add(done.result)
+				job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, rowCounts(done.result))
+				if done.reread {
+					rep.Reread += done.rows
+				}
+				mu.Unlock()
+				job.Progress.Add(done.rows)
+				if job.AfterChunk != nil {
+					cw.tr.mu.Lock()
+					rows := cw.tr.rows
+					cw.tr.mu.Unlock()
+					job.AfterChunk(cw.tr.t.String(), rows)
+				}
+				n, err := wk.finishIfComplete(gctx, cw.tr, log)
+				if n > 0 {
+					mu.Lock()
+					rep.Tombstoned += n
+					mu.Unlock()
+				}
+				return err
+			})
+		})
+	}
+	return g.Wait()
+}
+
+// sourceID returns cdc.SourceID of the database at url.
+func sourceID(ctx context.Context, url string) (string, error) {
+	conn, err := pgsession.Connect(ctx, url, "source")
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return cdc.SourceID(ctx, conn)
+}
+
+// lockTables takes the backfill lock of each table of job in ctrl's session and returns the
+// tables it holds; a table another process holds is waited for, skipped (listed in rep.Skipped)
+// or an error, as job.Busy says.
+func lockTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep *BackfillReport) ([]changebatch.Table, error) {
+	var out []changebatch.Table
+	for _, t := range job.Tables {
+		ok, err := coverage.LockBackfill(ctx, ctrl, t.TableName, false)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			switch job.Busy {
+			case busySkip:
+				rep.Skipped = append(rep.Skipped, t.String())
+				continue
+			case busyWait:
+				job.Logger.Info("waiting for another backfill of the table to end", "table", t.String())
+				if _, err := coverage.LockBackfill(ctx, ctrl, t.TableName, true); err != nil {
+					return nil, err
+				}
+			default:
+				return nil, fmt.Errorf("another backfill of %s is running (a `pgconverge backfill`, or a daemon's initial load or scheduled backfill): wait for it to end, or pass --wait", t)
+			}
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// warnSnapshotAge logs a warning every d while the run holds its snapshot; the returned function
+// stops it.
+func warnSnapshotAge(ctx context.Context, d time.Duration, log *slog.Logger) func() {
+	if d <= 0 {
+		return func() {}
+	}
+	began := time.Now()
+	return every(ctx, d, func() {
+		log.Warn("the backfill has held its snapshot for long: it holds back VACUUM on the source; more --workers or a smaller table list shorten it",
+			"held_for", time.Since(began).Round(time.Second).String())
+	})
+}
+
+// backfillBatchRows is the number of rows per change batch within a chunk: it bounds the memory a
+// worker holds (with backfill.MaxBatchBytes).
+const backfillBatchRows = 10_000

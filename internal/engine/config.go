@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/robfig/cron/v3"
+)
+
+// Config configures the daemon (Run): what `pgconverge run` takes from its flags.
+type Config struct {
+	Source, Target string
+	// Tables are comma-separated lists of "schema.table" names (changebatch.ParseTableList); empty
+	// means the default selection (cdc.DefaultTables).
+	Tables      []string
+	Slot        string
+	Publication string
+	// BackfillWorkers chunks are read and applied at once during a backfill; ChunkRows rows make a
+	// chunk (one target transaction).
+	BackfillWorkers, ChunkRows int
+	// SnapshotWarn is how long a backfill may hold its snapshot before it warns; 0 never warns.
+	SnapshotWarn time.Duration
+	// BackfillSchedule, when set, backfills every selected table again at its ticks while
+	// streaming (ParseSchedule).
+	BackfillSchedule cron.Schedule
+	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
+	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
+	OnGap string
+	// SyncSequences syncs the sequences of each table after each completed backfill run of it
+	// (initial load, gap and scheduled backfills; logSequenceSync).
+	SyncSequences bool
+	// Logger receives the daemon's log lines; Monitor its counters and gauges (nil: none, and the
+	// daemon then skips the source reads that only feed metrics).
+	Logger  *slog.Logger
+	Monitor Monitor
+	Knobs   Knobs
+}
+
+// On-gap policies of Config.OnGap (`run --on-gap`).
+const (
+	OnGapBackfill = "backfill"
+	OnGapAlert    = "alert"
+)
+
+// Knobs are fault-injection hooks for tests; nil hooks do nothing.
+type Knobs struct {
+	Stream cdc.Knobs
+	// AfterLoadChunk runs after each committed chunk of an initial load, with the table's rows
+	// loaded so far.
+	AfterLoadChunk func(table string, rows int64)
+	// Schedule runs at each event of a scheduled backfill tick; AfterScheduledChunk after each
+	// committed chunk of a scheduled backfill.
+	Schedule            func(ScheduleEvent)
+	AfterScheduledChunk func(table string, rows int64)
+}
+
+// Validate reports every problem of the configuration at once, naming the flag to fix.
+func (c *Config) Validate() error {
+	errs := validateURLs(c.Source, c.Target)
+	if err := cdc.ValidateSlotName(c.Slot); err != nil {
+		errs = append(errs, err)
+	}
+	if err := cdc.ValidatePublicationName(c.Publication); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
+	if c.OnGap != OnGapBackfill && c.OnGap != OnGapAlert {
+		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s or %s", c.OnGap, OnGapBackfill, OnGapAlert))
+	}
+	return errors.Join(errs...)
+}
+
+// validateURLs returns the problems of a source and target URL pair: missing, or the same.
+func validateURLs(source, target string) []error {
+	var errs []error
+	if source == "" {
+		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
+	}
+	if target == "" {
+		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
+	}
+	if source != "" && source == target {
+		errs = append(errs, errors.New("source and target are the same URL: they must be two different databases"))
+	}
+	return errs
+}
+
+// validateBackfillSizes checks the values that size backfills.
+func validateBackfillSizes(workers, chunkRows int, snapshotWarn time.Duration) error {
+	var errs []error
+	if snapshotWarn < 0 {
+		errs = append(errs, errors.New("--snapshot-warn must not be negative (0 never warns)"))
+	}
+	if workers < 1 {
+		errs = append(errs, errors.New("--workers must be at least 1"))
+	}
+	if chunkRows < 1 {
+		errs = append(errs, errors.New("--chunk-rows must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// monitor returns the Monitor to report to: c.Monitor, or one that counts nothing.
+func (c *Config) monitor() Monitor {
+	if c.Monitor == nil {
+		return nopMonitor{}
+	}
+	return c.Monitor
+}

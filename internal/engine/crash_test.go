@@ -1,0 +1,262 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Crash tests run the daemon in a child process (this test binary, re-executed) whose Knobs kill
+// it with SIGKILL at a chosen boundary, then restart the daemon and check that no row was lost or
+// doubled. The child reads its instructions from these environment variables; only TestMain reads
+// them, the daemon itself only sees Knobs.
+const (
+	envCrashPoint = "PGCONVERGE_CRASH_POINT"
+	envCrashAt    = "PGCONVERGE_CRASH_AT"
+	envCrashSrc   = "PGCONVERGE_CRASH_SOURCE"
+	envCrashTgt   = "PGCONVERGE_CRASH_TARGET"
+	envCrashSlot  = "PGCONVERGE_CRASH_SLOT"
+)
+
+func TestMain(m *testing.M) {
+	if point := os.Getenv(envCrashPoint); point == "backfill-chunk" || point == "backfill-batch" {
+		at, _ := strconv.Atoi(os.Getenv(envCrashAt))
+		os.Exit(backfillCrashChild(point, at))
+	} else if point != "" {
+		os.Exit(crashChild(point))
+	}
+	os.Exit(m.Run())
+}
+
+func kill() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
+
+// crashKnobs returns knobs that SIGKILL this process at the at-th occurrence of point.
+func crashKnobs(point string, at int) (Knobs, error) {
+	var k Knobs
+	var mu sync.Mutex
+	count := 0
+	hit := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if count++; count == at {
+			kill()
+		}
+	}
+	switch point {
+	case "after-begin": // Begin received, nothing of the transaction applied
+		k.Stream.OnMessage = func(m pglogrepl.Message) {
+			if _, ok := m.(*pglogrepl.BeginMessage); ok {
+				hit()
+			}
+		}
+	case "mid-transaction": // the third change of a transaction received
+		changes := 0
+		k.Stream.OnMessage = func(m pglogrepl.Message) {
+			switch m.(type) {
+			case *pglogrepl.BeginMessage:
+				changes = 0
+			case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage:
+				if changes++; changes == 3 {
+					hit()
+				}
+			}
+		}
+	case "after-commit": // the target committed a group, the source was not told
+		k.Stream.AfterApply = func(pglogrepl.LSN) { hit() }
+	case "during-load": // a chunk of the initial load committed
+		k.AfterLoadChunk = func(string, int64) { hit() }
+	case "none": // the parent kills the child at a moment of its choosing
+	default:
+		return k, fmt.Errorf("unknown crash point %q", point)
+	}
+	return k, nil
+}
+
+// crashChild runs the daemon until it is killed; reaching the end is a failure (exit 3).
+func crashChild(point string) int {
+	at, _ := strconv.Atoi(os.Getenv(envCrashAt))
+	knobs, err := crashKnobs(point, at)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg := Config{
+		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt),
+		Slot: os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = Run(ctx, cfg)
+	fmt.Fprintf(os.Stderr, "crash child reached the end without crashing at %s #%d: %v\n", point, at, err)
+	return 3
+}
+
+// workload runs transactions of several changes on the source until the returned stop function is
+// called: two balance updates, five ledger inserts and one ledger delete each.
+func workload(t *testing.T, env *pgtest.Env) (stop func()) {
+	conn := pgtest.Connect(t, env.SourceURL)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ctx := context.Background()
+		for i := 1; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			tx, err := conn.Begin(ctx)
+			if err == nil {
+				_, err = tx.Exec(ctx, `update acct set bal = bal + 1 where id = $1`, i*7%2000+1)
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, `update acct set bal = bal - 1 where id = $1`, i*13%2000+1)
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, `insert into ledger (txn, k) select $1, g from generate_series(1, 5) g`, i)
+			}
+			if err == nil {
+				_, err = tx.Exec(ctx, `delete from ledger where id = (select min(id) from ledger where k = 3)`)
+			}
+			if err == nil {
+				err = tx.Commit(ctx)
+			}
+			if err != nil {
+				t.Errorf("workload transaction %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// setupCrashTables creates the tables the workload writes to, with rows for the initial load.
+func setupCrashTables(t *testing.T, env *pgtest.Env) {
+	pgtest.Exec(t, env.Source,
+		`create table acct (id int primary key, bal int not null)`,
+		`insert into acct select g, 0 from generate_series(1, 2000) g`,
+		`create table ledger (id bigserial primary key, txn int, k int)`,
+		`insert into ledger (txn, k) select 0, g % 5 from generate_series(1, 8000) g`)
+}
+
+// crashChildCmd returns the command that runs the daemon in a child process killed at point.
+func crashChildCmd(env *pgtest.Env, point string, at int) *exec.Cmd {
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), envCrashPoint+"="+point, envCrashAt+"="+strconv.Itoa(at),
+		envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL, envCrashSlot+"="+env.Name)
+	return child
+}
+
+// requireKilled fails the test unless err says the child died of SIGKILL.
+func requireKilled(t *testing.T, err error, out []byte) {
+	t.Helper()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("child was not killed by SIGKILL: %v\n%s", err, out)
+	}
+}
+
+// finishAfterRestart restarts the daemon in the test process while the workload goes on, waits
+// until it streams live changes, stops the workload and requires both tables equal and the slot
+// caught up.
+func finishAfterRestart(t *testing.T, env *pgtest.Env, stopWorkload func()) {
+	restartedAt := pgtest.Scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
+	startDaemon(t, testConfig(t, env))
+	pgtest.Eventually(t, 60*time.Second, "restarted daemon streams live changes", func() (bool, string) {
+		var n int64
+		err := env.Target.QueryRow(context.Background(), `select coalesce(max(txn), 0) from ledger`).Scan(&n)
+		return err == nil && n > restartedAt+20, fmt.Sprintf("target at transaction %d, restarted at %d (%v)", n, restartedAt, err)
+	})
+	stopWorkload()
+	pgtest.WaitConverged(t, env, "acct", "id")
+	pgtest.WaitConverged(t, env, "ledger", "id")
+	pgtest.WaitSlotCaughtUp(t, env)
+	// A crash is not a gap: the slot kept the WAL, and the ledger knows it.
+	waitCovered(t, env)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_segments where end_lsn is not null`); n != 0 {
+		t.Errorf("%d stream segments ended after kills that kept the slot, want 0", n)
+	}
+}
+
+func TestCrashAndRestartLosesNothing(t *testing.T) {
+	cases := []struct {
+		point string
+		at    int
+	}{
+		{"after-begin", 20},
+		{"mid-transaction", 15},
+		{"after-commit", 5},
+		{"during-load", 5}, // acct has 3 chunks: at least 2 of ledger's are in
+	}
+	for _, c := range cases {
+		t.Run(c.point, func(t *testing.T) {
+			env := pgtest.New(t)
+			setupCrashTables(t, env)
+			stopWorkload := workload(t, env)
+			out, err := crashChildCmd(env, c.point, c.at).CombinedOutput()
+			requireKilled(t, err, out)
+			finishAfterRestart(t, env, stopWorkload)
+			if c.point == "during-load" {
+				// The restart resumed the interrupted load: the chunks completed before the kill
+				// kept their snapshot LSN, the rest were read at the new one.
+				got := pgtest.Rows(t, env.Target, `select trigger || ' ' || status from pgconverge.backfill_runs order by id`)
+				if d := pgtest.Diff([]string{"initial failed", "initial completed"}, got); d != "" {
+					t.Errorf("backfill runs: %s", d)
+				}
+				got = pgtest.Rows(t, env.Target, `select table_name || ' ' || status from pgconverge.backfills order by id`)
+				if d := pgtest.Diff([]string{"acct completed", "ledger completed"}, got); d != "" {
+					t.Errorf("table backfills: %s", d)
+				}
+				got = pgtest.Rows(t, env.Target, `select count(distinct c.snapshot_lsn)::text || ' ' || count(*) filter (where c.snapshot_lsn is null)::text
+from pgconverge.backfill_chunks c join pgconverge.backfills b on b.id = c.backfill_id where b.table_name = 'ledger'`)
+				if d := pgtest.Diff([]string{"2 0"}, got); d != "" {
+					t.Errorf("ledger chunks (distinct snapshot LSNs, chunks not completed): %s", d)
+				}
+			}
+		})
+	}
+}
+
+// TestRandomKillsUnderLoad kills the daemon with SIGKILL at random moments while the workload
+// runs, restarts it each time, and finally requires the target to equal the source.
+func TestRandomKillsUnderLoad(t *testing.T) {
+	env := pgtest.New(t)
+	setupCrashTables(t, env)
+	stopWorkload := workload(t, env)
+	seed := time.Now().UnixNano()
+	t.Logf("random seed %d", seed)
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0))
+	for round := 0; round < 6; round++ {
+		child := crashChildCmd(env, "none", 0)
+		var out bytes.Buffer
+		child.Stdout, child.Stderr = &out, &out
+		if err := child.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(200+rnd.IntN(2800)) * time.Millisecond) // the moment of the kill is the point
+		if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		requireKilled(t, child.Wait(), out.Bytes())
+	}
+	finishAfterRestart(t, env, stopWorkload)
+}

@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/coverage"
+)
+
+// coverageStart is where a session's stream starts covering, for the ledger.
+type coverageStart struct {
+	// Stream is the LSN the stream starts from.
+	Stream pglogrepl.LSN
+	// Created is the consistent point of a slot created by this session, else 0.
+	Created pglogrepl.LSN
+	// Break, when set, says why the slot's open segment ended: the stream does not continue it.
+	Break string
+}
+
+// recordCoverage writes, in one target transaction, what the session's start established: spans
+// of tables that left the selection or whose publication membership changed since their span
+// began end; the others are confirmed published; the slot's segment ends when the stream does not
+// continue it, and a new one starts; every selected table gets a span from where the stream starts
+// applying it (from st.Stream, or for a table that joined the publication since its latest span
+// began, from a position read after the join). Deciding from the spans' own membership tokens, in
+// this one transaction, means a session that dies half-way leaves nothing half-recorded.
+func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
+	cfg := s.cfg
+	tx, err := s.tgt.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	latest, err := coverage.LatestSpans(ctx, tx, cfg.Slot, s.names)
+	if err != nil {
+		return err
+	}
+	// A table whose latest span began with the membership it has now stayed in the publication
+	// since: the stream covers it from where it starts. Otherwise it joined at an unknown point
+	// before memberAfter (read after the membership), and its open span, if any, ends.
+	var joined, unchanged []changebatch.TableName
+	starts := map[changebatch.TableName]coverage.SpanStart{}
+	for _, n := range s.names {
+		tok := s.memberships[n]
+		l, ok := latest[n]
+		start := coverage.SpanStart{LSN: st.Stream, Membership: tok}
+		if !ok || l.Membership != tok {
+			start.LSN = max(st.Stream, s.memberAfter)
+			if ok && l.Open {
+				joined = append(joined, n)
+			}
+		} else if l.Open {
+			unchanged = append(unchanged, n)
+		}
+		starts[n] = start
+	}
+	if _, err := coverage.EndSpansExcept(ctx, tx, cfg.Slot, s.names, coverage.ReasonDeselected); err != nil {
+		return err
+	}
+	if err := coverage.EndSpans(ctx, tx, cfg.Slot, joined, coverage.ReasonMembership); err != nil {
+		return err
+	}
+	if err := coverage.ConfirmSpans(ctx, tx, cfg.Slot, unchanged, s.memberBefore); err != nil {
+		return err
+	}
+	seg, open, err := coverage.OpenSegment(ctx, tx, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if st.Break != "" || !open {
+		if open {
+			if _, err := coverage.EndSegment(ctx, tx, cfg.Slot, seg.End, st.Break); err != nil {
+				return err
+			}
+			cfg.Logger.Error("stream coverage broken: changes between these LSNs were not streamed; every table the slot followed has a coverage gap",
+				"slot", cfg.Slot, "reason", st.Break, "from_lsn", seg.End.String(), "to_lsn", st.Stream.String(),
+				"bytes", uint64(max(st.Stream, seg.End)-seg.End), "on_gap", cfg.OnGap)
+		}
+		if st.Created != 0 {
+			err = apply.StartSlot(ctx, tx, cfg.Slot, st.Created)
+		} else {
+			err = apply.SetProgressTx(ctx, tx, cfg.Slot, st.Stream)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := coverage.StartSegment(ctx, tx, cfg.Slot, st.Created, st.Stream); err != nil {
+			return err
+		}
+	}
+	if err := coverage.UseSource(ctx, tx, cfg.Slot, cfg.Publication, s.sourceID); err != nil {
+		return err
+	}
+	if _, err := coverage.StartSpans(ctx, tx, cfg.Slot, starts); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// tablesToLoad returns the selected tables to load before streaming and the run's trigger: every
+// table that never completed a backfill of its target table, and, with --on-gap=backfill, every
+// table with a coverage gap or without a load its slot followed (loaded, as coverage.LoadedTables;
+// nil when none counts). Each gap is logged at ERROR.
+func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.LSN) ([]changebatch.Table, string, error) {
+	states, err := coverage.ReadTables(ctx, s.tgt)
+	if err != nil {
+		return nil, "", err
+	}
+	var need []changebatch.Table
+	trigger := coverage.TriggerInitial
+	for _, t := range s.tables {
+		st := states[t.TableName]
+		if st == nil || st.Backfilled == 0 {
+			if st != nil {
+				s.mon.CoverageGap(t.String(), coverage.Total(coverage.Gaps(st.Ledger)))
+			}
+			need = append(need, t)
+			continue
+		}
+		gaps := coverage.Gaps(st.Ledger)
+		s.mon.CoverageGap(t.String(), coverage.Total(gaps))
+		for _, g := range gaps {
+			s.logGap(t.String(), st, g)
+		}
+		_, isLoaded := loaded[t.String()]
+		switch {
+		case len(gaps) == 0 && isLoaded:
+		case s.cfg.OnGap != OnGapAlert:
+			need = append(need, t)
+			trigger = coverage.TriggerGap
+		case len(gaps) > 0:
+			s.cfg.Logger.Warn("not backfilling a table with a coverage gap (--on-gap=alert): run pgconverge backfill for it to close the gap",
+				"table", t.String())
+		}
+	}
+	return need, trigger, nil
+}
+
+func (s *session) logGap(table string, st *coverage.TableState, g coverage.Gap) {
+	keys := "all"
+	if g.Chunks != nil {
+		keys = coverage.DescribeKeys(st.Ledger.Chunks, g.Chunks)
+	}
+	s.cfg.Logger.Error("coverage gap: no backfill and no stream delivered this table's changes between these LSNs",
+		"table", table, "from_lsn", g.From.String(), "to_lsn", g.To.String(), "bytes", g.Bytes(), "keys", keys,
+		"on_gap", s.cfg.OnGap)
+}
+
+// gapRefreshEvery is how often the stream recomputes the gap metric from the ledger, which a
+// `pgconverge backfill` next to the daemon may have closed.
+const gapRefreshEvery = 30 * time.Second
+
+// publishCoverage recomputes the selected tables' gaps from the ledger for the metrics; with
+// logRemaining it logs the gaps that remain after the loads of --on-gap=backfill at ERROR.
+func (s *session) publishCoverage(ctx context.Context, logRemaining bool) error {
+	s.gapsPublished = time.Now()
+	states, err := coverage.ReadTables(ctx, s.tgt)
+	if err != nil {
+		return err
+	}
+	for _, t := range s.tables {
+		st := states[t.TableName]
+		if st == nil {
+			continue
+		}
+		gaps := coverage.Gaps(st.Ledger)
+		s.mon.CoverageGap(t.String(), coverage.Total(gaps))
+		if logRemaining && s.cfg.OnGap != OnGapAlert {
+			for _, g := range gaps {
+				s.logGap(t.String(), st, g)
+			}
+		}
+	}
+	return nil
+}
+
+// reloadFences returns each selected table's schema_changed_lsn by source oid (see
+// cdc.StreamConfig.ReloadFences).
+func (s *session) reloadFences(ctx context.Context) (map[uint32]pglogrepl.LSN, error) {
+	states, err := coverage.ReadTables(ctx, s.tgt)
+	if err != nil {
+		return nil, err
+	}
+	fences := map[uint32]pglogrepl.LSN{}
+	for _, t := range s.tables {
+		if st := states[t.TableName]; st != nil && t.SourceOID != 0 {
+			fences[t.SourceOID] = st.SchemaChanged
+		}
+	}
+	return fences, nil
+}

@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/coverage"
+)
+
+// This file prepares the chunks of a backfill run: resuming an interrupted backfill of a table,
+// or planning it anew.
+
+// startTable records table t in run runID, adopting its interrupted backfill when job.Resume, and
+// returns its state, the recorded chunks still to read, and the rows of the chunks it keeps.
+func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
+	keys := backfill.KeyColumnNames(t)
+	tr := &tableRun{t: t}
+	var prev *coverage.TableBackfill
+	if job.Resume {
+		var err error
+		if prev, err = coverage.Resumable(ctx, ctrl, t, keys); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	if prev == nil {
+		id, err := coverage.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, job.SourceID, keys)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		tr.id = id
+		tr.unwritten, err = coverage.Unwritten(ctx, ctrl, t.TableName)
+		return tr, nil, 0, err
+	}
+	if err := coverage.AdoptTableBackfill(ctx, ctrl, prev.ID, runID, job.Slot); err != nil {
+		return nil, nil, 0, err
+	}
+	tr.id, tr.planned, tr.adopted = prev.ID, prev.Planned(), true
+	var work []chunkWork
+	var kept int64
+	done := 0
+	for _, c := range prev.Chunks {
+		keep := c.S != 0 && c.S >= job.KeepFrom // the stream covers what changed since
+		if c.Completed && keep {
+			kept += c.Rows
+			tr.rows += c.Rows
+			done++
+			continue
+		}
+		cw := chunkWork{tr: tr, ordinal: c.Ordinal, chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper}}
+		switch {
+		case c.DoneKey != nil && keep:
+			cw.doneKey = c.DoneKey
+			kept += c.DoneRows
+			tr.rows += c.DoneRows
+		case c.S != 0:
+			if err := coverage.ResetChunk(ctx, ctrl, prev.ID, c.Ordinal); err != nil {
+				return nil, nil, 0, err
+			}
+		}
+		work = append(work, cw)
+	}
+	tr.open = len(work)
+	job.Logger.Info("resuming an interrupted backfill", "table", t.String(), "backfill", prev.ID,
+		"chunks_kept", done, "chunks_to_read", len(work), "plan_complete", tr.planned, "rows_kept", kept)
+	following := job.Slot
+	if following == "" {
+		var err error
+		if following, err = coverage.FollowingSlot(ctx, ctrl, t.TableName); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	if kept > 0 && following == "" {
+		job.Logger.Warn("kept chunks hold the table as of their own, older snapshot: later changes reach them only through a stream (pgconverge run on this table); without one, --resume=false reads the whole table at one point in time",
+			"table", t.String())
+	}
+	return tr, work, kept, nil
+}
+
+// planTable hands tr's adopted chunks to the workers, then plans and records the rest of the table
+// (all of it for a new backfill) in snap and hands those over as they are planned.
+// src is a source connection for the planner's snapshot transaction.
+func planTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap backfill.Snapshot, tr *tableRun, adopted []chunkWork, work chan<- chunkWork) error {
+	send := func(cw chunkWork) error {
+		select {
+		case work <- cw:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for _, cw := range adopted {
+		if err := send(cw); err != nil {
+			return err
+		}
+	}
+	if tr.planned {
+		return nil
+	}
+	var after []string
+	next := 0
+	if tr.adopted {
+		last, err := coverage.LastChunk(ctx, ctrl, tr.id)
+		if err != nil {
+			return err
+		}
+		after, next = last.Upper, last.Ordinal+1
+	}
+	p, err := backfill.NewPlanner(src, snap, tr.t, job.ChunkRows, after)
+	if err != nil {
+		return err
+	}
+	for ; ; next++ {
+		c, ok, err := p.Next(ctx)
+		if err != nil || !ok {
+			return err
+		}
+		if err := coverage.RecordChunk(ctx, ctrl, tr.id, next, c.Lower, c.Upper); err != nil {
+			return err
+		}
+		tr.mu.Lock()
+		tr.open++
+		tr.planned = c.Upper == nil
+		tr.mu.Unlock()
+		if err := send(chunkWork{tr: tr, ordinal: next, chunk: c}); err != nil {
+			return err
+		}
+	}
+}
+
+// estimateRows returns the planner's row estimate of t (pg_class.reltuples; for a partitioned
+// table the sum of its partitions' known estimates) over the source connection src, for
+// progress; 0 when unknown.
+func estimateRows(ctx context.Context, src *pgx.Conn, t changebatch.Table) int64 {
+	var n float64
+	err := src.QueryRow(ctx, `with recursive tree (oid) as (
+  select $1::regclass::oid union all select i.inhrelid from pg_inherits i join tree on i.inhparent = tree.oid
+  where (select relkind from pg_class where oid = $1::regclass) = 'p')
+select coalesce(sum(c.reltuples) filter (where c.reltuples >= 0), -1) from tree join pg_class c on c.oid = tree.oid
+where c.relkind <> 'p'`, t.Quoted()).Scan(&n)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return int64(n)
+}

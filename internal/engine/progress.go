@@ -1,0 +1,90 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Progress follows a long job in rows: Start with the estimated total (0 when unknown) and the
+// rows already done, Add as rows complete, Finish at the end. Add may be called from several
+// goroutines.
+type Progress interface {
+	Start(total, done int64)
+	Add(rows int64)
+	Finish()
+}
+
+// NewLogProgress returns a Progress that logs what with rows, rows/s and the estimated time left
+// on log every interval.
+func NewLogProgress(log *slog.Logger, what string, interval time.Duration) Progress {
+	return &logProgress{log: log, what: what, interval: interval}
+}
+
+// logProgress logs rows, rows/s and the estimated time left every interval.
+type logProgress struct {
+	log      *slog.Logger
+	what     string
+	interval time.Duration
+	mu       sync.Mutex
+	total    int64
+	done     int64
+	began    time.Time
+	start    int64
+	stop     func()
+}
+
+func (p *logProgress) Start(total, done int64) {
+	p.total, p.done, p.start, p.began = total, done, done, time.Now()
+	p.stop = every(context.Background(), p.interval, p.report)
+}
+
+// every calls fn every d in a goroutine until ctx ends or the returned function is called.
+func every(ctx context.Context, d time.Duration, fn func()) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fn()
+			}
+		}
+	}()
+	return cancel
+}
+
+func (p *logProgress) report() {
+	p.mu.Lock()
+	done, total, start := p.done, p.total, p.start
+	p.mu.Unlock()
+	rate := float64(done-start) / max(time.Since(p.began).Seconds(), 0.001)
+	attrs := []any{"rows", done, "rows_per_s", int64(rate)}
+	if total > done && rate > 0 {
+		attrs = append(attrs, "estimated_rows", total, "eta", (time.Duration(float64(total-done)/rate) * time.Second).Round(time.Second).String())
+	}
+	p.log.Info(p.what, attrs...)
+}
+
+func (p *logProgress) Add(rows int64) {
+	p.mu.Lock()
+	p.done += rows
+	p.mu.Unlock()
+}
+
+func (p *logProgress) Finish() {
+	if p.stop != nil {
+		p.stop()
+	}
+}
+
+// nopProgress reports nothing: the Progress of a BackfillConfig without one.
+type nopProgress struct{}
+
+func (nopProgress) Start(total, done int64) {}
+func (nopProgress) Add(rows int64)          {}
+func (nopProgress) Finish()                 {}

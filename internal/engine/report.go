@@ -1,0 +1,189 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+)
+
+// The coverage report's types and helpers, for the CLI (coverage owns them).
+type (
+	// Report is the coverage of every table the ledger registers (coverage.Report).
+	Report = coverage.Report
+	// TableReport is one table's coverage (coverage.TableReport).
+	TableReport = coverage.TableReport
+	// KeyRange is a backfill chunk's key range in a report (coverage.KeyRange).
+	KeyRange = coverage.KeyRange
+	// LSN is an LSN printed X/Y in reports (coverage.LSN).
+	LSN = coverage.LSN
+)
+
+// Table statuses of a report that do not mean a gap (coverage.Status).
+const (
+	Covered     = coverage.Covered
+	NotStreamed = coverage.NotStreamed
+)
+
+// HumanBytes prints a size in bytes with a binary unit (coverage.HumanBytes).
+func HumanBytes(b uint64) string { return coverage.HumanBytes(b) }
+
+// FormatKeyRanges prints key ranges as "(lower, upper]" each (coverage.FormatKeyRanges).
+func FormatKeyRanges(r []KeyRange) string { return coverage.FormatKeyRanges(r) }
+
+// CoverageConfig configures CoverageReport (`pgconverge coverage`).
+type CoverageConfig struct {
+	Source, Target string
+	// Slot is the slot to describe when no stream follows any table yet (streamed tables name
+	// their own).
+	Slot string
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *CoverageConfig) Validate() error {
+	errs := validateURLs(c.Source, c.Target)
+	if err := cdc.ValidateSlotName(c.Slot); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// CoverageReport is `pgconverge coverage`: the coverage report of the target's ledger against the
+// source. It gathers the
+// facts coverage.NewReport needs in the order its doc gives (slots before the ledger, the rest
+// after). Errors: no ledger on the target, a failed read, and coverage.ErrOtherSource when the
+// source is not the database the ledger follows or is behind its watermark.
+func CoverageReport(ctx context.Context, cfg CoverageConfig) (Report, error) {
+	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+	if err != nil {
+		return Report{}, err
+	}
+	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
+	if err := coverage.CheckLedger(ctx, tgt); err != nil {
+		return Report{}, err
+	}
+	var f coverage.Facts
+	names, err := coverage.OpenSlots(ctx, tgt)
+	if err != nil {
+		return Report{}, err
+	}
+	if len(names) == 0 {
+		names = []string{cfg.Slot}
+	}
+	if f.SourceLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
+		return Report{}, err
+	}
+	if f.Slots, err = readSlotsHealth(ctx, src, names, f.SourceLSN); err != nil {
+		return Report{}, err
+	}
+	states, err := coverage.ReadTables(ctx, tgt)
+	if err != nil {
+		return Report{}, err
+	}
+	if f.SourceID, err = cdc.SourceID(ctx, src); err != nil {
+		return Report{}, err
+	}
+	if f.AfterLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
+		return Report{}, err
+	}
+	if err := sourceFacts(ctx, src, tgt, states, names, &f); err != nil {
+		return Report{}, err
+	}
+	return coverage.NewReport(states, f)
+}
+
+// sourceFacts fills in the facts about the streamed tables: the slots named beyond listed (a
+// segment opened after they were read), the tables' current publication memberships, their
+// source changes no stream shows (apply.ShapeChanges; a table the source no longer has is left to
+// the membership check) and the backfill locks held.
+func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch.TableName]*coverage.TableState, listed []string, f *coverage.Facts) error {
+	seen := map[string]bool{}
+	for _, n := range listed {
+		seen[n] = true
+	}
+	byPublication := map[string][]changebatch.TableName{}
+	f.Memberships, f.SourceChanges, f.Held = map[changebatch.TableName]string{}, map[changebatch.TableName][]string{}, map[changebatch.TableName]bool{}
+	for n, st := range states {
+		if !st.Streaming {
+			continue
+		}
+		if !seen[st.Slot] {
+			seen[st.Slot] = true
+			more, err := readSlotsHealth(ctx, src, []string{st.Slot}, f.SourceLSN)
+			if err != nil {
+				return err
+			}
+			f.MoreSlots = append(f.MoreSlots, more...)
+		}
+		byPublication[st.Publication] = append(byPublication[st.Publication], n)
+		if t, err := cdc.DescribeTable(ctx, src, n.Schema, n.Name); err == nil {
+			if f.SourceChanges[n], err = apply.ShapeChanges(ctx, tgt, t); err != nil {
+				return err
+			}
+		}
+		held, err := coverage.BackfillHeld(ctx, tgt, n)
+		if err != nil {
+			return err
+		}
+		f.Held[n] = held
+	}
+	for pub, names := range byPublication {
+		got, err := cdc.Memberships(ctx, src, pub, names)
+		if err != nil {
+			return err
+		}
+		for n, tok := range got {
+			f.Memberships[n] = tok
+		}
+	}
+	return nil
+}
+
+// readSlotsHealth returns the health of the named slots on src (cdc.ReadSlot); now is the
+// source's current position. A slot of another database counts as missing.
+func readSlotsHealth(ctx context.Context, src *pgx.Conn, names []string, now pglogrepl.LSN) ([]SlotHealth, error) {
+	out := make([]SlotHealth, 0, len(names))
+	for _, name := range names {
+		h, err := readSlotHealth(ctx, src, name, now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// readSlotHealth returns the health of slot name on src, as readSlotsHealth.
+func readSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogrepl.LSN) (SlotHealth, error) {
+	h := SlotHealth{Name: name}
+	var err error
+	if h.MaxSlotWALKeepSizeBytes, err = cdc.MaxSlotWALKeepSize(ctx, src); err != nil {
+		return h, err
+	}
+	s, err := cdc.ReadSlot(ctx, src, name)
+	if err != nil {
+		return h, err
+	}
+	h.Exists = s.Exists && (s.Database == "" || s.Database == src.Config().Database)
+	if h.Exists {
+		h.Plugin, h.Active, h.WALStatus, h.SafeWALSizeBytes = s.Plugin, s.ActivePID != 0, s.WALStatus, s.SafeWALSize
+		if s.RestartLSN != 0 {
+			r := LSN(s.RestartLSN)
+			h.RestartLSN = &r
+			if now > s.RestartLSN {
+				h.RestartLagBytes = uint64(now - s.RestartLSN)
+			}
+		}
+		if s.ConfirmedFlush != 0 {
+			c := LSN(s.ConfirmedFlush)
+			h.ConfirmedFlushLSN = &c
+		}
+	}
+	h.Assess()
+	return h, nil
+}

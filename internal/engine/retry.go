@@ -1,0 +1,124 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+// This file decides, in one place, what the daemon does after a session ended with an error:
+// from typed errors and SQLSTATE codes (PostgreSQL docs Appendix A), never from message text,
+// which changes with the server's lc_messages.
+
+// decision is what the daemon does after a session failed.
+type decision int
+
+const (
+	// stop: retrying cannot fix it (bad configuration, an unusable source or target); Run returns
+	// the error.
+	stop decision = iota
+	// backOff: a transient failure of the source or target; reconnect after an exponential backoff.
+	backOff
+	// restart: the session ended on purpose, for the next one to pick up a change on the source
+	// (publication membership, the slot, a table's columns, an enum's labels); restart at once.
+	restart
+)
+
+// permanentError marks a failure that retrying cannot fix (bad configuration, an unusable source
+// or target); the daemon stops with it.
+type permanentError struct{ err error }
+
+// Error returns the wrapped error's message.
+func (e permanentError) Error() string { return e.err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e permanentError) Unwrap() error { return e.err }
+
+func permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// retryableCodes are the SQLSTATE codes after which the next session can succeed: the server
+// object is in use (a replication slot still active), a target table was dropped while streaming
+// (the next session recreates and reloads it), a column was dropped or renamed on the source while
+// a load read it (the next session describes the table again).
+var retryableCodes = map[string]bool{
+	pgerrcode.ObjectInUse:     true,
+	pgerrcode.UndefinedTable:  true,
+	pgerrcode.UndefinedColumn: true,
+}
+
+// retryableClasses are the SQLSTATE classes of transient failures: connection exceptions,
+// transaction rollbacks (serialization failures, deadlocks), insufficient resources (a full disk),
+// operator intervention (a server shutting down or starting), system errors.
+var retryableClasses = map[string]bool{"08": true, "40": true, "53": true, "57": true, "58": true}
+
+// decide classifies the error a session ended with.
+func decide(err error) decision {
+	var perm permanentError
+	var schema *cdc.SchemaChangeError
+	var watch watchError
+	switch {
+	case errors.As(err, &perm):
+		return stop
+	case errors.Is(err, errMembershipChanged), errors.Is(err, errSlotMoved), errors.Is(err, errEnumChanged),
+		errors.As(err, &schema):
+		return restart
+	case errors.As(err, &watch), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
+		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
+		errors.Is(err, backfill.ErrRewritten):
+		return backOff
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if retryableCodes[pgErr.Code] || len(pgErr.Code) == 5 && retryableClasses[pgErr.Code[:2]] {
+			return backOff
+		}
+		return stop
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	if errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed) {
+		return backOff
+	}
+	return stop
+}
+
+// isCode reports whether err wraps a *pgconn.PgError with SQLSTATE code.
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// retryable reports whether the daemon starts another session after err: a transient failure or
+// a restart on purpose.
+func retryable(err error) bool { return decide(err) != stop }
+
+// hint returns advice for an operator about a failure the daemon retries, or "".
+func hint(err error) string {
+	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
+	switch {
+	case errors.Is(err, errEnumChanged):
+		return "an enum label was added or renamed on the source: the next session changes the target's type alike"
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ObjectInUse:
+		return "another process holds the replication slot: a second pgconverge with the same --slot, or the walsender of a killed one that the source has not noticed yet (then it frees the slot within wal_sender_timeout)"
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:
+		return "a table is missing; if a target table was dropped, the next session recreates and reloads it"
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn:
+		return "a column was dropped or renamed on the source while it was read: the next session describes the table again"
+	case errors.As(err, &connectErr):
+		return "check that the server is running and that the URL's host, port and database are right"
+	}
+	return ""
+}

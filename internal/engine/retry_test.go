@@ -1,0 +1,44 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+func TestRetryable(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("apply: %w", &pgconn.PgError{Code: code}) }
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"admin shutdown", pg("57P01"), true},
+		{"connection failure", pg("08006"), true},
+		{"disk full", pg("53100"), true},
+		{"serialization failure", pg("40001"), true},
+		{"slot active", pg("55006"), true},
+		{"slot busy", fmt.Errorf("prepare: %w", cdc.ErrSlotBusy), true},
+		{"lost connection", fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), true},
+		{"target table dropped", pg("42P01"), true},
+		{"undefined column: dropped on the source while a load read it", pg("42703"), true},
+		{"invalid text for a type", pg("22P02"), false},
+		{"cardinality violation", pg("21000"), false},
+		{"permanent", permanent(errors.New("no primary key")), false},
+		{"our own decoding error", errors.New("pgoutput: Commit does not match"), false},
+		{"slot dropped before streaming started", fmt.Errorf("start replication: %w: %w", cdc.ErrSlotMissing, &pgconn.PgError{Code: "42704"}), true},
+		{"publication dropped while the slot needed it", fmt.Errorf("stream: %w: %w", cdc.ErrPublicationMissing, &pgconn.PgError{Code: "42704"}), false},
+		{"undefined object otherwise", pg("42704"), false},
+		{"a failed catalog read of the watcher", watchError{pg("XX000")}, true},
+		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
+	}
+	for _, c := range cases {
+		if got := retryable(c.err); got != c.want {
+			t.Errorf("%s: retryable = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

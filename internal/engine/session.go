@@ -1,0 +1,293 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/migrations"
+)
+
+// session is one connected attempt of the daemon: checks, preparation, loads, then streaming.
+type session struct {
+	cfg         Config
+	mon         Monitor
+	names       []changebatch.TableName
+	memberships map[changebatch.TableName]string // publication membership of each table at the start
+	src         *pgx.Conn
+	tgt         *pgx.Conn
+	repl        *pgconn.PgConn
+	ap          *apply.Applier
+	tables      []changebatch.Table
+	sourceID    string // cdc.SourceID of the source
+	// enums are the source's enums the tables use, with their labels at the start (ensureTypes).
+	enums map[string][]string
+	// memberBefore and memberAfter are source positions read before and after the memberships
+	// were read at the start (syncMemberships).
+	memberBefore, memberAfter pglogrepl.LSN
+	// confirmed is a source position up to which every table was published as at the start,
+	// offered by checkMemberships to the stream, which records it (coverage.ConfirmSpans);
+	// recorded is the last position recorded. lastCheck belongs to checkMemberships.
+	confirmed           atomic.Uint64
+	recorded, lastCheck pglogrepl.LSN
+	// gapsPublished is when the gap metric was last computed (publishCoverage).
+	gapsPublished time.Time
+}
+
+// errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while
+// the session loaded tables; the next session records the break in the ledger.
+var errSlotMoved = errors.New("replication slot moved during the session's start")
+
+// errEnumChanged ends a session when an enum a table uses changed its labels on the source; the
+// next session changes the target's enum alike (a renamed label changes the rows that hold it).
+var errEnumChanged = errors.New("enum labels changed on the source")
+
+// errMembershipChanged ends a session when a table's publication membership changed while
+// streaming; the next session reloads the table.
+var errMembershipChanged = errors.New("publication membership changed")
+
+// runSession connects to both sides, prepares the tables and the slot, and streams until ctx ends
+// or something fails. A failure that the source's enum labels explain (the target refused a label
+// the source added since the session started) is returned as errEnumChanged.
+func runSession(ctx context.Context, cfg Config) error {
+	s := &session{cfg: cfg, mon: cfg.monitor()}
+	defer s.close()
+	err := s.run(ctx)
+	if err != nil && ctx.Err() == nil && s.enums != nil && isCode(err, pgerrcode.InvalidTextRepresentation) {
+		if changed := s.enumChange(context.WithoutCancel(ctx)); changed != nil {
+			return fmt.Errorf("%w: %w", changed, err)
+		}
+	}
+	return err
+}
+
+// run is the session's work in order: connect and check, prepare the tables, the publication and
+// the slot (loading what needs it), then stream.
+func (s *session) run(ctx context.Context) error {
+	describedAt, err := s.connect(ctx)
+	if err != nil {
+		return err
+	}
+	names, err := s.selectTables(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.prepareTarget(ctx); err != nil {
+		return err
+	}
+	if err := s.preparePublication(ctx, names); err != nil {
+		return err
+	}
+	if s.repl, err = pgsession.ConnectReplication(ctx, s.cfg.Source); err != nil {
+		return err
+	}
+	start, err := s.prepareSlot(ctx)
+	if err != nil {
+		return err
+	}
+	return s.stream(ctx, start, describedAt)
+}
+
+// connect opens the source and target connections and checks the source; it returns a source
+// position read before the tables are described: a Relation message of a later transaction that
+// differs from a description is a schema change the description has not seen.
+func (s *session) connect(ctx context.Context) (pglogrepl.LSN, error) {
+	var err error
+	if s.src, err = pgsession.Connect(ctx, s.cfg.Source, "source"); err != nil {
+		return 0, err
+	}
+	if s.tgt, err = pgsession.Connect(ctx, s.cfg.Target, "target"); err != nil {
+		return 0, err
+	}
+	s.ap = apply.New(s.tgt)
+	if err := checkDistinct(ctx, s.src, s.tgt); err != nil {
+		return 0, err
+	}
+	if err := cdc.CheckSource(ctx, s.src); err != nil {
+		return 0, permanent(err)
+	}
+	if s.sourceID, err = cdc.SourceID(ctx, s.src); err != nil {
+		return 0, err
+	}
+	return cdc.CurrentLSN(ctx, s.src)
+}
+
+// prepareTarget applies the metadata schema, checks that the ledger follows this source, creates
+// or reshapes the target tables and forgets the tables the slot no longer replicates.
+func (s *session) prepareTarget(ctx context.Context) error {
+	cfg := s.cfg
+	if err := migrations.Apply(ctx, s.tgt); err != nil {
+		return err
+	}
+	if err := coverage.CheckSource(ctx, s.tgt, cfg.Slot, s.sourceID); err != nil {
+		return permanent(err)
+	}
+	var err error
+	if s.enums, err = ensureTables(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
+		return err
+	}
+	for _, t := range s.tables {
+		if err := coverage.CheckTableSource(ctx, s.tgt, t.TableName, s.sourceID); err != nil {
+			return permanent(err)
+		}
+	}
+	forgotten, err := coverage.ForgetTables(ctx, s.tgt, cfg.Slot, s.tables)
+	if err != nil {
+		return err
+	}
+	for _, t := range forgotten {
+		cfg.Logger.Warn("table no longer replicated: its target copy stops following the source and is loaded again if it is selected again",
+			"table", t, "slot", cfg.Slot)
+	}
+	return nil
+}
+
+// preparePublication adds the selected tables to the publication (marking the ones it adds for
+// loading first), warns about published tables not selected, and records the memberships.
+func (s *session) preparePublication(ctx context.Context, names []changebatch.TableName) error {
+	cfg := s.cfg
+	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names, func(adding []changebatch.TableName) error {
+		return coverage.MarkUnloaded(ctx, s.tgt, s.described(adding))
+	})
+	if err != nil {
+		return err
+	}
+	for _, t := range added {
+		cfg.Logger.Info("published table", "publication", cfg.Publication, "table", t.String())
+	}
+	if err := s.warnUnselected(ctx, names); err != nil {
+		return err
+	}
+	return s.syncMemberships(ctx, names)
+}
+
+func (s *session) close() {
+	ctx := context.Background()
+	for _, c := range []*pgx.Conn{s.src, s.tgt} {
+		if c != nil {
+			c.Close(ctx)
+		}
+	}
+	if s.repl != nil {
+		s.repl.Close(ctx)
+	}
+}
+
+// selectTables resolves the replicated tables and describes them; problems are permanent and
+// reported all at once.
+func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, error) {
+	var names []changebatch.TableName
+	if len(s.cfg.Tables) > 0 {
+		var err error
+		if names, err = changebatch.ParseTableList(s.cfg.Tables); err != nil {
+			return nil, permanent(fmt.Errorf("--tables: %w", err))
+		}
+	} else {
+		var skipped []cdc.SkippedTable
+		var err error
+		if names, skipped, err = cdc.DefaultTables(ctx, s.src, s.cfg.Publication); err != nil {
+			return nil, err
+		}
+		for _, sk := range skipped {
+			s.cfg.Logger.Warn("skipping table", "table", sk.Table.String(), "reason", sk.Reason)
+		}
+		if len(names) == 0 {
+			return nil, permanent(errors.New("no table to replicate: the source has no table with a primary key; name tables with --tables"))
+		}
+	}
+	var errs []error
+	for _, n := range names {
+		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.tables = append(s.tables, t)
+	}
+	if len(errs) > 0 {
+		return nil, permanent(errors.Join(errs...))
+	}
+	return names, nil
+}
+
+// connectBoth connects to the source and the target URLs (pgsession.Connect); close both with
+// closeBoth.
+func connectBoth(ctx context.Context, source, target string) (src, tgt *pgx.Conn, err error) {
+	if src, err = pgsession.Connect(ctx, source, "source"); err != nil {
+		return nil, nil, err
+	}
+	if tgt, err = pgsession.Connect(ctx, target, "target"); err != nil {
+		src.Close(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return src, tgt, nil
+}
+
+// closeBoth closes the connections connectBoth opened.
+func closeBoth(ctx context.Context, src, tgt *pgx.Conn) {
+	src.Close(ctx)
+	tgt.Close(ctx)
+}
+
+// checkDistinct refuses a target that is the source database under another URL (another host
+// name for the same server, say): the server's start time and the database's oid identify it.
+func checkDistinct(ctx context.Context, src, tgt *pgx.Conn) error {
+	const q = `select pg_postmaster_start_time()::text || '/' || (select oid from pg_database where datname = current_database())::text`
+	var a, b string
+	if err := src.QueryRow(ctx, q).Scan(&a); err != nil {
+		return fmt.Errorf("identify source database: %w", err)
+	}
+	if err := tgt.QueryRow(ctx, q).Scan(&b); err != nil {
+		return fmt.Errorf("identify target database: %w", err)
+	}
+	if a == b {
+		return permanent(errors.New("source and target URLs reach the same database: replicate into another database"))
+	}
+	return nil
+}
+
+// described returns the descriptions of the named selected tables.
+func (s *session) described(names []changebatch.TableName) []changebatch.Table {
+	want := map[changebatch.TableName]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []changebatch.Table
+	for _, t := range s.tables {
+		if want[t.TableName] {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// warnUnselected logs each table of the publication that is not replicated: the slot passes over
+// its changes, so its target copy (if any) stops following the source.
+func (s *session) warnUnselected(ctx context.Context, selected []changebatch.TableName) error {
+	published, err := cdc.PublishedTables(ctx, s.src, s.cfg.Publication)
+	if err != nil {
+		return err
+	}
+	sel := map[changebatch.TableName]bool{}
+	for _, n := range selected {
+		sel[n] = true
+	}
+	for _, n := range published {
+		if !sel[n] {
+			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",
+				"table", n.String(), "publication", s.cfg.Publication)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,176 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+)
+
+// prepareSlot makes sure a usable slot exists, records in the coverage ledger where this
+// session's stream covers what, loads the tables that need it, and returns the LSN to start
+// streaming from.
+//
+// A slot that is missing or invalidated (wal_status lost) is created anew; when the ledger had a
+// segment for it, that segment ends at the target's progress and the range up to the new slot's
+// consistent point is a gap. A slot whose confirmed_flush_lsn is past the target's progress
+// (another consumer, or a target restored from an older backup) streams from there, and the range
+// skipped is a gap too: the stream never silently starts later than the ledger's watermark.
+// Tables that never completed a backfill are loaded; tables with a gap are loaded when
+// --on-gap=backfill. A new slot's own exported snapshot loads them; with an existing slot they load
+// from a fresh snapshot of a temporary slot (keeping what an interrupted load completed), while the
+// main slot keeps their later changes.
+func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
+	cfg := s.cfg
+	if err := s.checkNotRewound(ctx); err != nil {
+		return 0, err
+	}
+	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
+	if err != nil {
+		return 0, err
+	}
+	if slot.Exists {
+		if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
+			return 0, permanent(err)
+		}
+		if err := slot.Busy(cfg.Slot); err != nil {
+			return 0, err
+		}
+	}
+	if slot.Exists && slot.Lost() {
+		if err := cdc.DropSlot(ctx, s.src, cfg.Slot); err != nil {
+			return 0, err
+		}
+		return s.newSlot(ctx, fmt.Sprintf("slot %q was invalidated (wal_status lost): the source removed WAL it still needed (max_slot_wal_keep_size)", cfg.Slot))
+	}
+	if !slot.Exists {
+		return s.newSlot(ctx, fmt.Sprintf("slot %q is missing: it was dropped", cfg.Slot))
+	}
+	progress, known, err := apply.ReadProgress(ctx, s.tgt, cfg.Slot)
+	if err != nil {
+		return 0, err
+	}
+	loaded, err := coverage.LoadedTables(ctx, s.tgt, cfg.Slot)
+	if err != nil {
+		return 0, err
+	}
+	brk := ""
+	start := progress
+	switch {
+	case !known:
+		brk = fmt.Sprintf("the target has no progress for slot %q", cfg.Slot)
+		start, loaded = slot.ConfirmedFlush, nil
+	case progress < slot.ConfirmedFlush:
+		brk = fmt.Sprintf("slot %q has confirmed_flush_lsn %s, past the target's progress %s: another client consumed changes from the slot, or the target was restored from an older backup",
+			cfg.Slot, slot.ConfirmedFlush, progress)
+		start, loaded = slot.ConfirmedFlush, nil
+	}
+	if err := s.recordCoverage(ctx, coverageStart{Stream: start, Break: brk}); err != nil {
+		return 0, err
+	}
+	need, trigger, err := s.tablesToLoad(ctx, loaded)
+	if err != nil {
+		return 0, err
+	}
+	if len(need) > 0 {
+		if err := s.loadTables(ctx, need, trigger, nil, start); err != nil {
+			return 0, err
+		}
+	}
+	return start, s.publishCoverage(ctx, true)
+}
+
+// checkNotRewound refuses a source whose WAL position is behind the target's progress: it was
+// restored from a backup or failed over to a standby that lacks changes the target holds, and it
+// will reuse those LSNs for other changes, which the version rule would then refuse as older.
+func (s *session) checkNotRewound(ctx context.Context) error {
+	progress, known, err := apply.ReadProgress(ctx, s.tgt, s.cfg.Slot)
+	if err != nil || !known {
+		return err
+	}
+	now, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	if now < progress {
+		return permanent(fmt.Errorf("the source's WAL position %s is behind the target's progress %s for slot %q: the source was restored from a backup or failed over to a standby that lacks changes the target holds, and it will reuse those LSNs; the target cannot follow it: replicate into a new target database (or drop the target tables and the pgconverge schema) to load everything again",
+			now, progress, s.cfg.Slot))
+	}
+	return nil
+}
+
+// newSlot creates the slot, records its new segment, and loads the tables that need it from the
+// slot's exported snapshot. brk says why a segment the ledger had open for the slot ended.
+func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error) {
+	cfg := s.cfg
+	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false)
+	if err != nil {
+		return 0, err
+	}
+	cfg.Logger.Info("created replication slot", "slot", cfg.Slot, "consistent_point", created.ConsistentPoint.String())
+	c := created.ConsistentPoint
+	if err := s.recordCoverage(ctx, coverageStart{Stream: c, Created: c, Break: brk}); err != nil {
+		return 0, err
+	}
+	need, trigger, err := s.tablesToLoad(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	if len(need) > 0 {
+		snap := backfill.Snapshot{Name: created.SnapshotName, LSN: c}
+		if err := s.loadTables(ctx, need, trigger, &snap, c); err != nil {
+			return 0, err
+		}
+	}
+	return c, s.publishCoverage(ctx, true)
+}
+
+// loadTables backfills tables before streaming starts (a backfill run with trigger "initial" or
+// "gap"): from snap when it is set (a new slot's own exported snapshot, which stays importable
+// while the replication connection is idle), else from a temporary slot's. Chunks an interrupted
+// load completed at an S at or above keepFrom, where the stream resumes, are kept.
+func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, trigger string, snap *backfill.Snapshot, keepFrom pglogrepl.LSN) error {
+	cfg := s.cfg
+	what := "initial load"
+	if trigger == coverage.TriggerGap {
+		what = "gap backfill"
+	}
+	rep, err := runBackfill(ctx, backfillJob{
+		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger, Slot: cfg.Slot,
+		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows, Snapshot: snap,
+		Resume: true, KeepFrom: keepFrom, Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
+		Progress:   s.mon.BackfillProgress(trigger, NewLogProgress(cfg.Logger, what, 10*time.Second)),
+		AfterChunk: cfg.Knobs.AfterLoadChunk, Monitor: s.mon,
+	})
+	if err == nil {
+		logSequenceSync(ctx, cfg, tables, rep)
+	}
+	return err
+}
+
+// checkSlotStart returns an error wrapping errSlotMoved when the slot, now held by this session's
+// walsender, no longer starts at start. It reads the slot over a connection of its own: the
+// session's source connection belongs to the WAL sampler by now.
+func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error {
+	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot, err := cdc.ReadSlot(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if !slot.Exists || slot.Lost() || slot.ConfirmedFlush > start {
+		return fmt.Errorf("%w: slot %q (exists %v, wal_status %q, confirmed_flush_lsn %s) no longer starts at the target's progress %s; restarting the session to record the gap",
+			errSlotMoved, s.cfg.Slot, slot.Exists, slot.WALStatus, slot.ConfirmedFlush, start)
+	}
+	return nil
+}

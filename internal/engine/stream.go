@@ -1,0 +1,133 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"golang.org/x/sync/errgroup"
+)
+
+// stream runs the session's streaming phase under one errgroup until ctx ends or one of its
+// goroutines fails: the streamer (which owns the replication connection and applies through
+// applyStream), the watcher (the source's WAL position every second, the catalog checks every 5 s,
+// on the session's source connection) and the backfill schedule. The first error ends them all and
+// is returned; the watcher's errors are typed (errMembershipChanged, errEnumChanged,
+// *cdc.SchemaChangeError) so that decide can tell a restart on purpose from a failure. A schema
+// change that needs a reload is recorded before the session ends.
+func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) error {
+	cfg := s.cfg
+	var walEnd atomic.Uint64
+	if err := s.readWALEnd(ctx, &walEnd); err != nil {
+		return err
+	}
+	fences, err := s.reloadFences(ctx)
+	if err != nil {
+		return err
+	}
+	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
+		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables, DescribedAt: describedAt,
+		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
+		SourceWALEnd: func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
+		CheckStart:   func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
+	})
+	if err != nil {
+		return permanent(err)
+	}
+	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
+	defer s.mon.FollowStream(nil)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.watch(gctx, &walEnd) })
+	g.Go(func() error { return s.runSchedule(gctx, start) })
+	g.Go(func() error {
+		if err := streamer.Run(gctx, s.repl); err != nil {
+			return err
+		}
+		return gctx.Err() // ended with its context: by ctx, or by another goroutine's error
+	})
+	err = g.Wait()
+	var schema *cdc.SchemaChangeError
+	if errors.As(err, &schema) {
+		cfg.Logger.Warn("source table changed while streaming (columns, key or storage): restarting the session to follow it",
+			"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
+			"dropped_or_renamed", schema.Dropped, "changed_type", schema.Retyped, "rewritten", schema.Rewritten,
+			"key_changed", schema.KeyChanged, "reload", schema.Reload)
+		if schema.Reload {
+			// The transaction at LSN is left to a backfill read after it.
+			if rerr := apply.RecordSchemaChange(context.WithoutCancel(ctx), s.tgt, schema.Table.TableName, schema.LSN+1, coverage.AbandonBackfills); rerr != nil {
+				return rerr
+			}
+		}
+	}
+	return err
+}
+
+// applyStream is the stream's ApplyFunc: one target transaction with the batches, the progress
+// and, every few seconds, the position up to which the tables' publication membership is
+// confirmed.
+func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error {
+	began := time.Now()
+	tx, err := s.ap.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows := map[string]RowCounts{}
+	for _, b := range batches {
+		res, err := tx.Apply(ctx, b)
+		if err != nil {
+			return err
+		}
+		tab, err := changebatch.TableOf(b.Schema())
+		if err != nil {
+			return err
+		}
+		r := rows[tab.String()]
+		r.Applied, r.Suppressed = r.Applied+res.Applied, r.Suppressed+res.Suppressed
+		rows[tab.String()] = r
+	}
+	if err := tx.SetProgress(ctx, s.cfg.Slot, end); err != nil {
+		return err
+	}
+	confirmed := pglogrepl.LSN(s.confirmed.Load())
+	if confirmed > s.recorded {
+		if err := coverage.ConfirmSpans(ctx, tx.Conn(), s.cfg.Slot, s.names, confirmed); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	s.recorded = max(s.recorded, confirmed)
+	s.mon.StreamApplied(rows, time.Since(began))
+	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
+		if err := s.publishCoverage(ctx, false); err != nil {
+			return err
+		}
+	}
+	if len(batches) > 0 {
+		s.cfg.Logger.Debug("applied", "lsn", end.String(), "applied", tx.Result.Applied,
+			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)
+	}
+	return nil
+}
+
+// enumChange is labelsChanged over a connection of its own (the session's may be broken or busy);
+// nil when the labels cannot be read.
+func (s *session) enumChange(ctx context.Context) error {
+	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(ctx)
+	changed, _ := s.labelsChanged(ctx, conn)
+	return changed
+}

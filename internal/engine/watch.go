@@ -1,0 +1,201 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+)
+
+// syncMemberships records each table's publication membership in the target; a table whose
+// membership changed since it was recorded (it left the publication and came back, or was
+// recreated) is marked for loading. It notes, for the coverage ledger, a source position read
+// before the memberships (up to which unchanged tables were certainly published) and one read
+// after (from which every table certainly is).
+func (s *session) syncMemberships(ctx context.Context, names []changebatch.TableName) error {
+	before, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, names)
+	if err != nil {
+		return err
+	}
+	after, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	for _, t := range s.tables {
+		n := t.TableName
+		tok := tokens[n]
+		if tok == "" {
+			return fmt.Errorf("table %s is not in publication %q after it was added: it was removed concurrently; restart", t, s.cfg.Publication)
+		}
+		old, err := coverage.SyncMembership(ctx, s.tgt, t, tok)
+		if err != nil {
+			return err
+		}
+		if old != "" && old != tok {
+			s.cfg.Logger.Warn("the table's publication membership changed since it was loaded (it left the publication and came back, was recreated, or the publication was altered): loading it again",
+				"table", t.String(), "publication", s.cfg.Publication)
+		}
+	}
+	s.names, s.memberships = names, tokens
+	s.memberBefore, s.memberAfter = before, after
+	return nil
+}
+
+// checkMemberships returns errMembershipChanged when a table's publication membership differs
+// from the one recorded at the session's start, or, with the default selection (no --tables),
+// when a table joined the publication; a *cdc.SchemaChangeError when a table's columns differ
+// from its description, which no Relation message shows until the table's next change; and
+// errEnumChanged when an enum the tables use changed its labels (a renamed label changes rows with
+// no change pgoutput sends). Otherwise every table was published, as at the start, up to the
+// source position read before the previous check (a commit before it was visible to this check,
+// however late its commit record was written); that position goes to the stream, which records it
+// in the ledger with its next transaction (coverage.ConfirmSpans). Other errors are the source's.
+func (s *session) checkMemberships(ctx context.Context) error {
+	before, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, s.names)
+	if err != nil {
+		return err
+	}
+	changed, err := cdc.ChangedColumns(ctx, s.src, s.tables, before)
+	if err != nil {
+		return err
+	}
+	if changed != nil {
+		return changed
+	}
+	if changed, err := s.labelsChanged(ctx, s.src); changed != nil || err != nil {
+		return errors.Join(changed, err)
+	}
+	for n, tok := range s.memberships {
+		if tokens[n] != tok {
+			return fmt.Errorf("%w for table %s (ALTER PUBLICATION … DROP/ADD TABLE, the table was recreated, or a partition was attached, detached, created, dropped or truncated): restarting the session to load it again",
+				errMembershipChanged, n)
+		}
+	}
+	if len(s.cfg.Tables) == 0 {
+		// The default selection is the publication's tables: one added to it is selected now.
+		names, _, err := cdc.DefaultTables(ctx, s.src, s.cfg.Publication)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if _, ok := s.memberships[n]; !ok {
+				return fmt.Errorf("%w: table %s joined publication %q: restarting the session to load and stream it",
+					errMembershipChanged, n, s.cfg.Publication)
+			}
+		}
+	}
+	if s.lastCheck != 0 {
+		s.confirmed.Store(uint64(s.lastCheck))
+	}
+	s.lastCheck = before
+	return nil
+}
+
+// labelsChanged returns an error wrapping errEnumChanged when an enum the tables use has other
+// labels on the source (read over conn) than at the session's start.
+func (s *session) labelsChanged(ctx context.Context, conn *pgx.Conn) (changed, err error) {
+	if len(s.enums) == 0 {
+		return nil, nil
+	}
+	labels, err := cdc.EnumLabels(ctx, conn, slices.Collect(maps.Keys(s.enums)))
+	if err != nil {
+		return nil, err
+	}
+	for name, l := range s.enums {
+		if !slices.Equal(labels[name], l) {
+			return fmt.Errorf("%w: %s now has labels %q (had %q): restarting the session to change the target's type alike",
+				errEnumChanged, name, labels[name], l), nil
+		}
+	}
+	return nil, nil
+}
+
+// sampleSlotHealth reports the slot's health to the monitor, when there is one.
+func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) error {
+	if s.cfg.Monitor == nil {
+		return nil
+	}
+	h, err := readSlotHealth(ctx, s.src, s.cfg.Slot, now)
+	if err != nil {
+		return err
+	}
+	s.mon.SlotHealth(h)
+	return nil
+}
+
+// readWALEnd stores the source's current WAL position (cdc.CurrentLSN) in lsn.
+func (s *session) readWALEnd(ctx context.Context, lsn *atomic.Uint64) error {
+	l, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return err
+	}
+	lsn.Store(uint64(l))
+	return nil
+}
+
+// watch owns the session's source connection while the stream runs: every second it stores the
+// source's current WAL position in lsn (the stream's lag), every 5 s it checks the tables'
+// publication membership, columns and enums (checkMemberships) and samples the slot's health. It
+// returns the first change that ends the session (errMembershipChanged, errEnumChanged,
+// *cdc.SchemaChangeError), a failed read of the source as a watchError, or ctx's error when ctx
+// ends.
+func (s *session) watch(ctx context.Context, lsn *atomic.Uint64) error {
+	err := s.watchLoop(ctx, lsn)
+	if err == nil || ctx.Err() != nil || decide(err) == restart {
+		return err
+	}
+	return watchError{err}
+}
+
+// watchError is a failed catalog or WAL read of the watcher: the session ends and the next one
+// starts after a backoff, whatever the SQLSTATE (a catalog read can fail on a relation dropped
+// meanwhile), since a session that cannot watch the source must not stream on unwatched.
+type watchError struct{ err error }
+
+// Error returns the failed read's message.
+func (e watchError) Error() string { return "watch the source: " + e.err.Error() }
+
+// Unwrap returns the failed read's error.
+func (e watchError) Unwrap() error { return e.err }
+
+// watchLoop is watch's loop.
+func (s *session) watchLoop(ctx context.Context, lsn *atomic.Uint64) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if err := s.readWALEnd(ctx, lsn); err != nil {
+			return err
+		}
+		if n%5 != 0 {
+			continue
+		}
+		if err := s.checkMemberships(ctx); err != nil {
+			return err
+		}
+		if err := s.sampleSlotHealth(ctx, pglogrepl.LSN(lsn.Load())); err != nil {
+			return err
+		}
+	}
+}

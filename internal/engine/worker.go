@@ -1,0 +1,365 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"golang.org/x/sync/errgroup"
+)
+
+// chunkAttempts bounds how often a chunk is tried when its target transaction loses a deadlock
+// or a serialization conflict with the stream.
+const chunkAttempts = 3
+
+// backfillWorker applies chunks, each in one transaction over its own target connection, while
+// its reader reads the next chunk ahead over its own source connection, so the target never waits
+// for a chunk's first rows.
+type backfillWorker struct {
+	source    string
+	src, tgt  *pgx.Conn
+	reread    *pgx.Conn // a second source connection for reading a chunk again, opened when needed
+	ap        *apply.Applier
+	snap      backfill.Snapshot
+	batchRows int
+	log       *slog.Logger
+	// afterMergedBatch is backfillJob.AfterMergedBatch.
+	afterMergedBatch func()
+}
+
+// chunkDone is what applying one chunk did.
+type chunkDone struct {
+	rows   int64
+	result apply.Result
+	// reread is true when an interrupted run had started this chunk before.
+	reread bool
+}
+
+func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snapshot) (*backfillWorker, error) {
+	src, err := pgsession.Connect(ctx, job.Source, "source")
+	if err != nil {
+		return nil, err
+	}
+	tgt, err := pgsession.Connect(ctx, job.Target, "target")
+	if err != nil {
+		src.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &backfillWorker{source: job.Source, src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
+		log: job.Logger, afterMergedBatch: job.AfterMergedBatch}, nil
+}
+
+func (w *backfillWorker) close() {
+	ctx := context.Background()
+	for _, c := range []*pgx.Conn{w.src, w.tgt, w.reread} {
+		if c != nil {
+			c.Close(ctx)
+		}
+	}
+}
+
+// chunkRead is a chunk being read: its batches arrive on batches, which closes when reading ended;
+// wait then returns the rows read or the error.
+type chunkRead struct {
+	cw      chunkWork
+	batches <-chan arrow.RecordBatch
+	wait    func() (int64, error)
+}
+
+// read starts reading chunk cw over conn in a goroutine, at most two batches ahead of the
+// consumer.
+func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork) chunkRead {
+	batches := make(chan arrow.RecordBatch, 2)
+	ended := make(chan struct{})
+	var rows int64
+	var err error
+	go func() {
+		defer close(ended)
+		defer close(batches)
+		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.rest(), w.batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+			rec.Retain()
+			select {
+			case batches <- rec:
+				return nil
+			case <-ctx.Done():
+				rec.Release()
+				return ctx.Err()
+			}
+		})
+	}()
+	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }}
+}
+
+// run applies the chunks of work until it closes, calling onDone after each; its reader reads one
+// chunk ahead. When it returns, no read of its connections is running.
+func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone func(chunkWork, chunkDone) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	ready := make(chan chunkRead, 1)
+	g.Go(func() error {
+		defer close(ready)
+		for cw := range work {
+			r := w.read(gctx, w.src, cw)
+			select {
+			case ready <- r:
+			case <-gctx.Done():
+				drain(r)
+				return gctx.Err()
+			}
+			if _, err := r.wait(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	g.Go(func() error {
+		for r := range ready {
+			done, err := w.chunk(gctx, r)
+			if err != nil {
+				return err
+			}
+			if err := onDone(r.cw, done); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	err := g.Wait()
+	for r := range ready { // read ahead, never applied: let its reader end before the connection closes
+		drain(r)
+	}
+	return err
+}
+
+// chunk applies the chunk r reads, retrying after a lost deadlock or serialization conflict, and
+// counts it completed in its table. It first tries the direct COPY, unless that met existing keys
+// of the table maxDirectConflicts times in this run; when the target holds keys of the chunk, the
+// chunk is read again and merged batch by batch.
+func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, error) {
+	cw := r.cw
+	before, err := coverage.StartChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
+	if err != nil {
+		drain(r)
+		return chunkDone{}, err
+	}
+	cw.tr.mu.Lock()
+	direct := cw.tr.directConflicts < maxDirectConflicts
+	cw.tr.mu.Unlock()
+	var total chunkDone
+	for attempt := 1; ; {
+		var done chunkDone
+		if direct {
+			done, err = w.copyChunk(ctx, r)
+		} else {
+			done, err = w.mergeChunk(ctx, r, &cw)
+		}
+		total.rows += done.rows
+		total.result.Add(done.result)
+		if err == nil {
+			total.reread = before > 0
+			cw.tr.mu.Lock()
+			cw.tr.open--
+			cw.tr.rows += total.rows
+			cw.tr.mu.Unlock()
+			return total, nil
+		}
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, errKeysPresent):
+			cw.tr.mu.Lock()
+			cw.tr.directConflicts++
+			cw.tr.mu.Unlock()
+			direct = false
+		case attempt < chunkAttempts && errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.DeadlockDetected || pgErr.Code == pgerrcode.SerializationFailure):
+			w.log.Warn("chunk lost a conflict with a concurrent writer, reading the rest of it again", "table", cw.tr.t.String(),
+				"chunk", cw.ordinal, "attempt", attempt, "err", err)
+			attempt++
+		default:
+			return chunkDone{}, err
+		}
+		if w.reread == nil || w.reread.IsClosed() {
+			if w.reread, err = pgsession.Connect(ctx, w.source, "source"); err != nil {
+				return chunkDone{}, err
+			}
+		}
+		r = w.read(ctx, w.reread, cw)
+	}
+}
+
+// drain releases the rest of r's batches and waits for its reader to end.
+func drain(r chunkRead) {
+	for rec := range r.batches {
+		rec.Release()
+	}
+	r.wait()
+}
+
+// maxDirectConflicts is how often the direct COPY of a table's chunks may meet keys the target
+// already holds before a run merges every further chunk of the table: a table the target already
+// holds (a repair) then costs three aborted copies, an empty one never pays for the merge.
+const maxDirectConflicts = 3
+
+// errKeysPresent says the target already holds keys of a chunk the direct COPY tried to insert.
+var errKeysPresent = errors.New("the target holds keys of the chunk")
+
+// beginChunkTx starts a target transaction for backfill rows. Its commit does not wait for the WAL
+// flush: the rows commit with their ledger row and nothing outside the target learns of the
+// commit, so if a crash loses it they are simply read again; the daemon's progress commits, which
+// must wait, flush it along with theirs.
+func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
+	tx, err := w.ap.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Conn().Exec(ctx, `set local synchronous_commit = off`); err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
+}
+
+// copyChunk applies the batches r reads with one direct COPY in one target transaction, together
+// with the chunk's ledger row; it fails with errKeysPresent when the target holds any of the
+// chunk's keys. It consumes every batch of r.
+func (w *backfillWorker) copyChunk(ctx context.Context, r chunkRead) (chunkDone, error) {
+	var done chunkDone
+	defer drain(r)
+	tx, err := w.beginChunkTx(ctx)
+	if err != nil {
+		return done, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	res, conflict, copyErr := tx.CopySnapshot(ctx, r.cw.tr.t, r.batches)
+	drain(r)
+	rows, err := r.wait()
+	switch {
+	case err != nil:
+		return done, err
+	case conflict:
+		return done, errKeysPresent
+	case copyErr != nil:
+		return done, copyErr
+	}
+	if err := coverage.ChunkProgress(ctx, tx.Conn(), r.cw.tr.id, r.cw.ordinal, w.snap.LSN, nil, rows, true); err != nil {
+		return done, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return done, err
+	}
+	return chunkDone{rows: rows, result: res}, nil
+}
+
+// mergeChunk applies the batches r reads through the merge of the apply step, each batch in its
+// own short target transaction with the chunk's progress (its last key), so that rows the stream
+// is also writing are locked only briefly; *cw follows the progress, and the chunk is recorded
+// completed after its last batch. It consumes every batch of r.
+func (w *backfillWorker) mergeChunk(ctx context.Context, r chunkRead, cw *chunkWork) (chunkDone, error) {
+	var done chunkDone
+	defer drain(r)
+	keys := cw.tr.t.KeyOrder()
+	for rec := range r.batches {
+		err := w.mergeBatch(ctx, rec, cw, keys, &done)
+		rec.Release()
+		if err != nil {
+			return done, err
+		}
+	}
+	if _, err := r.wait(); err != nil {
+		return done, err
+	}
+	tx, err := w.beginChunkTx(ctx)
+	if err != nil {
+		return done, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := coverage.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, nil, 0, true); err != nil {
+		return done, err
+	}
+	return done, tx.Commit(ctx)
+}
+
+// mergeBatch applies one batch of chunk *cw in its own transaction and moves the chunk's progress
+// to the batch's last key.
+func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, cw *chunkWork, keys []int, done *chunkDone) error {
+	v, err := changebatch.NewView(rec)
+	if err != nil || v.Len() == 0 {
+		return err
+	}
+	last := make([]string, len(keys))
+	for i, k := range keys {
+		last[i] = v.Value(v.Len()-1, k).Text
+	}
+	tx, err := w.beginChunkTx(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	res, err := tx.ApplySnapshot(ctx, rec)
+	if err != nil {
+		return err
+	}
+	n := int64(v.Len())
+	if err := coverage.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, last, n, false); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	cw.doneKey = last
+	done.rows += n
+	done.result.Add(res)
+	if w.afterMergedBatch != nil {
+		w.afterMergedBatch()
+	}
+	return nil
+}
+
+// finishIfComplete completes tr's backfill once its plan is complete and every chunk completed:
+// in one transaction it records the table backfilled at the smallest S of its chunks, raises the
+// table's fence to that S and turns every live row older than it into a tombstone (a row no chunk
+// read: the source had deleted it), unless tr.unwritten says there can be none. It returns how many rows it turned, or -1 when tr is not
+// complete (or another worker finished it).
+func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log *slog.Logger) (int64, error) {
+	tr.mu.Lock()
+	complete := tr.planned && tr.open == 0 && !tr.finished
+	tr.finished = tr.finished || complete
+	tr.mu.Unlock()
+	if !complete {
+		return -1, nil
+	}
+	tx, err := w.ap.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	s, err := coverage.FinishTableBackfill(ctx, tx.Conn(), tr.id)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if tr.unwritten {
+		// Nothing older than S can be there: skip scanning the whole table for it.
+		err = tx.RaiseFence(ctx, tr.t, changebatch.Version{LSN: s})
+	} else {
+		n, err = tx.Fence(ctx, tr.t, changebatch.Version{LSN: s})
+	}
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	tr.mu.Lock()
+	tr.result = &TableResult{Table: tr.t.String(), BackfilledAt: s, Rows: tr.rows}
+	tr.mu.Unlock()
+	log.Info("backfilled table", "table", tr.t.String(), "rows", tr.rows, "backfilled_at", s.String(), "tombstoned_absent", n)
+	return n, nil
+}
