@@ -16,6 +16,9 @@ type SlotInfo struct {
 	Exists   bool
 	Plugin   string
 	Database string
+	// ThisDatabase is true for a slot of the database conn is connected to (current_database()),
+	// or of none (a physical slot).
+	ThisDatabase bool
 	// ConfirmedFlush is the position up to which the consumer confirmed it holds every change.
 	ConfirmedFlush pglogrepl.LSN
 	// WALStatus is reserved, extended, unreserved or lost (PostgreSQL docs, pg_replication_slots).
@@ -36,8 +39,8 @@ func ReadSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, error
 	var plugin, db, status *string
 	var pid *int32
 	err := conn.QueryRow(ctx, `select plugin::text, database::text, confirmed_flush_lsn::text, wal_status, active_pid,
-  restart_lsn::text, safe_wal_size
-from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize)
+  restart_lsn::text, safe_wal_size, database is null or database = current_database()
+from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize, &s.ThisDatabase)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}

@@ -151,18 +151,8 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 	for _, h := range append(slices.Clone(f.MoreSlots), f.Slots...) {
 		slots[h.Name] = h
 	}
-	for _, st := range states {
-		if !st.Streaming {
-			continue
-		}
-		if st.Source != "" && st.Source != f.SourceID {
-			return rep, fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
-				ErrOtherSource, st.Table, st.Source, f.SourceID)
-		}
-		if f.AfterLSN < st.Ledger.Watermark {
-			return rep, fmt.Errorf("%w: the source's WAL position %s is behind %s's watermark %s: the source was restored from a backup or failed over to a standby that lacks changes the target holds; the target must be loaded again into a new database",
-				ErrOtherSource, f.AfterLSN, st.Table, st.Ledger.Watermark)
-		}
+	if err := CheckStreamSource(states, f.SourceID, f.AfterLSN); err != nil {
+		return rep, err
 	}
 	rep.Covered = true
 	for _, st := range states {
@@ -179,6 +169,27 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 	}
 	slices.SortFunc(rep.Tables, func(a, b TableReport) int { return strings.Compare(a.Table, b.Table) })
 	return rep, nil
+}
+
+// CheckStreamSource returns an error wrapping ErrOtherSource when a streamed table of states is
+// followed from another source database than sourceID (cdc.SourceID), or when the source's WAL
+// position after, read after the ledger, is behind a table's watermark (the source was restored
+// from a backup or failed over to a standby that lacks changes the target holds).
+func CheckStreamSource(states map[changebatch.TableName]*TableState, sourceID string, after pglogrepl.LSN) error {
+	for _, st := range states {
+		if !st.Streaming {
+			continue
+		}
+		if st.Source != "" && st.Source != sourceID {
+			return fmt.Errorf("%w: the target's ledger follows %s from source database %s (system identifier/database), but the source URL reaches %s: pass the source URL the daemon replicates from",
+				ErrOtherSource, st.Table, st.Source, sourceID)
+		}
+		if after < st.Ledger.Watermark {
+			return fmt.Errorf("%w: the source's WAL position %s is behind %s's watermark %s: the source was restored from a backup or failed over to a standby that lacks changes the target holds; the target must be loaded again into a new database",
+				ErrOtherSource, after, st.Table, st.Ledger.Watermark)
+		}
+	}
+	return nil
 }
 
 // OpenSlots returns the slots with an open stream segment in the ledger, the slots a report

@@ -154,7 +154,8 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	if rep.RunID, err = coverage.StartRun(ctx, ctrl, job.Trigger, job.Slot, job.Workers, job.ChunkRows); err != nil {
 		return rep, err
 	}
-	defer func() { err = endRun(ctx, ctrl, job, rep, err) }()
+	log := job.Logger
+	defer func() { err = endRun(ctx, ctrl, job.Target, log, rep, err) }()
 	snap := job.Snapshot
 	if snap == nil {
 		exp, err := backfill.Export(ctx, job.Source)
@@ -165,20 +166,22 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 		snap = &exp.Snapshot
 	}
 	rep.Snapshot = snap.LSN
-	return rep, runTables(ctx, ctrl, job, *snap, tables, &rep)
+	log = log.With("run", rep.RunID, "snapshot_lsn", snap.LSN.String())
+	err = runTables(ctx, ctrl, job, *snap, tables, &rep, log)
+	return rep, err
 }
 
 // endRun records the end of run rep.RunID as runErr says (completed, failed or interrupted) and
 // returns runErr, or the error of recording the end when runErr is nil. A run stopped by a rewrite
 // of a source table is abandoned: chunks read before a rewrite or TRUNCATE may hold rows the table
 // no longer has, so the next run starts the table over instead of resuming.
-func endRun(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep BackfillReport, runErr error) error {
+func endRun(ctx context.Context, ctrl *pgx.Conn, target string, log *slog.Logger, rep BackfillReport, runErr error) error {
 	// A cancellation during a query closes the connection (pgx); record the end over a new one.
 	conn, ectx := ctrl, context.WithoutCancel(ctx)
 	if conn.IsClosed() {
-		c, err := pgsession.Connect(ectx, job.Target, "target")
+		c, err := pgsession.Connect(ectx, target, "target")
 		if err != nil {
-			job.Logger.Error("record the end of the backfill run", "run", rep.RunID, "err", err)
+			log.Error("record the end of the backfill run", "run", rep.RunID, "err", err)
 			return runErr
 		}
 		defer c.Close(ectx)
@@ -188,11 +191,11 @@ func endRun(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep BackfillRe
 		if runErr == nil {
 			return err
 		}
-		job.Logger.Error("record the end of the backfill run", "run", rep.RunID, "err", err)
+		log.Error("record the end of the backfill run", "run", rep.RunID, "err", err)
 	}
 	if errors.Is(runErr, backfill.ErrRewritten) {
 		if err := coverage.AbandonRun(ectx, conn, rep.RunID); err != nil {
-			job.Logger.Error("abandon the backfills of a run stopped by a rewrite", "run", rep.RunID, "err", err)
+			log.Error("abandon the backfills of a run stopped by a rewrite", "run", rep.RunID, "err", err)
 		}
 	}
 	return runErr
@@ -200,9 +203,8 @@ func endRun(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep BackfillRe
 
 // runTables backfills the locked tables of run rep.RunID from snap: it starts (or adopts) each
 // table's backfill, reads and applies their chunks (runChunks), finishes the tables whose chunks
-// all completed, and fills in rep.
-func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfill.Snapshot, tables []changebatch.Table, rep *BackfillReport) error {
-	log := job.Logger.With("run", rep.RunID, "snapshot_lsn", snap.LSN.String())
+// all completed, and fills in rep. It logs on log, which names the run and its snapshot.
+func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfill.Snapshot, tables []changebatch.Table, rep *BackfillReport, log *slog.Logger) error {
 	names := make([]string, len(tables))
 	for i, t := range tables {
 		names[i] = t.String()

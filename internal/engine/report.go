@@ -91,6 +91,10 @@ func CoverageReport(ctx context.Context, cfg CoverageConfig) (Report, error) {
 	if f.AfterLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
 		return Report{}, err
 	}
+	// A wrong source is refused before anything else of it is read.
+	if err := coverage.CheckStreamSource(states, f.SourceID, f.AfterLSN); err != nil {
+		return Report{}, err
+	}
 	if err := sourceFacts(ctx, src, tgt, states, names, &f); err != nil {
 		return Report{}, err
 	}
@@ -169,7 +173,7 @@ func readSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogre
 	if err != nil {
 		return h, err
 	}
-	h.Exists = s.Exists && (s.Database == "" || s.Database == src.Config().Database)
+	h.Exists = s.Exists && s.ThisDatabase
 	if h.Exists {
 		h.Plugin, h.Active, h.WALStatus, h.SafeWALSizeBytes = s.Plugin, s.ActivePID != 0, s.WALStatus, s.SafeWALSize
 		if s.RestartLSN != 0 {

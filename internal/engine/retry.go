@@ -66,13 +66,14 @@ func decide(err error) decision {
 	var perm permanentError
 	var schema *cdc.SchemaChangeError
 	var watch watchError
+	var enumCheck enumCheckError
 	switch {
 	case errors.As(err, &perm):
 		return stop
 	case errors.Is(err, errMembershipChanged), errors.Is(err, errSlotMoved), errors.Is(err, errEnumChanged),
 		errors.As(err, &schema):
 		return restart
-	case errors.As(err, &watch), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
+	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
 		return backOff

@@ -34,6 +34,7 @@ func TestRetryable(t *testing.T) {
 		{"publication dropped while the slot needed it", fmt.Errorf("stream: %w: %w", cdc.ErrPublicationMissing, &pgconn.PgError{Code: "42704"}), false},
 		{"undefined object otherwise", pg("42704"), false},
 		{"a failed catalog read of the watcher", watchError{pg("XX000")}, true},
+		{"a refused value the enum labels could not be checked for", enumCheckError{pg("22P02")}, true},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
 	}
 	for _, c := range cases {

@@ -58,19 +58,36 @@ var errEnumChanged = errors.New("enum labels changed on the source")
 var errMembershipChanged = errors.New("publication membership changed")
 
 // runSession connects to both sides, prepares the tables and the slot, and streams until ctx ends
-// or something fails. A failure that the source's enum labels explain (the target refused a label
-// the source added since the session started) is returned as errEnumChanged.
+// or something fails. A value the target refused as invalid (22P02) while the tables use enums is
+// checked against the source's enum labels: a label the source added or renamed since the session
+// started explains it (errEnumChanged, the next session changes the target's type alike); when
+// the labels cannot be read, it is returned as a transient enumCheckError, so the daemon retries
+// rather than stops on what it could not tell apart.
 func runSession(ctx context.Context, cfg Config) error {
 	s := &session{cfg: cfg, mon: cfg.monitor()}
 	defer s.close()
 	err := s.run(ctx)
-	if err != nil && ctx.Err() == nil && s.enums != nil && isCode(err, pgerrcode.InvalidTextRepresentation) {
-		if changed := s.enumChange(context.WithoutCancel(ctx)); changed != nil {
+	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && isCode(err, pgerrcode.InvalidTextRepresentation) {
+		changed, cerr := s.enumChange(ctx)
+		switch {
+		case changed != nil:
 			return fmt.Errorf("%w: %w", changed, err)
+		case cerr != nil:
+			return enumCheckError{fmt.Errorf("%w (and the source's enum labels could not be read to tell whether a new label explains it: %w)", err, cerr)}
 		}
 	}
 	return err
 }
+
+// enumCheckError is a value the target refused while the source's enum labels, which may explain
+// it, could not be read: decide backs off and the next session looks again.
+type enumCheckError struct{ err error }
+
+// Error returns the refusal's message.
+func (e enumCheckError) Error() string { return e.err.Error() }
+
+// Unwrap returns the refusal.
+func (e enumCheckError) Unwrap() error { return e.err }
 
 // run is the session's work in order: connect and check, prepare the tables, the publication and
 // the slot (loading what needs it), then stream.

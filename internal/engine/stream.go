@@ -120,14 +120,12 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	return nil
 }
 
-// enumChange is labelsChanged over a connection of its own (the session's may be broken or busy);
-// nil when the labels cannot be read.
-func (s *session) enumChange(ctx context.Context) error {
+// enumChange is labelsChanged over a connection of its own (the session's may be broken or busy).
+func (s *session) enumChange(ctx context.Context) (changed, err error) {
 	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	defer conn.Close(ctx)
-	changed, _ := s.labelsChanged(ctx, conn)
-	return changed
+	defer conn.Close(context.WithoutCancel(ctx))
+	return s.labelsChanged(ctx, conn)
 }

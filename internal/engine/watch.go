@@ -127,17 +127,20 @@ func (s *session) labelsChanged(ctx context.Context, conn *pgx.Conn) (changed, e
 	return nil, nil
 }
 
-// sampleSlotHealth reports the slot's health to the monitor, when there is one.
-func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) error {
+// sampleSlotHealth reports the slot's health to the monitor, when there is one. It only feeds
+// metrics: a failed read is logged at WARN and the stream goes on (the next sample tries again).
+func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
 	if s.cfg.Monitor == nil {
-		return nil
+		return
 	}
 	h, err := readSlotHealth(ctx, s.src, s.cfg.Slot, now)
 	if err != nil {
-		return err
+		if ctx.Err() == nil {
+			s.cfg.Logger.Warn("slot health not sampled: its metrics keep their last values", "slot", s.cfg.Slot, "err", err)
+		}
+		return
 	}
 	s.mon.SlotHealth(h)
-	return nil
 }
 
 // readWALEnd stores the source's current WAL position (cdc.CurrentLSN) in lsn.
@@ -152,8 +155,8 @@ func (s *session) readWALEnd(ctx context.Context, lsn *atomic.Uint64) error {
 
 // watch owns the session's source connection while the stream runs: every second it stores the
 // source's current WAL position in lsn (the stream's lag), every 5 s it checks the tables'
-// publication membership, columns and enums (checkMemberships) and samples the slot's health. It
-// returns the first change that ends the session (errMembershipChanged, errEnumChanged,
+// publication membership, columns and enums (checkMemberships) and samples the slot's health
+// (sampleSlotHealth, for metrics only). It returns the first change that ends the session (errMembershipChanged, errEnumChanged,
 // *cdc.SchemaChangeError), a failed read of the source as a watchError, or ctx's error when ctx
 // ends.
 func (s *session) watch(ctx context.Context, lsn *atomic.Uint64) error {
@@ -194,8 +197,6 @@ func (s *session) watchLoop(ctx context.Context, lsn *atomic.Uint64) error {
 		if err := s.checkMemberships(ctx); err != nil {
 			return err
 		}
-		if err := s.sampleSlotHealth(ctx, pglogrepl.LSN(lsn.Load())); err != nil {
-			return err
-		}
+		s.sampleSlotHealth(ctx, pglogrepl.LSN(lsn.Load()))
 	}
 }
