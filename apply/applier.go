@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -157,11 +159,33 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		sql, args := upsertSQL(v.Table, stage, moved)
 		tag, err := t.tx.Exec(ctx, sql, args...)
 		if err != nil {
-			return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, err)
+			return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, describeConstraint(err))
 		}
 		applied += tag.RowsAffected()
 	}
 	return Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}, nil
+}
+
+// describeConstraint returns err, a violation of one of the target's integrity constraints (SQLSTATE
+// class 23: a CHECK, unique index, foreign key or NOT NULL the source's row does not meet), with
+// the constraint, the row the server names (its Detail) and the fix; other errors unchanged.
+func describeConstraint(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Code, "23") {
+		return err
+	}
+	table := pgx.Identifier{pgErr.SchemaName, pgErr.TableName}.Sanitize()
+	what, fix := "a constraint", "ALTER TABLE "+table+" DROP CONSTRAINT …"
+	if pgErr.ConstraintName != "" {
+		what = fmt.Sprintf("constraint %q", pgErr.ConstraintName)
+		fix = "ALTER TABLE " + table + " DROP CONSTRAINT " + pgx.Identifier{pgErr.ConstraintName}.Sanitize()
+	}
+	detail := ""
+	if pgErr.Detail != "" {
+		detail = " (" + pgErr.Detail + ")"
+	}
+	return fmt.Errorf("the target refused a source row by %s of %s%s: the target has a constraint the source's rows do not meet; change or drop it on the target (%s), and the same changes are applied then, none skipped: %w",
+		what, table, detail, fix, err)
 }
 
 // lookupMoved fills the unchanged columns of moved row r from the newest live target row among

@@ -73,6 +73,9 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 		return t, fmt.Errorf("source table %s has REPLICA IDENTITY NOTHING: updates and deletes cannot be matched; run ALTER TABLE %s REPLICA IDENTITY DEFAULT and give it a primary key", t, t.Quoted())
 	}
 	t.SourceOID = oid
+	if err := checkImmediateKey(ctx, conn, t, oid, ident); err != nil {
+		return t, err
+	}
 	keys, err := keyColumns(ctx, conn, oid, ident)
 	if err != nil {
 		return t, fmt.Errorf("read key of source table %s: %w", t, err)
@@ -123,6 +126,29 @@ where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated
 	return t, t.Validate()
 }
 
+// checkImmediateKey refuses a table whose key would be a DEFERRABLE primary key (the replica
+// identity of REPLICA IDENTITY DEFAULT or FULL): PostgreSQL does not take a deferrable index as
+// replica identity, so with REPLICA IDENTITY DEFAULT the table has none and, once published, every
+// UPDATE and DELETE on the source fails; and one statement may pass through duplicate keys
+// (UPDATE t SET id = id + 1), whose changes cannot be applied key by key (PostgreSQL docs §31.1
+// "Publication", and CREATE TABLE "DEFERRABLE").
+func checkImmediateKey(ctx context.Context, conn *pgx.Conn, t changebatch.Table, oid uint32, ident string) error {
+	if ident == "i" {
+		return nil // PostgreSQL accepts only an immediate index as replica identity index
+	}
+	var constraint string
+	err := conn.QueryRow(ctx, `select coalesce((select conname::text from pg_constraint where conindid = i.indexrelid and conrelid = i.indrelid), '')
+from pg_index i where i.indrelid = $1 and i.indisprimary and not i.indimmediate`, oid).Scan(&constraint)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read key of source table %s: %w", t, err)
+	}
+	return fmt.Errorf("source table %s has a DEFERRABLE primary key (%s), which PostgreSQL cannot use as replica identity (a published table without one fails every UPDATE and DELETE on the source) and which lets one statement pass through duplicate keys: make it NOT DEFERRABLE (ALTER TABLE %s ALTER CONSTRAINT %s NOT DEFERRABLE), or add a unique index on NOT NULL columns that is not deferrable and run ALTER TABLE %s REPLICA IDENTITY USING INDEX <index>, or leave the table out",
+		t, constraint, t.Quoted(), pgx.Identifier{constraint}.Sanitize(), t.Quoted())
+}
+
 // keyColumns maps the attribute numbers of the replica identity key to their 1-based position in
 // its index: the index marked as replica identity for REPLICA IDENTITY USING INDEX, else the
 // primary key.
@@ -154,7 +180,7 @@ type SkippedTable struct {
 
 // DefaultTables chooses the tables to replicate when none are named: every table of the
 // publication when it exists (pg_publication_tables: the partitioned tables when it publishes via
-// the partition root, else their partitions), else every user table that has a primary key or a
+// the partition root, else their partitions), else every user table that has a primary key (not DEFERRABLE) or a
 // replica identity index, where a partitioned table counts as one table and its partitions are
 // left out (they are replicated through it). Tables left out are returned with the reason.
 func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]changebatch.TableName, []SkippedTable, error) {
@@ -167,7 +193,12 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]c
 		return names, nil, err
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
-  exists (select 1 from pg_index i where i.indrelid = c.oid and (i.indisprimary or i.indisreplident)) and c.relreplident <> 'n'
+  case when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING'
+    when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisreplident and c.relreplident = 'i') then ''
+    when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate)
+      then 'its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: make it NOT DEFERRABLE to replicate the table'
+    when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) then ''
+    else 'no primary key or replica identity index' end
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where c.relkind in ('r', 'p') and not c.relispartition and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
   and n.nspname not like 'pg\_%'
@@ -180,14 +211,14 @@ order by 1, 2`)
 	var skipped []SkippedTable
 	for rows.Next() {
 		var n changebatch.TableName
-		var keyed bool
-		if err := rows.Scan(&n.Schema, &n.Name, &keyed); err != nil {
+		var unkeyed string
+		if err := rows.Scan(&n.Schema, &n.Name, &unkeyed); err != nil {
 			return nil, nil, fmt.Errorf("list source tables: %w", err)
 		}
-		if keyed {
+		if unkeyed == "" {
 			names = append(names, n)
 		} else {
-			skipped = append(skipped, SkippedTable{n, "no primary key or replica identity index"})
+			skipped = append(skipped, SkippedTable{n, unkeyed})
 		}
 	}
 	return names, skipped, rows.Err()

@@ -3,6 +3,7 @@ package coverage
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -32,6 +33,10 @@ type TableState struct {
 	// Membership is the publication membership token (of Publication, the publication of the
 	// stream that follows the table) the open span began with.
 	Membership, Publication string
+	// WatermarkAge is how long ago the stream last recorded its progress (the target's clock:
+	// pgconverge.progress.updated_at); a running daemon records it at least every few seconds,
+	// idle source or not (keepalives move it), so a growing age means no daemon follows.
+	WatermarkAge time.Duration
 	// Source is the source database the stream reads (cdc.SourceID), "" when not recorded.
 	Source string
 	// SchemaChanged is the table's schema_changed_lsn (apply.EnsureTable), 0 when none: backfill
@@ -79,7 +84,8 @@ from pgconverge.tables`)
 func readSpans(ctx context.Context, db DB, out map[changebatch.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `select t.schema_name, t.table_name, s.slot, coalesce(s.publication, ''), coalesce(s.source, ''), t.start_lsn::text,
   coalesce(t.end_lsn, greatest(t.start_lsn, p.applied_lsn), t.start_lsn)::text, t.end_lsn is null,
-  t.confirmed_lsn::text, coalesce(t.end_reason, ''), coalesce(t.membership, '')
+  t.confirmed_lsn::text, coalesce(t.end_reason, ''), coalesce(t.membership, ''),
+  coalesce(extract(epoch from now() - p.updated_at), 0)::float8
 from pgconverge.table_spans t
 join pgconverge.stream_segments s on s.id = t.segment_id
 join pgconverge.tables g on g.schema_name = t.schema_name and g.table_name = t.table_name and g.generation = t.generation
@@ -93,7 +99,8 @@ order by t.id`)
 		var n changebatch.TableName
 		var slot, pub, source, start, end, confirmed, reason, member string
 		var open bool
-		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &source, &start, &end, &open, &confirmed, &reason, &member); err != nil {
+		var age float64
+		if err := rows.Scan(&n.Schema, &n.Name, &slot, &pub, &source, &start, &end, &open, &confirmed, &reason, &member, &age); err != nil {
 			return fmt.Errorf("read coverage ledger spans: %w", err)
 		}
 		st := out[n]
@@ -110,6 +117,7 @@ order by t.id`)
 		st.Streaming, st.LastEndReason = open, reason
 		if open {
 			st.Slot, st.StreamStart, st.Confirmed, st.Publication, st.Source = slot, sp.From, conf, pub, source
+			st.WatermarkAge = time.Duration(age * float64(time.Second))
 			if member != "" {
 				st.Membership = member
 			}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -86,6 +87,12 @@ type TableReport struct {
 	// LagBytes how far the source's current position is beyond it.
 	WatermarkLSN LSN    `json:"watermark_lsn"`
 	LagBytes     uint64 `json:"lag_bytes"`
+	// Following is true while a daemon streams the table: its slot is held by a walsender
+	// (pg_replication_slots.active). A covered table that is not Following is covered only up to
+	// a watermark that no longer moves: the note says since when (WatermarkAgeSeconds, how long
+	// ago the stream last recorded its progress).
+	Following           bool    `json:"following"`
+	WatermarkAgeSeconds float64 `json:"watermark_age_seconds"`
 	// GapBytes sums the gaps' sizes; Gaps lists them in LSN order.
 	GapBytes uint64      `json:"gap_bytes"`
 	Gaps     []GapReport `json:"gaps"`
@@ -228,6 +235,7 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	}
 	start := LSN(st.StreamStart)
 	tr.Slot, tr.StreamStartLSN = st.Slot, &start
+	tr.Following, tr.WatermarkAgeSeconds = slot.Exists && slot.Active, st.WatermarkAge.Round(time.Second).Seconds()
 	backfilled := st.Backfilled
 	switch {
 	case st.TargetReplaced:
@@ -268,6 +276,10 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 		tr.Status = NeverLoaded
 	default:
 		tr.Status = GapStatus
+	}
+	if slot.Exists && !slot.Active {
+		tr.Note = strings.TrimPrefix(tr.Note+"; "+fmt.Sprintf("stopped: no daemon streams from slot %s now, and the stream last recorded its progress %s ago (the daemon is stopped, loading or reconnecting)",
+			slot.Name, time.Duration(tr.WatermarkAgeSeconds)*time.Second), "; ")
 	}
 	return tr
 }

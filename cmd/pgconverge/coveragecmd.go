@@ -144,7 +144,7 @@ func printCoverage(w io.Writer, rep engine.Report) {
 		for _, g := range t.Gaps {
 			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, engine.HumanBytes(g.Bytes), keysText(g.Keys)))
 		}
-		if t.Note != "" && t.Status != engine.Covered {
+		if t.Note != "" && (t.Status != engine.Covered || stopped(t)) {
 			notes = append(notes, fmt.Sprintf("  %s: %s", t.Table, t.Note))
 		}
 	}
@@ -156,12 +156,26 @@ func printCoverage(w io.Writer, rep engine.Report) {
 		fmt.Fprintln(w, "\nnotes:")
 		fmt.Fprintln(w, strings.Join(notes, "\n"))
 	}
-	if rep.Covered {
+	var halted []string
+	for _, t := range rep.Tables {
+		if stopped(t) {
+			halted = append(halted, t.Table)
+		}
+	}
+	switch {
+	case rep.Covered && len(halted) > 0:
+		fmt.Fprintf(w, "\nevery streamed table is covered up to its watermark, but stopped: no daemon follows %s now, so the watermark does not move (start pgconverge run)\n", strings.Join(halted, ", "))
+	case rep.Covered:
 		fmt.Fprintln(w, "\nevery streamed table is covered up to its watermark")
-	} else {
+	default:
 		fmt.Fprintf(w, "\nnot covered: %s\n", strings.Join(uncovered(rep), ", "))
 		fmt.Fprintln(w, "pgconverge run backfills never-loaded tables and, with --on-gap=backfill (the default), gaps when a session starts; loading tables are being backfilled now; or run pgconverge backfill --table for each")
 	}
+}
+
+// stopped reports whether t is streamed but no daemon follows it now (its slot has no walsender).
+func stopped(t engine.TableReport) bool {
+	return t.Status != engine.NotStreamed && t.Slot != "" && !t.Following
 }
 
 func keysText(keys []engine.KeyRange) string {

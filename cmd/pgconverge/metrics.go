@@ -27,6 +27,7 @@ type metrics struct {
 	gapBytes     *prometheus.GaugeVec
 	backfillRows *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
+	retries      *prometheus.CounterVec
 
 	changes    prometheus.Counter
 	slotSafe   *prometheus.GaugeVec
@@ -84,7 +85,9 @@ func newMetrics() *metrics {
 		Help: "Rows read from source snapshots by backfills, by table (of which rows_applied_total{path=\"backfill\"} were written)."}, []string{"table"})
 	m.backfillDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_backfill_progress_ratio",
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
-	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone} {
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_session_retries_total",
+		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, slot-busy, schema, watch, restart, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
+	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.retries} {
 		f(c)
 	}
 	m.changes = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgconverge_changes_received_total",
@@ -174,6 +177,11 @@ func (m *metrics) SlotHealth(h engine.SlotHealth) {
 // CoverageGap sets table's coverage gap gauge.
 func (m *metrics) CoverageGap(table string, bytes uint64) {
 	m.gapBytes.WithLabelValues(table).Set(float64(bytes))
+}
+
+// SessionRetried counts a session started again after a failure.
+func (m *metrics) SessionRetried(reason string) {
+	m.retries.WithLabelValues(reason).Inc()
 }
 
 // BackfillProgress returns p, which also sets the progress gauge of trigger's runs.

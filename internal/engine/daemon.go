@@ -26,6 +26,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err == nil || d == stop {
 			return err
 		}
+		cfg.monitor().SessionRetried(reason(err))
 		if time.Since(started) > time.Minute || d == restart {
 			b.Reset()
 		}

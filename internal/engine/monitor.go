@@ -23,6 +23,9 @@ type Monitor interface {
 	SlotHealth(h SlotHealth)
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
 	CoverageGap(table string, bytes uint64)
+	// SessionRetried counts a session that failed and is started again, by reason (see reason in
+	// retry.go: "constraint", "lock", "connection", "restart", ...).
+	SessionRetried(reason string)
 	// BackfillProgress returns the Progress a backfill run of trigger ("initial", "gap",
 	// "schedule") reports to: p, which it may wrap to follow the run too.
 	BackfillProgress(trigger string, p Progress) Progress
@@ -59,4 +62,5 @@ func (nopMonitor) StreamApplied(map[string]RowCounts, time.Duration) {}
 func (nopMonitor) BackfillChunk(string, int64, RowCounts)            {}
 func (nopMonitor) SlotHealth(SlotHealth)                             {}
 func (nopMonitor) CoverageGap(string, uint64)                        {}
+func (nopMonitor) SessionRetried(string)                             {}
 func (nopMonitor) BackfillProgress(_ string, p Progress) Progress    { return p }

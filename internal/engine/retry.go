@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -47,19 +48,23 @@ func permanent(err error) error {
 }
 
 // retryableCodes are the SQLSTATE codes after which the next session can succeed: the server
-// object is in use (a replication slot still active), a target table was dropped while streaming
-// (the next session recreates and reloads it), a column was dropped or renamed on the source while
-// a load read it (the next session describes the table again).
+// object is in use (a replication slot still active), a lock another session holds was not
+// granted in time (a lock_timeout someone set), a target table was dropped while streaming (the
+// next session recreates and reloads it), a column was dropped or renamed on the source while a
+// load read it (the next session describes the table again).
 var retryableCodes = map[string]bool{
-	pgerrcode.ObjectInUse:     true,
-	pgerrcode.UndefinedTable:  true,
-	pgerrcode.UndefinedColumn: true,
+	pgerrcode.ObjectInUse:      true,
+	pgerrcode.LockNotAvailable: true,
+	pgerrcode.UndefinedTable:   true,
+	pgerrcode.UndefinedColumn:  true,
 }
 
-// retryableClasses are the SQLSTATE classes of transient failures: connection exceptions,
-// transaction rollbacks (serialization failures, deadlocks), insufficient resources (a full disk),
-// operator intervention (a server shutting down or starting), system errors.
-var retryableClasses = map[string]bool{"08": true, "40": true, "53": true, "57": true, "58": true}
+// retryableClasses are the SQLSTATE classes of failures an operator or time can fix while the
+// daemon waits: integrity constraint violations (a constraint of the target that rejects a source
+// row: the batch is never skipped, it is tried again until the constraint is changed), connection
+// exceptions, transaction rollbacks (serialization failures, deadlocks), insufficient resources (a
+// full disk), operator intervention (a server shutting down or starting), system errors.
+var retryableClasses = map[string]bool{"23": true, "08": true, "40": true, "53": true, "57": true, "58": true}
 
 // decide classifies the error a session ended with.
 func decide(err error) decision {
@@ -105,6 +110,41 @@ func isCode(err error, code string) bool {
 // a restart on purpose.
 func retryable(err error) bool { return decide(err) != stop }
 
+// reason names the kind of failure err is, for the session retry metric: "restart" for a restart
+// on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
+// "connection", "slot-busy", "watch", "schema" (a table changed while it was read), or "other".
+func reason(err error) string {
+	var pgErr *pgconn.PgError
+	var watch watchError
+	switch {
+	case decide(err) == restart:
+		return "restart"
+	case errors.As(err, &watch):
+		return "watch"
+	case errors.Is(err, cdc.ErrSlotBusy), isCode(err, pgerrcode.ObjectInUse):
+		return "slot-busy"
+	case errors.Is(err, backfill.ErrRewritten), isCode(err, pgerrcode.UndefinedColumn), isCode(err, pgerrcode.UndefinedTable):
+		return "schema"
+	case isCode(err, pgerrcode.LockNotAvailable):
+		return "lock"
+	case errors.As(err, &pgErr) && len(pgErr.Code) == 5:
+		switch pgErr.Code[:2] {
+		case "23":
+			return "constraint"
+		case "40":
+			return "conflict"
+		case "53":
+			return "resources"
+		case "08", "57":
+			return "connection"
+		}
+		return "other"
+	case errors.As(err, &pgErr):
+		return "other"
+	}
+	return "connection"
+}
+
 // hint returns advice for an operator about a failure the daemon retries, or "".
 func hint(err error) string {
 	var pgErr *pgconn.PgError
@@ -112,6 +152,10 @@ func hint(err error) string {
 	switch {
 	case errors.Is(err, errEnumChanged):
 		return "an enum label was added or renamed on the source: the next session changes the target's type alike"
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23"):
+		return "a constraint of the target table rejects a row of the source (the error names the constraint and the row): change or drop that constraint on the target; the daemon retries the same changes until then and never skips them"
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
+		return "a lock held by another session was not granted in time: the daemon retries; pg_locks on that server shows who holds it"
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ObjectInUse:
 		return "another process holds the replication slot: a second pgconverge with the same --slot, or the walsender of a killed one that the source has not noticed yet (then it frees the slot within wal_sender_timeout)"
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:

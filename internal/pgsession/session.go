@@ -43,6 +43,23 @@ var params = map[string]string{
 	// backfill, and chunk readers wait in theirs for the target: a server default that ends such
 	// sessions (common on managed services) would break every long backfill.
 	"idle_in_transaction_session_timeout": "0",
+	// A database or role default (ALTER DATABASE/ROLE … SET) must not cancel pgconverge's work:
+	// a chunk's COPY or a whole table's fence runs long (statement_timeout), a lock another
+	// session holds is waited for (lock_timeout; PostgreSQL reports the wait in pg_locks and the
+	// stream's lag shows it), and connections idle between a daemon's checks stay open
+	// (idle_session_timeout).
+	"statement_timeout":    "0",
+	"lock_timeout":         "0",
+	"idle_session_timeout": "0",
+	// Transactions are read committed unless pgconverge asks for more (backfill snapshots are
+	// repeatable read), and may write.
+	"default_transaction_isolation": "read committed",
+	"default_transaction_read_only": "off",
+	// Names resolve as with the server's default search path, whatever a database or role sets.
+	"search_path": `"$user", public`,
+	// A row-level security policy that would hide rows from a backfill read is an error, never
+	// a silently smaller copy (PostgreSQL docs §5.8: row_security = off errors instead).
+	"row_security": "off",
 }
 
 func setParams(cfg *pgconn.Config) {

@@ -1,0 +1,157 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Tests of what a source's applications and DBAs, or a target's operator, may do while the daemon
+// runs: none of it may stop the daemon, make the source application fail, or lose a row.
+
+// retryCounter is a Monitor that counts session retries by reason.
+type retryCounter struct {
+	nopMonitor
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (m *retryCounter) SessionRetried(reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n == nil {
+		m.n = map[string]int{}
+	}
+	m.n[reason]++
+}
+
+func (m *retryCounter) counts() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range m.n {
+		out[k] = v
+	}
+	return out
+}
+
+// A DEFERRABLE primary key is no replica identity: such a table is refused by name, or skipped by
+// the default selection, and never published, so the source application's UPDATEs keep working;
+// with REPLICA IDENTITY FULL too, since one statement may pass through duplicate keys.
+func TestDeferrableKeyIsNeverPublished(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create table d_plain (id int primary key deferrable, v text)`,
+		`create table d_full (id int primary key deferrable initially deferred, v text)`,
+		`alter table d_full replica identity full`,
+		`create table ok (id int primary key, v text)`,
+		`insert into d_plain select g, 'p' from generate_series(1, 10) g`,
+		`insert into d_full select g, 'f' from generate_series(1, 10) g`,
+		`insert into ok select g, 'o' from generate_series(1, 10) g`)
+	published := func() int {
+		return pgtest.Scalar[int](t, env.Source, `select count(*)::int from pg_publication_tables where pubname = $1`, env.Name)
+	}
+	for _, table := range []string{"public.d_plain", "public.d_full"} {
+		cfg := testConfig(t, env)
+		cfg.Tables = []string{table + ",public.ok"}
+		requireRefusal(t, cfg, table, "DEFERRABLE", `ALTER CONSTRAINT "d_`, "NOT DEFERRABLE")
+		if n := published(); n != 0 {
+			t.Fatalf("%d tables published after the refusal, want none", n)
+		}
+	}
+	startDaemon(t, testConfig(t, env)) // the default selection
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `update d_plain set v = 'q'`, `update d_full set id = id + 1`, `update ok set v = 'u'`)
+	pgtest.WaitConverged(t, env, "ok", "id")
+	if n := published(); n != 1 {
+		t.Errorf("%d tables published by the default selection, want 1 (ok)", n)
+	}
+}
+
+// Database and role defaults that would cancel, time out or reshape pgconverge's sessions
+// (statement_timeout, lock_timeout, idle_session_timeout, serializable or read-only
+// transactions, an empty search_path) change nothing: the load and the stream never fail, and a
+// lock an operator holds on a target table for a while is waited for.
+func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, repeat('x', 100) from generate_series(1, 20000) g`)
+	both := []string{`statement_timeout = '1ms'`, `idle_session_timeout = '1s'`,
+		`default_transaction_isolation = 'serializable'`, `search_path = ''`}
+	for _, set := range both {
+		pgtest.Exec(t, env.Source, fmt.Sprintf(`alter database %s set %s`, env.Name, set))
+	}
+	for _, set := range append(both, `lock_timeout = '1ms'`, `default_transaction_read_only = on`) {
+		pgtest.Exec(t, env.Target, fmt.Sprintf(`alter database %s set %s`, env.Name, set))
+	}
+	mon := &retryCounter{}
+	cfg := testConfig(t, env)
+	cfg.Monitor = mon
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitConverged(t, env, "big", "id")
+
+	// An operator holds the target table for 3 s while the source writes.
+	op := pgtest.Connect(t, env.TargetURL)
+	pgtest.Exec(t, op, `begin`, `lock table public.big in access exclusive mode`)
+	pgtest.Exec(t, env.Source, `update big set v = 'locked out' where id <= 100`)
+	time.Sleep(3 * time.Second) // the lock is held on purpose for a while, not a synchronisation
+	pgtest.Exec(t, op, `commit`)
+	pgtest.WaitConverged(t, env, "big", "id")
+	d.RequireRunning(t)
+	if n := mon.counts(); len(n) != 0 {
+		t.Errorf("sessions retried %v, want none", n)
+	}
+}
+
+// A target constraint that rejects a source row never stops the daemon and never skips the row:
+// the session is retried (counted as "constraint") until the operator fixes the target, and then
+// the row arrives.
+func TestTargetConstraintIsRetriedUntilFixed(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table c (id int primary key, v int)`, `insert into c select g, g from generate_series(1, 10) g`)
+	mon := &retryCounter{}
+	cfg := testConfig(t, env)
+	cfg.Monitor = mon
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitConverged(t, env, "c", "id")
+	pgtest.Exec(t, env.Target, `alter table c add constraint v_small check (v < 100)`)
+	pgtest.Exec(t, env.Source, `update c set v = 500 where id = 3`, `insert into c values (11, 11)`)
+	pgtest.Eventually(t, 60*time.Second, "two constraint retries", func() (bool, string) {
+		n := mon.counts()
+		return n["constraint"] >= 2, fmt.Sprint(n)
+	})
+	d.RequireRunning(t)
+	if v := pgtest.Scalar[int](t, env.Target, `select v from c where id = 3`); v != 3 {
+		t.Fatalf("target row 3 has v = %d while the constraint refuses 500, want the old 3", v)
+	}
+	pgtest.Exec(t, env.Target, `alter table c drop constraint v_small`)
+	pgtest.WaitConverged(t, env, "c", "id")
+	d.RequireRunning(t)
+}
+
+// coverage says when no daemon follows a streamed table any more, and since when: the status
+// stays covered (its history up to the watermark is), but following turns false, the note says
+// "stopped" and the watermark's age grows.
+func TestStoppedDaemonIsVisible(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a select generate_series(1, 10)`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitSlotCaughtUp(t, env)
+	if tr := tableReport(t, waitCovered(t, env), "public.a"); !tr.Following || strings.Contains(tr.Note, "stopped") {
+		t.Fatalf("streaming table: %+v, want following and no stopped note", tr)
+	}
+	d.Stop(t)
+	pgtest.Eventually(t, 30*time.Second, "public.a reported stopped for 2 s", func() (bool, string) {
+		rep, code := coverageOf(t, env)
+		tr := tableReport(t, rep, "public.a")
+		ok := code == 0 && tr.Status == "covered" && !tr.Following && strings.HasPrefix(tr.Note, "stopped: ") && tr.WatermarkAgeSeconds >= 2
+		return ok, fmt.Sprintf("exit %d: %+v", code, tr)
+	})
+}
