@@ -40,7 +40,9 @@ func (r Reshape) Reloads() bool { return len(r.Added)+len(r.Retyped)+len(r.Rewri
 // schema-qualified names, and whether it is in the primary key.
 type targetColumn struct {
 	name, typ string
-	key       bool
+	// base is the base type of a column whose type is a domain, "" for others.
+	base string
+	key  bool
 	// expr is the generation expression of a generated column, "" for others.
 	expr string
 }
@@ -54,10 +56,11 @@ func readTargetColumns(ctx context.Context, conn *pgx.Conn, t changebatch.Table)
 		if _, err := tx.Exec(ctx, `set local search_path to pg_catalog`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `select a.attname, format_type(a.atttypid, a.atttypmod),
+		rows, err := tx.Query(ctx, `select a.attname, format_type(a.atttypid, a.atttypmod), coalesce(format_type(dt.typbasetype, dt.typtypmod), ''),
   coalesce(a.attnum = any (i.indkey::int2[]), false), coalesce(case when a.attgenerated <> '' then pg_get_expr(d.adbin, d.adrelid) end, '')
 from pg_attribute a left join pg_index i on i.indrelid = a.attrelid and i.indisprimary
 left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+left join pg_type dt on dt.oid = a.atttypid and dt.typtype = 'd'
 where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped order by a.attnum`, t.Quoted())
 		if err != nil {
 			return err
@@ -65,7 +68,7 @@ where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped order by
 		defer rows.Close()
 		for rows.Next() {
 			var c targetColumn
-			if err := rows.Scan(&c.name, &c.typ, &c.key, &c.expr); err != nil {
+			if err := rows.Scan(&c.name, &c.typ, &c.base, &c.key, &c.expr); err != nil {
 				return err
 			}
 			all[c.name] = true
@@ -183,7 +186,11 @@ func (r *Reshape) plan(t changebatch.Table, cols []targetColumn) []string {
 			ddl = append(ddl, "alter column "+q+" drop expression")
 		}
 		if tc.typ != c.Type {
-			r.Retyped = append(r.Retyped, fmt.Sprintf("%s: %s -> %s", c.Name, tc.typ, c.Type))
+			// A target domain over the source's type (a NOT NULL domain made plain, see
+			// cdc.DescribeTable) holds the same values: changed without a reload.
+			if tc.base != c.Type {
+				r.Retyped = append(r.Retyped, fmt.Sprintf("%s: %s -> %s", c.Name, tc.typ, c.Type))
+			}
 			ddl = append(ddl, fmt.Sprintf("alter column %s type %s using %s::%s", q, c.Type, q, c.Type))
 		}
 	}

@@ -105,6 +105,9 @@ where attrelid = $1 and attnum > 0 and not attisdropped and attgenerated = '' or
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		if err := useNotNullDomainBases(ctx, tx, t.Columns); err != nil {
+			return err
+		}
 		if err := tx.QueryRow(ctx, `select coalesce(pg_relation_filenode($1::oid::regclass), 0)`, oid).Scan(&t.Filenode); err != nil {
 			return err
 		}
@@ -124,6 +127,47 @@ where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated
 		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
 	}
 	return t, t.Validate()
+}
+
+// useNotNullDomainBases gives each column whose type is a domain declared NOT NULL (itself or a
+// domain it is based on) the innermost base type of that domain as its target type: the target
+// table's non-key columns are NULL in tombstones (a delete carries only the key), which such a
+// domain refuses. The values are the source's, which its domain admitted; the stream still
+// follows the source column by its type oid. tx must have search_path pg_catalog (qualified names).
+func useNotNullDomainBases(ctx context.Context, tx pgx.Tx, cols []changebatch.Column) error {
+	oids := make([]uint32, len(cols))
+	for i, c := range cols {
+		oids[i] = c.TypeOID
+	}
+	rows, err := tx.Query(ctx, `with recursive chain (top, base, mod, nn, depth) as (
+  select t.oid, t.typbasetype, t.typtypmod, t.typnotnull, 1 from pg_type t where t.oid = any($1) and t.typtype = 'd'
+  union all
+  select c.top, t.typbasetype, t.typtypmod, c.nn or t.typnotnull, c.depth + 1
+  from chain c join pg_type t on t.oid = c.base where t.typtype = 'd')
+select distinct on (top) top, format_type(base, mod) from chain where nn order by top, depth desc`, oids)
+	if err != nil {
+		return err
+	}
+	bases := map[uint32]string{}
+	for rows.Next() {
+		var oid uint32
+		var base string
+		if err := rows.Scan(&oid, &base); err != nil {
+			rows.Close()
+			return err
+		}
+		bases[oid] = base
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i, c := range cols {
+		if b, ok := bases[c.TypeOID]; ok && !c.Key {
+			cols[i].Type = b
+		}
+	}
+	return nil
 }
 
 // checkImmediateKey refuses a table whose key would be a DEFERRABLE primary key (the replica

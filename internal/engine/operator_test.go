@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -154,4 +155,35 @@ func TestStoppedDaemonIsVisible(t *testing.T) {
 		ok := code == 0 && tr.Status == "covered" && !tr.Following && strings.HasPrefix(tr.Note, "stopped: ") && tr.WatermarkAgeSeconds >= 2
 		return ok, fmt.Sprintf("exit %d: %+v", code, tr)
 	})
+}
+
+// A non-key column of a domain declared NOT NULL is a plain column of the domain's base type on
+// the target (tombstones carry only the key, which such a domain refuses): deletes stream as
+// tombstones, values are the source's, and a target table that has the domain (made by an older
+// pgconverge) is changed to the base type without a reload.
+func TestNotNullDomainColumnTakesTombstones(t *testing.T) {
+	env := pgtest.New(t)
+	for _, conn := range []*pgx.Conn{env.Source, env.Target} {
+		pgtest.Exec(t, conn, `create domain nonempty as text not null check (value <> '')`, `create domain label as nonempty`)
+	}
+	pgtest.Exec(t, env.Source, `create table t_dom (id int primary key, v nonempty, w label, x nonempty[])`,
+		`insert into t_dom select g, 'v' || g, 'w' || g, array['x'] from generate_series(1, 5) g`)
+	// The target table as a pgconverge that kept the domain created it (w, over a domain over the
+	// NOT NULL one, as this one creates it: a nested domain made plain is reloaded once).
+	pgtest.Exec(t, env.Target, `create table t_dom (id int primary key, v nonempty, w text, x nonempty[],
+		_cdc_lsn pg_lsn not null, _cdc_seq bigint not null, _cdc_deleted boolean not null default false, _cdc_unknown text[])`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `delete from t_dom where id = 1`, `update t_dom set v = 'changed' where id = 2`,
+		`insert into t_dom values (6, 'six', 'six', '{}')`, `delete from t_dom where id = 6`)
+	pgtest.WaitConverged(t, env, "t_dom", "id")
+	d.RequireRunning(t)
+	types := pgtest.Rows(t, env.Target, `select attname || ' ' || format_type(atttypid, atttypmod) from pg_attribute
+where attrelid = 't_dom'::regclass and attname in ('v', 'w', 'x') order by attname`)
+	if want := []string{"v text", "w text", "x nonempty[]"}; fmt.Sprint(types) != fmt.Sprint(want) {
+		t.Errorf("target column types %v, want %v", types, want)
+	}
+	if n := pgtest.Scalar[int](t, env.Target, `select count(*)::int from pgconverge.tables where table_name = 't_dom' and schema_changed_lsn is not null`); n != 0 {
+		t.Errorf("the domain made plain recorded a schema change (a reload); want none")
+	}
 }
