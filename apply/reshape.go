@@ -30,11 +30,17 @@ type Reshape struct {
 	// expression; Plain are generated columns the source made plain (DROP EXPRESSION), or that it
 	// dropped (kept), made plain too.
 	Generated, Plain []string
+	// Rekeyed describes a primary key changed to the source's new key, "(old) -> (new)": the
+	// tombstones, which carry only the old key, are removed (and the live rows too when they do
+	// not fit the new key), and the table is loaded again under the new key.
+	Rekeyed string
 }
 
 // Reloads reports whether the change leaves existing rows without the source's values, so that
 // the table must be loaded again.
-func (r Reshape) Reloads() bool { return len(r.Added)+len(r.Retyped)+len(r.Rewritten) > 0 }
+func (r Reshape) Reloads() bool {
+	return len(r.Added)+len(r.Retyped)+len(r.Rewritten) > 0 || r.Rekeyed != ""
+}
 
 // targetColumn is a data column of a target table: its type as format_type prints it with
 // schema-qualified names, and whether it is in the primary key.
@@ -95,8 +101,12 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 	if err != nil {
 		return r, err
 	}
-	if err := checkTargetKey(t, cols, all); err != nil {
+	if err := checkMetadataColumns(t, all); err != nil {
 		return r, err
+	}
+	oldKey, newKey := keyChange(t, cols)
+	if oldKey != nil {
+		r.Rekeyed = fmt.Sprintf("(%s) -> (%s)", strings.Join(oldKey, ", "), strings.Join(newKey, ", "))
 	}
 	ddl := r.plan(t, cols)
 	old, err := readShape(ctx, conn, t)
@@ -109,9 +119,19 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 		return r, nil
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if oldKey != nil {
+			if err := dropKey(ctx, tx, t, oldKey, newKey); err != nil {
+				return err
+			}
+		}
 		for _, stmt := range ddl {
 			if _, err := tx.Exec(ctx, "alter table "+t.Quoted()+" "+stmt); err != nil {
 				return fmt.Errorf("%s: %w", stmt, err)
+			}
+		}
+		if oldKey != nil {
+			if err := addKey(ctx, tx, t); err != nil {
+				return err
 			}
 		}
 		if err := writeShape(ctx, tx.Conn(), t, cur); err != nil {
@@ -134,9 +154,9 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 	return r, reshapeError(t, r, err)
 }
 
-// checkTargetKey returns an error naming the fix when the target table lacks pgconverge's
-// metadata columns or its primary key is not t's key.
-func checkTargetKey(t changebatch.Table, cols []targetColumn, all map[string]bool) error {
+// checkMetadataColumns returns an error naming the fix when the target table lacks pgconverge's
+// metadata columns (all names its columns).
+func checkMetadataColumns(t changebatch.Table, all map[string]bool) error {
 	var missing []string
 	for _, c := range []string{changebatch.ColLSN, changebatch.ColSeq, changebatch.ColDeleted, changebatch.ColUnknown} {
 		if !all[c] {
@@ -147,20 +167,77 @@ func checkTargetKey(t changebatch.Table, cols []targetColumn, all map[string]boo
 		return fmt.Errorf("target table %s exists but lacks pgconverge's columns %s: drop it (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
 			t, strings.Join(missing, ", "), t.Quoted())
 	}
-	var srcKey, tgtKey []string
+	return nil
+}
+
+// keyChange returns the target table's primary key columns and the source's key columns (both
+// sorted) when they differ, nil and nil when they do not.
+func keyChange(t changebatch.Table, cols []targetColumn) (oldKey, newKey []string) {
 	for _, i := range t.KeyIndexes() {
-		srcKey = append(srcKey, t.Columns[i].Name)
+		newKey = append(newKey, t.Columns[i].Name)
 	}
 	for _, c := range cols {
 		if c.key {
-			tgtKey = append(tgtKey, c.name)
+			oldKey = append(oldKey, c.name)
 		}
 	}
-	slices.Sort(srcKey)
-	slices.Sort(tgtKey)
-	if !slices.Equal(srcKey, tgtKey) {
-		return fmt.Errorf("the key of source table %s is (%s), the target table's primary key is (%s): pgconverge cannot change a target table's key; drop the target table (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
-			t, strings.Join(srcKey, ", "), strings.Join(tgtKey, ", "), t.Quoted())
+	slices.Sort(newKey)
+	slices.Sort(oldKey)
+	if slices.Equal(oldKey, newKey) {
+		return nil, nil
+	}
+	return oldKey, newKey
+}
+
+// dropKey removes target table t's primary key on oldKey, inside tx, for the source's newKey:
+// its tombstones go (they carry only the old key, and the reload under the new key that follows
+// fences every older version anyway), and the old key's columns become nullable, as non-key
+// columns are.
+func dropKey(ctx context.Context, tx pgx.Tx, t changebatch.Table, oldKey, newKey []string) error {
+	if _, err := tx.Exec(ctx, "delete from "+t.Quoted()+" where "+pgx.Identifier{changebatch.ColDeleted}.Sanitize()); err != nil {
+		return fmt.Errorf("remove the tombstones of %s before its key changes: %w", t, err)
+	}
+	var pk string
+	err := tx.QueryRow(ctx, `select conname::text from pg_constraint where conrelid = $1::regclass and contype = 'p'`, t.Quoted()).Scan(&pk)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("look up the primary key of target table %s: %w", t, err)
+	}
+	if pk != "" {
+		if _, err := tx.Exec(ctx, "alter table "+t.Quoted()+" drop constraint "+pgx.Identifier{pk}.Sanitize()); err != nil {
+			return fmt.Errorf("drop the primary key of target table %s: %w", t, err)
+		}
+	}
+	for _, c := range oldKey {
+		if slices.Contains(newKey, c) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, "alter table "+t.Quoted()+" alter column "+pgx.Identifier{c}.Sanitize()+" drop not null"); err != nil {
+			return fmt.Errorf("make the old key column %q of %s nullable: %w", c, t, err)
+		}
+	}
+	return nil
+}
+
+// addKey gives target table t the source's key as primary key, inside tx. When the rows it holds
+// do not fit the new key (NULLs in a column that was not a key, duplicates), they are removed
+// first: the table is loaded again under the new key in any case, and until then coverage reports
+// it as schema-changed.
+func addKey(ctx context.Context, tx pgx.Tx, t changebatch.Table) error {
+	var keys []string
+	for _, i := range t.KeyOrder() {
+		keys = append(keys, pgx.Identifier{t.Columns[i].Name}.Sanitize())
+	}
+	add := "alter table " + t.Quoted() + " add primary key (" + strings.Join(keys, ", ") + ")"
+	if _, err := tx.Exec(ctx, "savepoint pgconverge_rekey"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, add); err == nil {
+		return nil
+	}
+	for _, stmt := range []string{"rollback to savepoint pgconverge_rekey", "delete from " + t.Quoted(), add} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("give target table %s the source's key (%s): %w", t, strings.Join(keys, ", "), err)
+		}
 	}
 	return nil
 }

@@ -15,6 +15,10 @@ type relation struct {
 	table   changebatch.Table
 	cols    []int
 	builder *changebatch.Builder
+	// superseded marks a relation that differs from the description below the table's reload
+	// fence: its changes are suppressed by the reload's fence anyway, so one that lacks the
+	// description's key (sent under another replica identity) is passed over.
+	superseded bool
 }
 
 // assembler turns decoded pgoutput messages into per-table change batches. It accumulates whole
@@ -119,18 +123,21 @@ func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
 		a.rels[m.RelationID] = &relation{}
 		return nil
 	}
+	superseded := false
 	if ch := compareRelation(t, m, a.finalLSN); ch != nil {
 		switch {
 		case a.finalLSN < a.fences[t.SourceOID]:
+			superseded = true
 		case a.finalLSN >= a.describedAt:
+			ch.Reload = ch.Reload || ch.KeyChanged
 			return ch
-		case len(ch.Dropped) == 0 && len(ch.Retyped) == 0:
+		case len(ch.Dropped) == 0 && len(ch.Retyped) == 0 && !ch.KeyChanged:
 		default:
 			ch.Reload = true
 			return ch
 		}
 	}
-	r := &relation{table: t, cols: make([]int, len(m.Columns))}
+	r := &relation{table: t, cols: make([]int, len(m.Columns)), superseded: superseded}
 	for i, c := range m.Columns {
 		j := t.ColumnIndex(c.Name)
 		if j >= 0 && t.Columns[j].TypeOID != 0 && (t.Columns[j].TypeOID != c.DataType || t.Columns[j].TypeMod != c.TypeModifier) {
@@ -232,6 +239,9 @@ func (a *assembler) update(m *pglogrepl.UpdateMessage) error {
 	keyChanged := false
 	for _, k := range r.table.KeyIndexes() {
 		if vals[k].Unchanged {
+			if r.superseded && (old == nil || old[k].Unchanged) {
+				return nil
+			}
 			if old == nil || old[k].Unchanged {
 				return fmt.Errorf("pgoutput: update of %s at %s did not send key column %q", r.table, a.finalLSN, r.table.Columns[k].Name)
 			}
@@ -258,8 +268,12 @@ func (a *assembler) delete(m *pglogrepl.DeleteMessage) error {
 		return err
 	}
 	for _, k := range r.table.KeyIndexes() {
+		if (old[k].Unchanged || old[k].Null) && r.superseded {
+			return nil
+		}
 		if old[k].Unchanged || old[k].Null {
-			return fmt.Errorf("pgoutput: delete from %s at %s did not send key column %q", r.table, a.finalLSN, r.table.Columns[k].Name)
+			return fmt.Errorf("pgoutput: delete from %s at %s did not send key column %q; if its replica identity changed since, the next catalog check (within 5 s) reloads the table under the new key",
+				r.table, a.finalLSN, r.table.Columns[k].Name)
 		}
 	}
 	a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: keyOnly(r.table, old)})

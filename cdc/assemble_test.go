@@ -3,6 +3,7 @@ package cdc
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -241,5 +242,28 @@ func TestRelationOlderThanDescriptionWithoutFence(t *testing.T) {
 	var ch *SchemaChangeError
 	if !errors.As(err, &ch) || !ch.Reload {
 		t.Fatalf("err = %v, want a SchemaChangeError asking for a reload", err)
+	}
+}
+
+// A Relation message that names other key columns than the description (a primary key redefined,
+// another replica identity index) is a key change asking for a reload; below the table's reload
+// fence it is older history, whose deletes that carry only the old key are passed over.
+func TestRelationWithAnotherKey(t *testing.T) {
+	_, err := feedAt(t, items, 0x10, 0, msgBegin(0x10, 1),
+		msgRelation(16400, "public", "items", relCol{"id", false}, relCol{"body", true}, relCol{"n", false}))
+	var ch *SchemaChangeError
+	if !errors.As(err, &ch) || !ch.KeyChanged || !ch.Reload {
+		t.Fatalf("err = %v, want a SchemaChangeError with KeyChanged and Reload", err)
+	}
+	rekeyed := items
+	rekeyed.Columns = slices.Clone(items.Columns)
+	rekeyed.Columns[0].Key, rekeyed.Columns[0].KeyPos, rekeyed.Columns[1].Key, rekeyed.Columns[1].KeyPos = false, 0, true, 1
+	a, err := feedAt(t, rekeyed, 0x11, 0x11, msgBegin(0x10, 1), itemsRel,
+		msgDelete(16400, "7", nil, nil), msgInsert(16400, "8", "b", "5"), msgCommit(0x10, 0x20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := render(t, a); got != "public.items U 0/10#2 8 b 5\n" {
+		t.Errorf("rows = %q", got)
 	}
 }

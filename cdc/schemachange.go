@@ -29,8 +29,9 @@ type SchemaChangeError struct {
 	// relfilenode or a column with another attnum (ChangedColumns).
 	KeyChanged, Rewritten bool
 	// Reload is true when values of the transaction at LSN cannot be written as the stream
-	// carries them (a column it lacks or types otherwise than the description) and no reload is
-	// recorded past LSN: the caller records one (apply.RecordSchemaChange) before streaming again.
+	// carries them (a column it lacks or types otherwise than the description, or another key)
+	// and no reload is recorded past LSN: the caller records one (apply.RecordSchemaChange) before
+	// streaming again.
 	Reload bool
 }
 
@@ -78,7 +79,37 @@ func compareRelation(t changebatch.Table, m *pglogrepl.RelationMessage, lsn pglo
 	for i, c := range m.Columns {
 		cols[i] = columnType{name: c.Name, typeOID: c.DataType, typeMod: c.TypeModifier, keyPos: -1}
 	}
-	return compareColumns(t, cols, lsn, false)
+	ch := compareColumns(t, cols, lsn, false)
+	if relationKeyChanged(t, m) {
+		if ch == nil {
+			ch = &SchemaChangeError{Table: t, LSN: lsn}
+		}
+		ch.KeyChanged = true
+	}
+	return ch
+}
+
+// relationKeyChanged reports whether the Relation message m names other replica identity columns
+// (flag 1, PostgreSQL docs §55.5 "Relation") than the description's key: a primary key dropped
+// and added on other columns, or REPLICA IDENTITY USING INDEX switched to another index. With
+// REPLICA IDENTITY FULL every column is flagged, and the key is the primary key, which m cannot
+// show.
+func relationKeyChanged(t changebatch.Table, m *pglogrepl.RelationMessage) bool {
+	if m.ReplicaIdentity == 'f' {
+		return false
+	}
+	var flagged, key []string
+	for _, c := range m.Columns {
+		if c.Flags&1 != 0 {
+			flagged = append(flagged, c.Name)
+		}
+	}
+	for _, i := range t.KeyIndexes() {
+		key = append(key, t.Columns[i].Name)
+	}
+	slices.Sort(flagged)
+	slices.Sort(key)
+	return !slices.Equal(flagged, key)
 }
 
 // compareColumns returns how cols differ from the description t, nil when they do not: columns
@@ -174,6 +205,8 @@ where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.at
 				ch = &SchemaChangeError{Table: t, LSN: at, Rewritten: true}
 			}
 			if ch != nil {
+				// The target table takes the new key and is loaded again under it.
+				ch.Reload = ch.Reload || ch.KeyChanged
 				return ch, nil
 			}
 		}
