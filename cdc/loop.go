@@ -21,6 +21,9 @@ const (
 	idleProgressEvery = time.Second
 	// statusAfterFlushEvery throttles status updates sent right after a group was applied.
 	statusAfterFlushEvery = 200 * time.Millisecond
+	// confirmEvery is how often a position the target committed but the source was not told yet
+	// (held back by StreamConfig.ConfirmLimit) is looked at again.
+	confirmEvery = time.Second
 )
 
 // loop is the state of one Run: the single goroutine that owns the replication connection.
@@ -37,6 +40,8 @@ type loop struct {
 	behindChanges    int64     // changes received by then
 	lastLog          time.Time
 	lastLogChanges   int64
+	// lastConfirmCheck is when the loop last looked whether ConfirmLimit lets it confirm more.
+	lastConfirmCheck time.Time
 }
 
 func (l *loop) run(ctx, applyCtx context.Context) error {
@@ -52,6 +57,15 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			}
 		}
 		now := time.Now()
+		if l.s.flushed.Load() > l.s.confirmed.Load() && now.Sub(l.lastConfirmCheck) >= confirmEvery {
+			// Committed but not confirmed (StreamConfig.ConfirmLimit): confirm what the limit allows now.
+			l.lastConfirmCheck = now
+			if l.s.confirmable() > pglogrepl.LSN(l.s.confirmed.Load()) {
+				if err := l.sendStatus(ctx, false); err != nil {
+					return err
+				}
+			}
+		}
 		if !now.Before(l.nextStatus) {
 			// When idle, ask for a keepalive: its WAL end moves the watermark (keepalive), so an
 			// idle source's coverage and lag stay current within a status interval.
@@ -215,19 +229,21 @@ func (l *loop) noteServerEnd(lsn pglogrepl.LSN) {
 }
 
 // sendStatus reports the positions: written = received, flushed = applied = what the target
-// committed (never more).
+// committed (never more), bounded by StreamConfig.ConfirmLimit.
 func (l *loop) sendStatus(ctx context.Context, reply bool) error {
 	st := l.s.Stats()
 	write := st.Received
 	if write < st.Flushed {
 		write = st.Flushed
 	}
+	flush := l.s.confirmable()
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, l.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: write, WALFlushPosition: st.Flushed, WALApplyPosition: st.Flushed, ReplyRequested: reply,
+		WALWritePosition: write, WALFlushPosition: flush, WALApplyPosition: flush, ReplyRequested: reply,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update on slot %q: %w", l.s.cfg.Slot, err)
 	}
+	l.s.confirmed.Store(uint64(flush))
 	l.lastStatus = time.Now()
 	l.nextStatus = l.lastStatus.Add(l.s.cfg.StatusInterval)
 	return nil

@@ -66,6 +66,13 @@ type StreamConfig struct {
 	// Start and not from a later position (PostgreSQL silently forwards a start position below
 	// the slot's confirmed_flush_lsn). An error ends Run.
 	CheckStart func(ctx context.Context) error
+	// ConfirmLimit, when set, bounds the flush position reported to the source (the slot's
+	// confirmed_flush_lsn) by a position the caller vouches for, such as one read before its last
+	// successful catalog check: a change without row events (ATTACH PARTITION, ADD COLUMN …
+	// DEFAULT, a publication change) that the target does not reflect yet is then never
+	// confirmed. A limit below Start counts as Start. The target's progress is not bounded: a
+	// session start checks the catalog again before it streams from there.
+	ConfirmLimit func() pglogrepl.LSN
 	// StatusInterval is the period of standby status updates and progress log lines (default 10 s).
 	StatusInterval time.Duration
 	Logger         *slog.Logger
@@ -112,8 +119,10 @@ func (c *StreamConfig) defaults() {
 type Stats struct {
 	// Received is the end of the last WAL data received.
 	Received pglogrepl.LSN
-	// Flushed is the position reported to the source as flushed: the target committed it.
-	Flushed pglogrepl.LSN
+	// Flushed is the position up to which the target committed every change; Confirmed the
+	// position last reported to the source as flushed (at most Flushed, and at most the
+	// ConfirmLimit).
+	Flushed, Confirmed pglogrepl.LSN
 	// ServerSent is the position up to which the walsender decoded and sent, from its keepalives.
 	ServerSent pglogrepl.LSN
 	// SourceWALEnd is the source's WAL position (CurrentLSN) as last sampled through
@@ -126,9 +135,9 @@ type Stats struct {
 // Streamer streams one slot into an ApplyFunc. Create it with NewStreamer; Stats may be read from
 // any goroutine while Run runs.
 type Streamer struct {
-	cfg                          StreamConfig
-	received, flushed, serverEnd atomic.Uint64
-	transactions, changes        atomic.Int64
+	cfg                                     StreamConfig
+	received, flushed, serverEnd, confirmed atomic.Uint64
+	transactions, changes                   atomic.Int64
 }
 
 func (s *Streamer) sourceWALEnd() pglogrepl.LSN {
@@ -165,9 +174,19 @@ func NewStreamer(cfg StreamConfig) (*Streamer, error) {
 func (s *Streamer) Stats() Stats {
 	return Stats{
 		Received: pglogrepl.LSN(s.received.Load()), Flushed: pglogrepl.LSN(s.flushed.Load()),
-		ServerSent: pglogrepl.LSN(s.serverEnd.Load()), SourceWALEnd: s.sourceWALEnd(),
+		Confirmed: pglogrepl.LSN(s.confirmed.Load()), ServerSent: pglogrepl.LSN(s.serverEnd.Load()), SourceWALEnd: s.sourceWALEnd(),
 		Transactions: s.transactions.Load(), Changes: s.changes.Load(),
 	}
+}
+
+// confirmable returns the flush position to report: what the target committed, bounded by
+// ConfirmLimit (never below Start).
+func (s *Streamer) confirmable() pglogrepl.LSN {
+	f := pglogrepl.LSN(s.flushed.Load())
+	if s.cfg.ConfirmLimit != nil {
+		f = min(f, max(s.cfg.ConfirmLimit(), s.cfg.Start))
+	}
+	return f
 }
 
 // Run starts replication on conn (a replication connection that Run then owns until it returns)
@@ -215,6 +234,9 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 // receiveDeadline is the time until which loop.run waits for the next message.
 func (l *loop) receiveDeadline() time.Time {
 	d := l.nextStatus
+	if l.s.flushed.Load() > l.s.confirmed.Load() && l.lastConfirmCheck.Add(confirmEvery).Before(d) {
+		d = l.lastConfirmCheck.Add(confirmEvery) // see whether the confirm limit moved
+	}
 	if l.asm.txns > 0 && !l.asm.inTxn && l.groupStart.Add(l.s.cfg.GroupDelay).Before(d) {
 		d = l.groupStart.Add(l.s.cfg.GroupDelay)
 	}

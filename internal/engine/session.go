@@ -36,8 +36,9 @@ type session struct {
 	// memberBefore and memberAfter are source positions read before and after the memberships
 	// were read at the start (syncMemberships).
 	memberBefore, memberAfter pglogrepl.LSN
-	// confirmed is a source position up to which every table was published as at the start,
-	// offered by checkMemberships to the stream, which records it (coverage.ConfirmSpans);
+	// confirmed is a source position up to which every table was published, and described, as
+	// at the start, offered by checkMemberships to the stream, which records it
+	// (coverage.ConfirmSpans) and never confirms the slot past it (cdc.StreamConfig.ConfirmLimit);
 	// recorded is the last position recorded. lastCheck belongs to checkMemberships.
 	confirmed           atomic.Uint64
 	recorded, lastCheck pglogrepl.LSN
