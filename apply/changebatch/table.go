@@ -113,6 +113,9 @@ func (t Table) KeyIndexes() []int {
 	return idx
 }
 
+// ErrNoKey is wrapped by Validate's error for a table without key columns.
+var ErrNoKey = errors.New("no key")
+
 // Validate reports every problem of the description at once: no key column, an empty or duplicate
 // column name, a column name reserved for pgconverge's metadata.
 func (t Table) Validate() error {
@@ -121,7 +124,7 @@ func (t Table) Validate() error {
 		errs = append(errs, fmt.Errorf("table %q: schema and name must be set", t.String()))
 	}
 	if len(t.KeyIndexes()) == 0 {
-		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or leave the table out", t, t.Quoted()))
+		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or leave the table out: %w", t, t.Quoted(), ErrNoKey))
 	}
 	seen := map[string]bool{}
 	for _, c := range t.Columns {

@@ -211,3 +211,27 @@ func TestSlotIsNotConfirmedPastAnUnseenSchemaChange(t *testing.T) {
 	pgtest.WaitConverged(t, env, "t", "id")
 	d.RequireRunning(t)
 }
+
+// A primary key dropped while streaming, to be added on other columns a moment later, is waited
+// for: the daemon backs off (a "schema" retry) instead of stopping, and follows the new key once
+// it exists.
+func TestDroppedKeyIsWaitedFor(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text, n int)`,
+		`insert into t select g, 'v' || g, g from generate_series(1, 50) g`)
+	mon := &retryCounter{}
+	cfg := testConfig(t, env)
+	cfg.Monitor = mon
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey`, `insert into t values (51, 'keyless', 51)`)
+	pgtest.Eventually(t, 60*time.Second, "a schema retry while the table has no key", func() (bool, string) {
+		n := mon.counts()
+		return n["schema"] > 0, fmt.Sprint(n)
+	})
+	d.RequireRunning(t)
+	pgtest.Exec(t, env.Source, `alter table t add primary key (n)`, `update t set n = n + 1000 where id <= 5`)
+	pgtest.WaitConverged(t, env, "t", "n")
+	waitTargetKey(t, env, "n")
+	d.RequireRunning(t)
+}

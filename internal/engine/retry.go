@@ -72,13 +72,14 @@ func decide(err error) decision {
 	var schema *cdc.SchemaChangeError
 	var watch watchError
 	var enumCheck enumCheckError
+	var keyLost keyLostError
 	switch {
 	case errors.As(err, &perm):
 		return stop
 	case errors.Is(err, errMembershipChanged), errors.Is(err, errSlotMoved), errors.Is(err, errEnumChanged),
 		errors.As(err, &schema):
 		return restart
-	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
+	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
 		return backOff
@@ -123,7 +124,7 @@ func reason(err error) string {
 		return "watch"
 	case errors.Is(err, cdc.ErrSlotBusy), isCode(err, pgerrcode.ObjectInUse):
 		return "slot-busy"
-	case errors.Is(err, backfill.ErrRewritten), isCode(err, pgerrcode.UndefinedColumn), isCode(err, pgerrcode.UndefinedTable):
+	case errors.Is(err, backfill.ErrRewritten), errors.As(err, &keyLostError{}), isCode(err, pgerrcode.UndefinedColumn), isCode(err, pgerrcode.UndefinedTable):
 		return "schema"
 	case isCode(err, pgerrcode.LockNotAvailable):
 		return "lock"

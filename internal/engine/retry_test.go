@@ -38,6 +38,7 @@ func TestRetryable(t *testing.T) {
 		{"undefined object otherwise", pg("42704"), false},
 		{"a failed catalog read of the watcher", watchError{pg("XX000")}, true},
 		{"a refused value the enum labels could not be checked for", enumCheckError{pg("22P02")}, true},
+		{"a replicated table lost its key", keyLostError{errors.New("table public.t has no primary key")}, true},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
 	}
 	for _, c := range cases {

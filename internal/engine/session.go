@@ -225,18 +225,62 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 		}
 	}
 	var errs []error
+	var noKey []changebatch.TableName
 	for _, n := range names {
 		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
 		if err != nil {
 			errs = append(errs, err)
+			if errors.Is(err, changebatch.ErrNoKey) {
+				noKey = append(noKey, n)
+			}
 			continue
 		}
 		s.tables = append(s.tables, t)
 	}
-	if len(errs) > 0 {
-		return nil, permanent(errors.Join(errs...))
+	if len(errs) == 0 {
+		return names, nil
 	}
-	return names, nil
+	err := errors.Join(errs...)
+	if len(noKey) > 0 {
+		// A table the target already follows that lost its key (a primary key dropped to be added
+		// on other columns) is waited for: the DBA is usually about to add the new one.
+		registered, rerr := s.registered(ctx)
+		if rerr != nil {
+			return nil, rerr
+		}
+		for _, n := range noKey {
+			if registered[n] {
+				return nil, keyLostError{err}
+			}
+		}
+	}
+	return nil, permanent(err)
+}
+
+// keyLostError is a description refused because a table the target already follows has no key
+// now: decide backs off, and the next session describes it again.
+type keyLostError struct{ err error }
+
+// Error returns the refusal's message.
+func (e keyLostError) Error() string {
+	return e.err.Error() + " (the table is replicated already: the daemon waits for a key and tries again)"
+}
+
+// Unwrap returns the refusal.
+func (e keyLostError) Unwrap() error { return e.err }
+
+// registered returns the tables the target's pgconverge.tables registers, none when the target
+// has no metadata schema yet.
+func (s *session) registered(ctx context.Context) (map[changebatch.TableName]bool, error) {
+	out := map[changebatch.TableName]bool{}
+	if ok, err := apply.HasMetadata(ctx, s.tgt); err != nil || !ok {
+		return out, err
+	}
+	tables, err := apply.RegisteredTables(ctx, s.tgt)
+	for _, t := range tables {
+		out[t.TableName] = true
+	}
+	return out, err
 }
 
 // connectBoth connects to the source and the target URLs (pgsession.Connect); close both with
