@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -176,9 +177,13 @@ func describeConstraint(err error) error {
 	}
 	table := pgx.Identifier{pgErr.SchemaName, pgErr.TableName}.Sanitize()
 	what, fix := "a constraint", "ALTER TABLE "+table+" DROP CONSTRAINT …"
-	if pgErr.ConstraintName != "" {
-		what = fmt.Sprintf("constraint %q", pgErr.ConstraintName)
-		fix = "ALTER TABLE " + table + " DROP CONSTRAINT " + pgx.Identifier{pgErr.ConstraintName}.Sanitize()
+	if c := pgErr.ConstraintName; c != "" {
+		what = fmt.Sprintf("constraint %q", c)
+		fix = "ALTER TABLE " + table + " DROP CONSTRAINT " + pgx.Identifier{c}.Sanitize()
+		if pgErr.Code == pgerrcode.UniqueViolation {
+			what = fmt.Sprintf("unique index %q", c)
+			fix = "DROP INDEX " + pgx.Identifier{pgErr.SchemaName, c}.Sanitize() + ", or ALTER TABLE " + table + " DROP CONSTRAINT " + pgx.Identifier{c}.Sanitize() + " when a constraint owns the index"
+		}
 	}
 	detail := ""
 	if pgErr.Detail != "" {

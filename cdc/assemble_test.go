@@ -267,3 +267,17 @@ func TestRelationWithAnotherKey(t *testing.T) {
 		t.Errorf("rows = %q", got)
 	}
 }
+
+// Below the reload fence, an update under another replica identity, whose old key tuple lacks
+// the description's key, is an upsert of its new row only: no tombstone of an unknown old key.
+func TestSupersededUpdateWithAnotherIdentityKeepsItsNewRow(t *testing.T) {
+	rel := msgRelation(16400, "public", "items", relCol{"id", false}, relCol{"body", true}, relCol{"n", false})
+	a, err := feedAt(t, items, 0x11, 0x11, msgBegin(0x10, 1), rel,
+		msgUpdate(16400, []any{nil, "old", nil}, "3", "new", "5"), msgCommit(0x10, 0x20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := render(t, a); got != "public.items U 0/10#1 3 new 5\n" {
+		t.Errorf("rows = %q", got)
+	}
+}

@@ -171,10 +171,11 @@ func ChangedColumns(ctx context.Context, conn *pgx.Conn, tables []changebatch.Ta
 			oids = append(oids, t.SourceOID)
 		}
 	}
-	// The key as keyColumns reads it: the replica identity index, else the primary key.
+	// The key as keyColumns reads it: the replica identity index, else the primary key unless it
+	// is DEFERRABLE (then there is none, as DescribeTable refuses it).
 	rows, err := conn.Query(ctx, `select a.attrelid, a.attname, a.atttypid, a.atttypmod,
   coalesce(array_position((select i.indkey[0:i.indnkeyatts-1]::int2[] from pg_index i join pg_class c on c.oid = i.indrelid
-    where i.indrelid = a.attrelid and case when c.relreplident = 'i' then i.indisreplident else i.indisprimary end), a.attnum), 0),
+    where i.indrelid = a.attrelid and case when c.relreplident = 'i' then i.indisreplident else i.indisprimary and i.indimmediate end), a.attnum), 0),
   a.attgenerated <> '', a.attnum, coalesce(pg_relation_filenode(a.attrelid), 0)
 from pg_attribute a
 where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.attrelid, a.attnum`, oids)

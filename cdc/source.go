@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -181,16 +182,19 @@ func checkImmediateKey(ctx context.Context, conn *pgx.Conn, t changebatch.Table,
 		return nil // PostgreSQL accepts only an immediate index as replica identity index
 	}
 	var constraint string
-	err := conn.QueryRow(ctx, `select coalesce((select conname::text from pg_constraint where conindid = i.indexrelid and conrelid = i.indrelid), '')
-from pg_index i where i.indrelid = $1 and i.indisprimary and not i.indimmediate`, oid).Scan(&constraint)
+	var cols []string
+	err := conn.QueryRow(ctx, `select coalesce((select conname::text from pg_constraint where conindid = i.indexrelid and conrelid = i.indrelid), ''),
+  array(select quote_ident(attname) from unnest(i.indkey[0:i.indnkeyatts-1]) with ordinality k(n, o)
+    join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.n order by k.o)
+from pg_index i where i.indrelid = $1 and i.indisprimary and not i.indimmediate`, oid).Scan(&constraint, &cols)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("read key of source table %s: %w", t, err)
 	}
-	return fmt.Errorf("source table %s has a DEFERRABLE primary key (%s), which PostgreSQL cannot use as replica identity (a published table without one fails every UPDATE and DELETE on the source) and which lets one statement pass through duplicate keys: make it NOT DEFERRABLE (ALTER TABLE %s ALTER CONSTRAINT %s NOT DEFERRABLE), or add a unique index on NOT NULL columns that is not deferrable and run ALTER TABLE %s REPLICA IDENTITY USING INDEX <index>, or leave the table out",
-		t, constraint, t.Quoted(), pgx.Identifier{constraint}.Sanitize(), t.Quoted())
+	return fmt.Errorf("source table %s has a DEFERRABLE primary key (%s), which PostgreSQL cannot use as replica identity (a published table without one fails every UPDATE and DELETE on the source) and which lets one statement pass through duplicate keys: create it again NOT DEFERRABLE (ALTER TABLE %s DROP CONSTRAINT %s, ADD PRIMARY KEY (%s)), or add a unique index on NOT NULL columns that is not deferrable and run ALTER TABLE %s REPLICA IDENTITY USING INDEX <index>, or leave the table out: %w",
+		t, constraint, t.Quoted(), pgx.Identifier{constraint}.Sanitize(), strings.Join(cols, ", "), t.Quoted(), changebatch.ErrNoKey)
 }
 
 // keyColumns maps the attribute numbers of the replica identity key to their 1-based position in

@@ -113,7 +113,8 @@ func (t Table) KeyIndexes() []int {
 	return idx
 }
 
-// ErrNoKey is wrapped by Validate's error for a table without key columns.
+// ErrNoKey is wrapped by the error for a table without a usable key: Validate's for one without
+// key columns, and the source's description of one whose primary key is DEFERRABLE.
 var ErrNoKey = errors.New("no key")
 
 // Validate reports every problem of the description at once: no key column, an empty or duplicate

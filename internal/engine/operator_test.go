@@ -59,7 +59,7 @@ func TestDeferrableKeyIsNeverPublished(t *testing.T) {
 	for _, table := range []string{"public.d_plain", "public.d_full"} {
 		cfg := testConfig(t, env)
 		cfg.Tables = []string{table + ",public.ok"}
-		requireRefusal(t, cfg, table, "DEFERRABLE", `ALTER CONSTRAINT "d_`, "NOT DEFERRABLE")
+		requireRefusal(t, cfg, table, "DEFERRABLE", `DROP CONSTRAINT "d_`, "ADD PRIMARY KEY (id)", "NOT DEFERRABLE")
 		if n := published(); n != 0 {
 			t.Fatalf("%d tables published after the refusal, want none", n)
 		}
@@ -233,5 +233,47 @@ func TestDroppedKeyIsWaitedFor(t *testing.T) {
 	pgtest.Exec(t, env.Source, `alter table t add primary key (n)`, `update t set n = n + 1000 where id <= 5`)
 	pgtest.WaitConverged(t, env, "t", "n")
 	waitTargetKey(t, env, "n")
+	d.RequireRunning(t)
+}
+
+// A transaction that switches the replica identity to another index, changes rows under it and
+// switches back never wedges the stream: its changes under the other identity (old key tuples
+// without the table's key) are passed over below the reload's fence, and the reload brings the
+// rows; other tables keep streaming.
+func TestReplicaIdentitySwitchedAndBackInOneTransaction(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table r (id int primary key, a int not null, c int not null default 0, v text)`,
+		`insert into r select g, g, 0, 'x' from generate_series(1, 100) g`, `create unique index r_a on r (a)`,
+		`create table other (id int primary key, v text)`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `begin`, `alter table r replica identity using index r_a`,
+		`update r set a = -a where id <= 5`, `delete from r where id = 6`, `alter table r replica identity default`,
+		`update r set c = 1 where id between 7 and 9`, `commit`,
+		`insert into other values (1, 'after')`, `update r set v = 'y' where id = 10`)
+	pgtest.WaitConverged(t, env, "r", "id")
+	pgtest.WaitConverged(t, env, "other", "id")
+	d.RequireRunning(t)
+}
+
+// A primary key made DEFERRABLE while streaming is no key: the catalog check notices it and the
+// daemon waits (a "schema" retry) instead of stopping, and follows the table again once its key is
+// made immediate again.
+func TestKeyMadeDeferrableIsWaitedFor(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'v' from generate_series(1, 20) g`)
+	mon := &retryCounter{}
+	cfg := testConfig(t, env)
+	cfg.Monitor = mon
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey, add primary key (id) deferrable`)
+	pgtest.Eventually(t, 60*time.Second, "a schema retry while the key is deferrable", func() (bool, string) {
+		n := mon.counts()
+		return n["schema"] > 0, fmt.Sprint(n)
+	})
+	d.RequireRunning(t)
+	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey, add primary key (id)`, `update t set v = 'w' where id <= 3`, `insert into t values (21, 'x')`)
+	pgtest.WaitConverged(t, env, "t", "id")
 	d.RequireRunning(t)
 }

@@ -153,6 +153,8 @@ func hint(err error) string {
 	switch {
 	case errors.Is(err, errEnumChanged):
 		return "an enum label was added or renamed on the source: the next session changes the target's type alike"
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23") && strings.HasPrefix(pgErr.TableName, "pgconverge_stage"):
+		return "pgconverge's staging copy of a target table refused a row, most likely a change of the source without a value for a key column; this is no constraint of yours: report it with this log line, the daemon retries meanwhile"
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23"):
 		return "a constraint of the target table rejects a row of the source (the error names the constraint and the row): change or drop that constraint on the target; the daemon retries the same changes until then and never skips them"
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
