@@ -30,6 +30,15 @@ func (m *retryCounter) SessionRetried(reason string) {
 	m.n[reason]++
 }
 
+// startCounted starts the daemon with the test's configuration and a retryCounter as its Monitor.
+func startCounted(t *testing.T, env *pgtest.Env) (*pgtest.Running, *retryCounter) {
+	t.Helper()
+	mon := &retryCounter{}
+	cfg := testConfig(t, env)
+	cfg.Monitor = mon
+	return startDaemon(t, cfg), mon
+}
+
 func (m *retryCounter) counts() map[string]int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -89,10 +98,7 @@ func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
 	for _, set := range append(both, `lock_timeout = '1ms'`, `default_transaction_read_only = on`) {
 		pgtest.Exec(t, env.Target, fmt.Sprintf(`alter database %s set %s`, env.Name, set))
 	}
-	mon := &retryCounter{}
-	cfg := testConfig(t, env)
-	cfg.Monitor = mon
-	d := startDaemon(t, cfg)
+	d, mon := startCounted(t, env)
 	pgtest.WaitStreaming(t, env)
 	pgtest.WaitConverged(t, env, "big", "id")
 
@@ -115,10 +121,7 @@ func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
 func TestTargetConstraintIsRetriedUntilFixed(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table c (id int primary key, v int)`, `insert into c select g, g from generate_series(1, 10) g`)
-	mon := &retryCounter{}
-	cfg := testConfig(t, env)
-	cfg.Monitor = mon
-	d := startDaemon(t, cfg)
+	d, mon := startCounted(t, env)
 	pgtest.WaitStreaming(t, env)
 	pgtest.WaitConverged(t, env, "c", "id")
 	pgtest.Exec(t, env.Target, `alter table c add constraint v_small check (v < 100)`)
@@ -219,10 +222,7 @@ func TestDroppedKeyIsWaitedFor(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text, n int)`,
 		`insert into t select g, 'v' || g, g from generate_series(1, 50) g`)
-	mon := &retryCounter{}
-	cfg := testConfig(t, env)
-	cfg.Monitor = mon
-	d := startDaemon(t, cfg)
+	d, mon := startCounted(t, env)
 	pgtest.WaitStreaming(t, env)
 	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey`, `insert into t values (51, 'keyless', 51)`)
 	pgtest.Eventually(t, 60*time.Second, "a schema retry while the table has no key", func() (bool, string) {
@@ -262,10 +262,7 @@ func TestReplicaIdentitySwitchedAndBackInOneTransaction(t *testing.T) {
 func TestKeyMadeDeferrableIsWaitedFor(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'v' from generate_series(1, 20) g`)
-	mon := &retryCounter{}
-	cfg := testConfig(t, env)
-	cfg.Monitor = mon
-	d := startDaemon(t, cfg)
+	d, mon := startCounted(t, env)
 	pgtest.WaitStreaming(t, env)
 	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey, add primary key (id) deferrable`)
 	pgtest.Eventually(t, 60*time.Second, "a schema retry while the key is deferrable", func() (bool, string) {
