@@ -273,6 +273,6 @@ func (l *loop) logProgress(now time.Time) {
 	}
 	l.lastLog, l.lastLogChanges = now, st.Changes
 	l.s.cfg.Logger.Info("stream progress", "slot", l.s.cfg.Slot, "flushed_lsn", st.Flushed.String(),
-		"source_lsn", st.SourceWALEnd.String(), "lag_bytes", st.Lag(), "transactions", st.Transactions,
+		"confirmed_lsn", st.Confirmed.String(), "source_lsn", st.SourceWALEnd.String(), "lag_bytes", st.Lag(), "transactions", st.Transactions,
 		"changes", st.Changes, "changes_per_s", int64(rate))
 }
