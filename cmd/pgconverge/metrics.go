@@ -29,6 +29,10 @@ type metrics struct {
 	backfillDone *prometheus.GaugeVec
 	retries      *prometheus.CounterVec
 
+	discFound      *prometheus.CounterVec
+	discRepaired   *prometheus.CounterVec
+	discSuppressed *prometheus.CounterVec
+
 	changes    prometheus.Counter
 	slotSafe   *prometheus.GaugeVec
 	slotHeld   *prometheus.GaugeVec
@@ -98,7 +102,13 @@ func newMetrics() *metrics {
 		Help: "Bytes of WAL the slot holds back on the source: current position minus restart_lsn."}, []string{"slot"})
 	m.slotStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_wal_status",
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others."}, []string{"slot", "wal_status"})
-	for _, c := range []prometheus.Collector{m.changes, m.slotSafe, m.slotHeld, m.slotStatus, streamCollector{m}} {
+	m.discFound = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_discrepancies_found_total",
+		Help: "Discrepancies verify found (keys whose target row disagreed with the source at the verified snapshot), by table and kind (missing, extra, different)."}, []string{"table", "kind"})
+	m.discRepaired = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_discrepancies_repaired_total",
+		Help: "Discrepancies verify --repair rewrote from the source and closed, by table."}, []string{"table"})
+	m.discSuppressed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_discrepancies_suppressed_total",
+		Help: "Discrepancies verify found again under an id already recorded (a repeated or replayed run over the same drift), which recorded nothing new, by table."}, []string{"table"})
+	for _, c := range []prometheus.Collector{m.discFound, m.discRepaired, m.discSuppressed, m.changes, m.slotSafe, m.slotHeld, m.slotStatus, streamCollector{m}} {
 		f(c)
 	}
 	f(collectors.NewGoCollector())
@@ -177,6 +187,21 @@ func (m *metrics) SlotHealth(h engine.SlotHealth) {
 // CoverageGap sets table's coverage gap gauge.
 func (m *metrics) CoverageGap(table string, bytes uint64) {
 	m.gapBytes.WithLabelValues(table).Set(float64(bytes))
+}
+
+// DiscrepanciesFound counts discrepancies a verify run found.
+func (m *metrics) DiscrepanciesFound(table, kind string, n int64) {
+	m.discFound.WithLabelValues(table, kind).Add(float64(n))
+}
+
+// DiscrepanciesRepaired counts discrepancies a verify run repaired.
+func (m *metrics) DiscrepanciesRepaired(table string, n int64) {
+	m.discRepaired.WithLabelValues(table).Add(float64(n))
+}
+
+// DiscrepanciesSuppressed counts discrepancies found again under a known id.
+func (m *metrics) DiscrepanciesSuppressed(table string, n int64) {
+	m.discSuppressed.WithLabelValues(table).Add(float64(n))
 }
 
 // SessionRetried counts a session started again after a failure.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 
 	"github.com/pgconverge/pgconverge/internal/engine"
@@ -10,7 +11,7 @@ import (
 
 func newRunCmd(stderr io.Writer) *cobra.Command {
 	cfg := engine.Config{}
-	var logFormat, logLevel, scheduleSpec, metricsAddr string
+	var logFormat, logLevel, scheduleSpec, verifySpec, metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "run --source URL --target URL [--tables s.t,s.u] [--slot pgconverge] [--publication pgconverge]",
 		Short: "Stream changes from the source into the target continuously (loads tables first when needed)",
@@ -29,8 +30,15 @@ published tables that are not selected are skipped: such a table is loaded again
 			}
 			cfg.Logger = logger
 			sched, schedErr := engine.ParseSchedule(scheduleSpec)
-			cfg.BackfillSchedule = sched
-			if err := errors.Join(cfg.Validate(), schedErr); err != nil {
+			if schedErr != nil {
+				schedErr = fmt.Errorf("--backfill-schedule: %w", schedErr)
+			}
+			vsched, vschedErr := engine.ParseSchedule(verifySpec)
+			if vschedErr != nil {
+				vschedErr = fmt.Errorf("--verify-schedule: %w", vschedErr)
+			}
+			cfg.BackfillSchedule, cfg.VerifySchedule = sched, vsched
+			if err := errors.Join(cfg.Validate(), schedErr, vschedErr); err != nil {
 				return err
 			}
 			if metricsAddr != "" {
@@ -50,6 +58,8 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
+	f.StringVar(&verifySpec, "verify-schedule", "", `verify every selected table on this cron schedule while streaming (as pgconverge verify does), for example "@every 6h"; a tick while the previous verify runs is skipped`)
+	f.BoolVar(&cfg.VerifyRepair, "verify-repair", false, "repair what a scheduled verify finds (as verify --repair)")
 	f.StringVar(&cfg.OnGap, "on-gap", engine.OnGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187); off when empty")

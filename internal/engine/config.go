@@ -26,6 +26,10 @@ type Config struct {
 	// BackfillSchedule, when set, backfills every selected table again at its ticks while
 	// streaming (ParseSchedule).
 	BackfillSchedule cron.Schedule
+	// VerifySchedule, when set, verifies every selected table at its ticks while streaming
+	// (Verify, trigger "schedule"), and with VerifyRepair repairs what it finds.
+	VerifySchedule cron.Schedule
+	VerifyRepair   bool
 	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
 	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
 	OnGap string
@@ -55,6 +59,8 @@ type Knobs struct {
 	// committed chunk of a scheduled backfill.
 	Schedule            func(ScheduleEvent)
 	AfterScheduledChunk func(table string, rows int64)
+	// Verified runs after each scheduled verify with its report and error.
+	Verified func(VerifyReport, error)
 }
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.

@@ -32,6 +32,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envVerifyKill) != "" {
+		os.Exit(verifyRepairChild())
+	}
 	if point := os.Getenv(envCrashPoint); point == "backfill-chunk" || point == "backfill-batch" {
 		at, _ := strconv.Atoi(os.Getenv(envCrashAt))
 		os.Exit(backfillCrashChild(point, at))

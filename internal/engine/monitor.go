@@ -29,6 +29,12 @@ type Monitor interface {
 	// BackfillProgress returns the Progress a backfill run of trigger ("initial", "gap",
 	// "schedule") reports to: p, which it may wrap to follow the run too.
 	BackfillProgress(trigger string, p Progress) Progress
+	// DiscrepanciesFound counts n discrepancies of kind ("missing", "extra", "different") a
+	// verify run found in table; DiscrepanciesRepaired n it repaired; DiscrepanciesSuppressed n
+	// it found again under a known id (a replayed or repeated run), which recorded nothing new.
+	DiscrepanciesFound(table, kind string, n int64)
+	DiscrepanciesRepaired(table string, n int64)
+	DiscrepanciesSuppressed(table string, n int64)
 }
 
 // StreamStats are a streamer's counters (cdc.Stats): Flushed is the watermark, the LSN up to which
@@ -64,3 +70,6 @@ func (nopMonitor) SlotHealth(SlotHealth)                             {}
 func (nopMonitor) CoverageGap(string, uint64)                        {}
 func (nopMonitor) SessionRetried(string)                             {}
 func (nopMonitor) BackfillProgress(_ string, p Progress) Progress    { return p }
+func (nopMonitor) DiscrepanciesFound(string, string, int64)          {}
+func (nopMonitor) DiscrepanciesRepaired(string, int64)               {}
+func (nopMonitor) DiscrepanciesSuppressed(string, int64)             {}

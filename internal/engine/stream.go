@@ -49,6 +49,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.watch(gctx, &walEnd) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
+	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error {
 		if err := streamer.Run(gctx, s.repl); err != nil {
 			return err

@@ -1,0 +1,108 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// BeginSnapshot starts a REPEATABLE READ, READ ONLY transaction on conn that imports snap, and
+// checks (locking them against rewrites for the rest of the transaction) that tables were not
+// rewritten since snap (ErrRewritten): what a reader other than ReadChunk needs, for example
+// verify's checksums.
+func BeginSnapshot(ctx context.Context, conn *pgx.Conn, snap Snapshot, tables ...changebatch.Table) (pgx.Tx, error) {
+	tx, err := beginSnapshot(ctx, conn, snap)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tables {
+		if err := checkNotRewritten(ctx, tx, t, snap); err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
+	return tx, nil
+}
+
+// ReadKeys reads the rows of table t with the given keys (keys[i] holds one key's values as text,
+// in t.KeyOrder) that snapshot snap shows, over conn (a source connection not in a transaction),
+// matched by the key types' own equality, and emits them as upsert batches at version (snap.LSN,
+// 0), as ReadChunk does. It returns, for each key, whether the snapshot has a row for it.
+func ReadKeys(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, keys [][]string, emit EmitFunc) ([]bool, error) {
+	found := make([]bool, len(keys))
+	if len(keys) == 0 {
+		return found, nil
+	}
+	tx, err := BeginSnapshot(ctx, conn, snap, t)
+	if err != nil {
+		return nil, fmt.Errorf("read keys of %s: %w", t, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	order := t.KeyOrder()
+	cols := make([][]string, len(order))
+	for _, k := range keys {
+		if len(k) != len(order) {
+			return nil, fmt.Errorf("read keys of %s: a key has %d values, the key %d columns", t, len(k), len(order))
+		}
+		for j := range order {
+			cols[j] = append(cols[j], k[j])
+		}
+	}
+	var params, names, on []string
+	args := []any{pgx.QueryResultFormats{pgx.TextFormatCode}}
+	for j, i := range order {
+		c := t.Columns[i]
+		u := "k" + strconv.Itoa(j)
+		params = append(params, "$"+strconv.Itoa(j+1)+"::text[]")
+		names = append(names, u)
+		on = append(on, "s."+pgx.Identifier{c.Name}.Sanitize()+" = u."+u+"::"+c.Type)
+		args = append(args, cols[j])
+	}
+	sel := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		sel[i] = "s." + pgx.Identifier{c.Name}.Sanitize()
+	}
+	q := "select u.ord, " + strings.Join(sel, ", ") + " from " + relation(t) + " as s join unnest(" + strings.Join(params, ", ") +
+		") with ordinality as u(" + strings.Join(names, ", ") + ", ord) on " + strings.Join(on, " and ")
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read keys of %s at snapshot %s: %w", t, snap.LSN, err)
+	}
+	defer rows.Close()
+	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
+	defer b.Release()
+	version := changebatch.Version{LSN: snap.LSN}
+	flush := func() error {
+		rec := b.NewBatch()
+		defer rec.Release()
+		return emit(ctx, rec)
+	}
+	for rows.Next() {
+		raw := rows.RawValues()
+		ord, err := strconv.Atoi(string(raw[0]))
+		if err != nil || ord < 1 || ord > len(keys) {
+			return nil, fmt.Errorf("read keys of %s: ordinal %q", t, raw[0])
+		}
+		found[ord-1] = true
+		b.AppendSnapshotRow(version, raw[1:])
+		if b.Rows() >= 1000 || b.Bytes() >= MaxBatchBytes {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read keys of %s at snapshot %s: %w", t, snap.LSN, err)
+	}
+	if b.Rows() > 0 {
+		if err := flush(); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// verifyCmd runs `pgconverge verify --format json` with extra flags and returns the report, the
+// exit status the process would have and its error.
+func verifyCmd(t *testing.T, env *pgtest.Env, extra ...string) (engine.VerifyReport, int, error) {
+	t.Helper()
+	var out bytes.Buffer
+	args := append([]string{"verify", "--source", env.SourceURL, "--target", env.TargetURL, "--format", "json", "--log-format", "text"}, extra...)
+	err := run(context.Background(), args, &out, pgtest.LogWriter(t))
+	code := 0
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.Code
+	case err != nil:
+		code = 1
+	}
+	var rep engine.VerifyReport
+	if out.Len() > 0 {
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+			t.Fatalf("verify JSON: %v\n%s", err, out.String())
+		}
+	}
+	return rep, code, err
+}
+
+// verify exits 0 when nothing is open, 4 with open discrepancies (in its JSON too), 0 again after
+// --repair; --no-values records no values; a table it cannot compare is an error naming it.
+func TestVerifyCommand(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, secret text)`,
+		`insert into t select g, 'secret ' || g from generate_series(1, 1000) g`)
+	startRun(t, env)
+	pgtest.WaitConverged(t, env, "t", "id")
+	if rep, code, err := verifyCmd(t, env); code != 0 || rep.Open != 0 || len(rep.Tables) != 1 || rep.Tables[0].RowsCompared != 1000 {
+		t.Fatalf("equal: exit %d (%v), %+v", code, err, rep)
+	}
+	pgtest.Exec(t, env.Target, `update t set secret = 'leaked' where id = 5`)
+	rep, code, _ := verifyCmd(t, env, "--no-values", "--table", "public.t")
+	if code != exitOpen || rep.Open != 1 || rep.Tables[0].Found["different"] != 1 {
+		t.Fatalf("drift: exit %d, %+v", code, rep)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where source_values is not null or target_values is not null`); n != 0 {
+		t.Errorf("--no-values recorded the values of %d discrepancies", n)
+	}
+	if rep, code, err := verifyCmd(t, env, "--repair"); code != 0 || rep.Repaired != 1 || rep.Open != 0 {
+		t.Fatalf("repair: exit %d (%v), %+v", code, err, rep)
+	}
+	pgtest.WaitConverged(t, env, "t", "id")
+	_, code, err := verifyCmd(t, env, "--table", "public.nosuch")
+	if code != 1 || err == nil || !strings.Contains(err.Error(), "public.nosuch") {
+		t.Errorf("unknown table: exit %d, %v", code, err)
+	}
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/spf13/cobra"
+)
+
+// exitOpen is the exit status of `pgconverge verify` when discrepancies are left open.
+const exitOpen = 4
+
+func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
+	cfg := engine.VerifyConfig{}
+	var logFormat, logLevel, format string
+	cmd := &cobra.Command{
+		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--format table|json] [--no-values]",
+		Short: "Compare the target with an exact snapshot of the source, record each discrepancy once, and repair it",
+		Long: `verify reads the source at an exact snapshot S (a temporary logical slot's exported snapshot),
+waits until the stream has applied the source up to S, and compares each table with the target by
+checksums computed inside both databases, narrowed down to single keys. Target rows whose version is
+newer than S are not compared: the stream has moved them on. It is safe to run while ` + "`pgconverge run`" + `
+streams.
+
+Each discrepancy (missing: the source has the row, the target has no live row; extra: the target
+has a live row the source does not have; different: the values differ) is recorded in
+pgconverge.discrepancies on the target under a deterministic id, so running verify again over the
+same drift records nothing twice. Earlier discrepancies found equal now are closed. With --repair,
+every open discrepancy's key is read again from a fresh exact snapshot S' and written through the
+same version-guarded apply step at version (S', 0) (a tombstone where the source has no row), closing
+the discrepancy in the same target transaction; a newer streamed change still wins.
+
+Exit status: 0 when no discrepancy is left open, 4 when some are, 1 on an error (also when a table
+named with --table could not be compared). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
+The JSON format is documented in README.md and stays stable.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(stderr, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			errs := []error{cfg.Validate()}
+			if format != "table" && format != "json" {
+				errs = append(errs, fmt.Errorf("--format %q is invalid: use table or json", format))
+			}
+			if err := errors.Join(errs...); err != nil {
+				return err
+			}
+			rep, err := engine.Verify(cmd.Context(), cfg)
+			if err == nil || errors.Is(err, engine.ErrNotVerified) {
+				if format == "json" {
+					enc := json.NewEncoder(stdout)
+					enc.SetIndent("", "  ")
+					if encErr := enc.Encode(rep); encErr != nil && err == nil {
+						err = encErr
+					}
+				} else {
+					printVerify(stdout, rep)
+				}
+			}
+			switch {
+			case err != nil:
+				return err
+			case rep.Open > 0:
+				return exitError{Code: exitOpen, Err: fmt.Errorf("%d discrepancies are open (pgconverge.discrepancies on the target; verify --repair repairs them)", rep.Open)}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	addURLFlags(f, &cfg.Source, &cfg.Target)
+	f.StringArrayVar(&cfg.Tables, "table", nil, "table to verify, schema.table (repeat it or separate with commas; default: every table replicated into the target)")
+	f.BoolVar(&cfg.Repair, "repair", false, "rewrite every open discrepancy's key from a fresh exact snapshot of the source")
+	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")
+	f.StringVar(&format, "format", "table", "output format: table or json")
+	f.DurationVar(&cfg.Wait, "wait", 0, "how long to wait for the stream to apply the source up to the snapshot (default 2m)")
+	addLogFlags(f, &logFormat, &logLevel)
+	return cmd
+}
+
+// printVerify writes the report for a terminal: one line per table, then the totals.
+func printVerify(w io.Writer, rep engine.VerifyReport) {
+	fmt.Fprintf(w, "verify run %d at snapshot %s (hash %s)", rep.RunID, rep.Snapshot, rep.HashMode)
+	if rep.RepairSnapshot != "" {
+		fmt.Fprintf(w, ", repaired at %s", rep.RepairSnapshot)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tSTATE\tROWS COMPARED\tMOVED ON\tRANGES\tROWS FETCHED\tBYTES FETCHED\tELAPSED\tFOUND\tREPAIRED\tOPEN")
+	for _, t := range rep.Tables {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.2fs\t%s\t%d\t%d\n", t.Table, t.State, t.RowsCompared, t.MovedOn, t.RangesChecked,
+			t.RowsFetched, engine.HumanBytes(uint64(t.BytesFetched)), t.ElapsedSeconds, kinds(t.Found), t.Repaired, t.Open)
+	}
+	tw.Flush()
+	for _, t := range rep.Tables {
+		if t.Reason != "" {
+			fmt.Fprintf(w, "%s: %s\n", t.Table, t.Reason)
+		}
+	}
+	fmt.Fprintf(w, "found %d, repaired %d, open %d\n", rep.Found, rep.Repaired, rep.Open)
+}
+
+// kinds prints counts by kind, for example "missing 2, different 1", or "-".
+func kinds(m map[string]int64) string {
+	var parts []string
+	for k, n := range m {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/coverage"
+)
+
+// repairBatch is how many discrepancies one repair transaction takes.
+const repairBatch = 1000
+
+// repairAll repairs the open discrepancies of every compared table from a fresh exact snapshot
+// S', which it returns.
+func (v *verifyRun) repairAll(ctx context.Context) (string, error) {
+	exp, err := backfill.Export(ctx, v.cfg.Source)
+	if err != nil {
+		return "", err
+	}
+	defer exp.Close(context.WithoutCancel(ctx))
+	applier := apply.New(v.tgt)
+	for _, t := range v.tables {
+		if !t.ok() {
+			continue
+		}
+		if err := v.repair(ctx, applier, exp.Snapshot, t); err != nil {
+			return exp.LSN.String(), fmt.Errorf("repair %s: %w", t, err)
+		}
+	}
+	return exp.LSN.String(), nil
+}
+
+// repair rewrites the keys of t's open discrepancies, a batch per target transaction: each key's
+// row at snap as an upsert at (S', 0), or a tombstone at (S', 0) where snap has no row, through
+// the apply step (so a newer streamed change still wins), and closes the batch's discrepancies in
+// the same transaction: a repair killed and run again repairs nothing twice.
+func (v *verifyRun) repair(ctx context.Context, applier *apply.Applier, snap backfill.Snapshot, t *verifyTable) error {
+	keyCols := backfill.KeyColumnNames(t.Table)
+	after := ""
+	for {
+		open, err := coverage.OpenDiscrepancies(ctx, v.led, t.TableName, keyCols, after, repairBatch)
+		if err != nil || len(open) == 0 {
+			return err
+		}
+		after = open[len(open)-1].ID
+		n, err := v.repairBatch(ctx, applier, snap, t, open)
+		if err != nil {
+			return err
+		}
+		t.rep.Repaired += n
+		v.cfg.Monitor.DiscrepanciesRepaired(t.rep.Table, n)
+	}
+}
+
+// repairBatch repairs and closes the discrepancies open in one target transaction and returns how
+// many it closed.
+func (v *verifyRun) repairBatch(ctx context.Context, applier *apply.Applier, snap backfill.Snapshot, t *verifyTable, open []coverage.OpenDiscrepancy) (int64, error) {
+	keys := make([][]string, len(open))
+	ids := make([]string, len(open))
+	for i, d := range open {
+		keys[i], ids[i] = d.Key, d.ID
+	}
+	tx, err := applier.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	found, err := backfill.ReadKeys(ctx, v.src, snap, t.Table, keys, func(ctx context.Context, rec arrow.RecordBatch) error {
+		_, err := tx.ApplySnapshot(ctx, rec)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if del := tombstones(t.Table, snap, keys, found); del != nil {
+		_, err := tx.Apply(ctx, del)
+		del.Release()
+		if err != nil {
+			return 0, err
+		}
+	}
+	n, err := coverage.CloseDiscrepancies(ctx, tx.Conn(), ids, coverage.RemediationRepaired, snap.LSN)
+	if err != nil {
+		return 0, err
+	}
+	if k := v.cfg.BeforeRepairCommit; k != nil {
+		k(t.String())
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// tombstones returns a batch of deletes at (S', 0) for the keys snap has no row for, nil when
+// there is none. The caller releases it.
+func tombstones(t changebatch.Table, snap backfill.Snapshot, keys [][]string, found []bool) arrow.RecordBatch {
+	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
+	defer b.Release()
+	order := t.KeyOrder()
+	for i, k := range keys {
+		if found[i] {
+			continue
+		}
+		vals := make([]changebatch.Value, len(t.Columns))
+		for j := range vals {
+			vals[j] = changebatch.Value{Null: true}
+		}
+		for j, c := range order {
+			vals[c] = changebatch.Value{Text: k[j]}
+		}
+		b.Append(changebatch.Change{Op: changebatch.OpDelete, Version: changebatch.Version{LSN: snap.LSN}, Values: vals})
+	}
+	if b.Rows() == 0 {
+		return nil
+	}
+	return b.NewBatch()
+}

@@ -1,0 +1,369 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/reconcile"
+	"github.com/pgconverge/pgconverge/migrations"
+)
+
+// VerifyConfig configures Verify (`pgconverge verify`, and run --verify-schedule).
+type VerifyConfig struct {
+	Source, Target string
+	// Tables are comma-separated lists of "schema.table" names; none: every table pgconverge
+	// replicates into the target.
+	Tables []string
+	// Repair rewrites every open discrepancy's key from a fresh exact snapshot S' (Verify).
+	Repair bool
+	// NoValues records hashes only, never the rows' values (for regulated data).
+	NoValues bool
+	// Wait bounds how long to wait for the stream to have applied up to the snapshot (default 2m).
+	Wait time.Duration
+	// Trigger is coverage.VerifyManual (default) or coverage.VerifySchedule.
+	Trigger string
+	// LeafRows is reconcile.Config.LeafRows (0: its default).
+	LeafRows int
+	Logger   *slog.Logger
+	Monitor  Monitor
+	// BeforeRepairCommit, a test hook, runs before each repair transaction commits.
+	BeforeRepairCommit func(table string)
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *VerifyConfig) Validate() error {
+	errs := validateURLs(c.Source, c.Target)
+	if c.Wait < 0 {
+		errs = append(errs, fmt.Errorf("--wait %s: must not be negative", c.Wait))
+	}
+	return errors.Join(errs...)
+}
+
+// VerifyReport is what a verify run did; its JSON form is `pgconverge verify --format json`
+// (README, "verify").
+type VerifyReport struct {
+	RunID int64 `json:"run_id"`
+	// Snapshot is S, the source's exact snapshot; RepairSnapshot S' (with --repair).
+	Snapshot       string        `json:"snapshot_lsn"`
+	RepairSnapshot string        `json:"repair_snapshot_lsn,omitempty"`
+	HashMode       string        `json:"hash_mode"`
+	Tables         []VerifyTable `json:"tables"`
+	// Found, Repaired and Open sum the tables' counts.
+	Found    int64 `json:"found"`
+	Repaired int64 `json:"repaired"`
+	Open     int64 `json:"open"`
+}
+
+// VerifyTable is one table's part of a VerifyReport.
+type VerifyTable struct {
+	Table string `json:"table"`
+	// State is "compared", "skipped" (Reason says why: not loaded yet, not followed by a
+	// stream) or "failed" (Reason holds the error).
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	// SourceRows are the rows the snapshot shows, RowsCompared those compared; MovedOn the target
+	// rows newer than S, not compared (the stream has moved them on).
+	SourceRows   int64 `json:"source_rows"`
+	RowsCompared int64 `json:"rows_compared"`
+	MovedOn      int64 `json:"moved_on"`
+	// RangesChecked counts the key-hash groups whose checksums were compared; RowsFetched and
+	// BytesFetched what was read from both sides.
+	RangesChecked  int64   `json:"ranges_checked"`
+	RowsFetched    int64   `json:"rows_fetched"`
+	BytesFetched   int64   `json:"bytes_fetched"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	// Found counts this run's discrepancies by kind; New those recorded for the first time (the
+	// rest were known); ClosedEqual earlier ones found equal now; Repaired those repaired; Open
+	// what is left open.
+	Found       map[string]int64 `json:"found"`
+	New         int64            `json:"new"`
+	ClosedEqual int64            `json:"closed_equal"`
+	Repaired    int64            `json:"repaired"`
+	Open        int64            `json:"open"`
+}
+
+// verifyTable is one table of a verify run.
+type verifyTable struct {
+	changebatch.Table
+	slot string
+	rep  *VerifyTable
+}
+
+// verifyRun is the state of one Verify.
+type verifyRun struct {
+	cfg           VerifyConfig
+	src, tgt, led *pgx.Conn // led writes the ledger while tgt holds the comparison's transaction
+	runID         int64
+	snap          backfill.Snapshot
+	mode          reconcile.HashMode
+	tables        []*verifyTable
+}
+
+// Verify compares the tables between the source at an exact snapshot S and the target, once the
+// stream has applied up to S (docs/design.md, "Reconciliation"): target rows newer than S are
+// not compared; every other key is, by checksums narrowed down to keys (package reconcile). Each
+// discrepancy is upserted into pgconverge.discrepancies on its deterministic id; earlier open
+// ones found equal are closed. With Repair, every open discrepancy's key is then read again at a
+// fresh exact snapshot S' and written through the apply step at version (S', 0) (a tombstone
+// where the source has no row), closing the discrepancy in the same target transaction.
+//
+// It returns the report and an error when the run could not be done, or when a table named in
+// Tables could not be compared (ErrNotVerified).
+func Verify(ctx context.Context, cfg VerifyConfig) (VerifyReport, error) {
+	if cfg.Wait == 0 {
+		cfg.Wait = 2 * time.Minute
+	}
+	if cfg.Trigger == "" {
+		cfg.Trigger = coverage.VerifyManual
+	}
+	if cfg.Monitor == nil {
+		cfg.Monitor = nopMonitor{}
+	}
+	v := &verifyRun{cfg: cfg}
+	var err error
+	if v.src, v.tgt, err = connectBoth(ctx, cfg.Source, cfg.Target); err != nil {
+		return VerifyReport{}, err
+	}
+	defer closeBoth(context.WithoutCancel(ctx), v.src, v.tgt)
+	if v.led, err = pgsession.Connect(ctx, cfg.Target, "target"); err != nil {
+		return VerifyReport{}, err
+	}
+	defer v.led.Close(context.WithoutCancel(ctx))
+	if err := v.prepare(ctx); err != nil {
+		return VerifyReport{}, err
+	}
+	rep, err := v.run(ctx)
+	end := coverage.VerifyRunEnd{Snapshot: v.snap.LSN, HashMode: v.mode.String(), Tables: len(v.tables),
+		Found: rep.Found, Repaired: rep.Repaired, Open: rep.Open, Err: err}
+	if rep.RepairSnapshot != "" {
+		end.Repair, _ = pglogrepl.ParseLSN(rep.RepairSnapshot)
+	}
+	if endErr := coverage.EndVerifyRun(context.WithoutCancel(ctx), v.led, v.runID, end); err == nil {
+		err = endErr
+	}
+	if err == nil && len(cfg.Tables) > 0 {
+		err = notVerified(rep)
+	}
+	return rep, err
+}
+
+// ErrNotVerified is wrapped by Verify's error when a table named in VerifyConfig.Tables was
+// skipped or failed.
+var ErrNotVerified = errors.New("not every table was verified")
+
+func notVerified(rep VerifyReport) error {
+	var errs []error
+	for _, t := range rep.Tables {
+		if t.State != "compared" {
+			errs = append(errs, fmt.Errorf("%s %s: %s", t.Table, t.State, t.Reason))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrNotVerified, errors.Join(errs...))
+}
+
+// prepare checks both sides, brings the metadata schema up to date, records the run and
+// describes the tables.
+func (v *verifyRun) prepare(ctx context.Context) error {
+	if err := checkDistinct(ctx, v.src, v.tgt); err != nil {
+		return err
+	}
+	if err := cdc.CheckSource(ctx, v.src); err != nil {
+		return fmt.Errorf("%w (verify takes its exact snapshot from a temporary logical replication slot)", err)
+	}
+	if err := migrations.Apply(ctx, v.tgt); err != nil {
+		return err
+	}
+	var names []changebatch.TableName
+	if len(v.cfg.Tables) > 0 {
+		var err error
+		if names, err = changebatch.ParseTableList(v.cfg.Tables); err != nil {
+			return fmt.Errorf("--table: %w", err)
+		}
+	} else {
+		reg, err := apply.RegisteredTables(ctx, v.tgt)
+		if err != nil {
+			return err
+		}
+		for _, t := range reg {
+			names = append(names, t.TableName)
+		}
+	}
+	var err error
+	if v.runID, err = coverage.StartVerifyRun(ctx, v.led, v.cfg.Trigger); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if slices.ContainsFunc(v.tables, func(t *verifyTable) bool { return t.TableName == n }) {
+			continue
+		}
+		vt := &verifyTable{Table: changebatch.Table{TableName: n}, rep: &VerifyTable{Table: n.String(), State: "compared", Found: map[string]int64{}}}
+		v.tables = append(v.tables, vt)
+		if vt.Table, err = cdc.DescribeTable(ctx, v.src, n.Schema, n.Name); err != nil {
+			vt.fail(err)
+			continue
+		}
+		vt.slot, err = v.followedBy(ctx, n)
+		if err != nil {
+			vt.fail(err)
+		}
+	}
+	return nil
+}
+
+// followedBy returns the slot that follows table n, or records why n is skipped.
+func (v *verifyRun) followedBy(ctx context.Context, n changebatch.TableName) (string, error) {
+	var loaded, slot *string
+	err := v.tgt.QueryRow(ctx, `select loaded_lsn::text, slot from pgconverge.tables where schema_name = $1 and table_name = $2`,
+		n.Schema, n.Name).Scan(&loaded, &slot)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", fmt.Errorf("%s is not replicated into the target (not in pgconverge.tables): name a table `pgconverge run` follows", n)
+	case err != nil:
+		return "", fmt.Errorf("read the state of %s: %w", n, err)
+	case loaded == nil:
+		return "", errSkip("not loaded: its initial load or reload has not completed; verify it once `pgconverge run` has loaded it")
+	case slot == nil:
+		return "", errSkip("not followed by a stream since its last load, so its rows are as of that load: run `pgconverge run` to follow it")
+	}
+	return *slot, nil
+}
+
+// errSkip is the reason a table is skipped rather than failed.
+type errSkip string
+
+func (e errSkip) Error() string { return string(e) }
+
+func (t *verifyTable) fail(err error) {
+	var skip errSkip
+	if errors.As(err, &skip) {
+		t.rep.State, t.rep.Reason = "skipped", skip.Error()
+		return
+	}
+	t.rep.State, t.rep.Reason = "failed", err.Error()
+}
+
+func (t *verifyTable) ok() bool { return t.rep.State == "compared" }
+
+// run takes the snapshot, waits for the streams to pass it, compares each table, repairs, and
+// returns the report.
+func (v *verifyRun) run(ctx context.Context) (VerifyReport, error) {
+	var rep VerifyReport
+	rep.RunID = v.runID
+	exp, err := backfill.Export(ctx, v.cfg.Source)
+	if err != nil {
+		return rep, err
+	}
+	defer exp.Close(context.WithoutCancel(ctx))
+	v.snap = exp.Snapshot
+	rep.Snapshot = v.snap.LSN.String()
+	if v.mode, err = reconcile.Probe(ctx, v.src, v.tgt); err != nil {
+		return rep, err
+	}
+	rep.HashMode = v.mode.String()
+	v.cfg.Logger.Info("verify: snapshot taken", "run", v.runID, "snapshot_lsn", v.snap.LSN, "tables", len(v.tables), "hash", v.mode)
+	if err := v.waitStreams(ctx); err != nil {
+		return rep, err
+	}
+	if err := v.compareAll(ctx); err != nil {
+		return rep, err
+	}
+	if v.cfg.Repair {
+		if rep.RepairSnapshot, err = v.repairAll(ctx); err != nil {
+			return v.report(ctx, rep), err
+		}
+	}
+	return v.report(ctx, rep), nil
+}
+
+// compareAll compares every table in one REPEATABLE READ transaction on the target, begun as soon
+// as the streams have passed S, so that as few target rows as possible have moved on past S.
+func (v *verifyRun) compareAll(ctx context.Context) error {
+	ttx, err := v.tgt.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("begin the target's transaction: %w", err)
+	}
+	defer ttx.Rollback(context.WithoutCancel(ctx))
+	for _, t := range v.tables {
+		if !t.ok() {
+			continue
+		}
+		start := time.Now()
+		if err := v.compare(ctx, ttx, t); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			t.fail(err)
+		}
+		t.rep.ElapsedSeconds = time.Since(start).Seconds()
+	}
+	return nil
+}
+
+// report fills rep with the tables' counts and what is left open.
+func (v *verifyRun) report(ctx context.Context, rep VerifyReport) VerifyReport {
+	for _, t := range v.tables {
+		if t.ok() {
+			if n, err := coverage.CountOpenDiscrepancies(ctx, v.led, t.TableName); err == nil {
+				t.rep.Open = n
+			} else {
+				t.fail(err)
+			}
+		}
+		for _, n := range t.rep.Found {
+			rep.Found += n
+		}
+		rep.Repaired += t.rep.Repaired
+		rep.Open += t.rep.Open
+		rep.Tables = append(rep.Tables, *t.rep)
+		v.cfg.Logger.Info("verify: table", "table", t.rep.Table, "state", t.rep.State, "reason", t.rep.Reason,
+			"rows_compared", t.rep.RowsCompared, "ranges", t.rep.RangesChecked, "rows_fetched", t.rep.RowsFetched,
+			"found", t.rep.Found, "repaired", t.rep.Repaired, "open", t.rep.Open, "elapsed_s", t.rep.ElapsedSeconds)
+	}
+	return rep
+}
+
+// waitStreams waits until the progress of every slot that follows a table to compare has reached
+// S on the target, so that every source change before S is in the target.
+func (v *verifyRun) waitStreams(ctx context.Context) error {
+	deadline := time.Now().Add(v.cfg.Wait)
+	for _, t := range v.tables {
+		if !t.ok() {
+			continue
+		}
+		for {
+			applied, _, err := apply.ReadProgress(ctx, v.tgt, t.slot)
+			if err != nil {
+				return err
+			}
+			if applied >= v.snap.LSN {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.fail(fmt.Errorf("the stream of slot %q has applied the source up to %s, behind the snapshot %s, after waiting %s: is `pgconverge run` running and caught up? (--wait sets how long verify waits)",
+					t.slot, applied, v.snap.LSN, v.cfg.Wait))
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,326 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"math/bits"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"golang.org/x/sync/errgroup"
+)
+
+// Config is one table's comparison.
+type Config struct {
+	// Table is the source's description of the table; the target table has its columns.
+	Table changebatch.Table
+	// Snapshot is S, the LSN of the source's exact snapshot: target rows at a version above
+	// (S, 0) are not compared.
+	Snapshot pglogrepl.LSN
+	// Mode is how values are hashed (Probe).
+	Mode HashMode
+	// LeafRows: once the mismatching groups hold at most this many rows, their rows are fetched
+	// and compared (default 4096).
+	LeafRows int
+	// MaxGroups bounds the groups one level asks each side for (default 65536).
+	MaxGroups int
+	// Emit receives the differences as they are found, in batches; the slice is the caller's.
+	Emit func(ctx context.Context, diffs []Diff) error
+}
+
+// Kind is the kind of a difference.
+type Kind string
+
+// The kinds of differences (docs/design.md, "Reconciliation").
+const (
+	// Missing: the source has the row at S; the target has no live row (absent, or a tombstone).
+	Missing Kind = "missing"
+	// Extra: the target has a live row the source does not have at S.
+	Extra Kind = "extra"
+	// Different: both have a live row, and their values differ.
+	Different Kind = "different"
+)
+
+// Diff is one key whose target row disagrees with the source at S.
+type Diff struct {
+	Kind Kind
+	// Key holds the key's values as text, in the key's index order (Table.KeyOrder).
+	Key []string
+	// SourceHash and TargetHash are the rows' 64-bit hashes (16 hex digits); "" where that side
+	// has no live row.
+	SourceHash, TargetHash string
+	// TargetVersion is the target row's version, zero when the target has no row for the key;
+	// TargetDeleted is true when that row is a tombstone.
+	TargetVersion changebatch.Version
+	TargetDeleted bool
+}
+
+// Stats is what a comparison did.
+type Stats struct {
+	// SourceRows is the rows the snapshot shows, Compared those compared (all but the keys the
+	// target has moved past S), Moved the target rows (live or tombstones) newer than (S, 0).
+	SourceRows, Compared, Moved int64
+	// Groups is the number of checksum groups compared (each level's), Levels the levels of
+	// grouping the mismatches needed (0: the whole-table checksums matched).
+	Groups int64
+	Levels int
+	// RowsFetched and BytesFetched count what was read from both sides: rows (keys with their
+	// hashes) and the bytes of every result, checksums included.
+	RowsFetched, BytesFetched int64
+	// Found counts the differences by kind.
+	Found map[Kind]int64
+}
+
+// group is one group's checksum on one side: rows and the sum of their row hashes.
+type group struct {
+	rows int64
+	sum  *big.Int
+}
+
+// pair is a key hash with its row hash: a source row of a key the target moved past S.
+type pair struct{ key, row int64 }
+
+// comparison is the state of one Compare.
+type comparison struct {
+	cfg        Config
+	src, tgt   Querier
+	rel        string // the source relation to read
+	rowH, keyH string
+	moved      []pair // source rows of keys the target moved past S
+	stats      Stats
+	// rows and bytes fetched, from both sides' goroutines at once
+	rows, bytes atomic.Int64
+}
+
+// Compare compares cfg.Table between src (a transaction at the exact snapshot S) and tgt (a
+// REPEATABLE READ transaction on the target), emitting every difference, and returns what it did.
+func Compare(ctx context.Context, src, tgt Querier, cfg Config) (Stats, error) {
+	if cfg.LeafRows <= 0 {
+		cfg.LeafRows = 4096
+	}
+	if cfg.MaxGroups <= 0 {
+		cfg.MaxGroups = 65536
+	}
+	c := &comparison{cfg: cfg, src: src, tgt: tgt, rel: relation(cfg.Table),
+		rowH: rowHash(cfg.Mode, cfg.Table, ""), keyH: keyHash(cfg.Mode, cfg.Table, "")}
+	c.stats.Found = map[Kind]int64{}
+	err := c.run(ctx)
+	c.stats.RowsFetched, c.stats.BytesFetched = c.rows.Load(), c.bytes.Load()
+	return c.stats, err
+}
+
+// relation is the source relation a snapshot read scans: a partitioned table with its
+// partitions, any other table without its inheritance children.
+func relation(t changebatch.Table) string {
+	if t.Partitioned {
+		return t.Quoted()
+	}
+	return "only " + t.Quoted()
+}
+
+// current is the target's filter for the rows compared: live, at a version at or below (S, 0).
+const current = `(` + `"_cdc_lsn", "_cdc_seq") <= ($1::pg_lsn, 0) and not "_cdc_deleted"`
+
+func (c *comparison) run(ctx context.Context) error {
+	var srcAll, tgtAll group
+	var moved int64
+	err := c.both(ctx, func(ctx context.Context) error {
+		return c.scanOne(ctx, c.src, "select count(*), coalesce(sum(h), 0)::text from (select "+c.rowH+" as h from "+c.rel+") s", &srcAll, nil)
+	}, func(ctx context.Context) error {
+		q := "select count(*) filter (where cur), coalesce(sum(h) filter (where cur), 0)::text, count(*) filter (where not cur and newer) from (select " +
+			c.rowH + " as h, " + current + " as cur, (\"_cdc_lsn\", \"_cdc_seq\") > ($1::pg_lsn, 0) as newer from " + c.cfg.Table.Quoted() + ") s"
+		return c.scanOne(ctx, c.tgt, q, &tgtAll, &moved, c.cfg.Snapshot.String())
+	})
+	if err != nil {
+		return err
+	}
+	c.stats.Groups++
+	c.stats.SourceRows, c.stats.Moved = srcAll.rows, moved
+	if moved > 0 {
+		if err := c.loadMoved(ctx); err != nil {
+			return err
+		}
+	}
+	c.stats.Compared = srcAll.rows - int64(len(c.moved))
+	srcAll = c.subtractMoved(map[int64]group{0: srcAll}, 0)[0]
+	if srcAll.equal(tgtAll) {
+		return nil
+	}
+	level := levelState{bits: 0, ids: []int64{0}, rows: max(srcAll.rows, tgtAll.rows)}
+	total := level.rows
+	for {
+		// Fetch the rows once few are left, or when grouping did not narrow them down (the
+		// differences are everywhere): another level would scan as much and fetch as much.
+		if level.rows <= int64(c.cfg.LeafRows) || level.bits >= 62 || (level.bits > 0 && level.rows > total/4) {
+			return c.leaf(ctx, level)
+		}
+		c.stats.Levels++
+		next, err := c.split(ctx, level)
+		if err != nil {
+			return err
+		}
+		if len(next.ids) == 0 {
+			return nil // the differences cancelled out between groups: none at key level
+		}
+		level = next
+	}
+}
+
+// levelState is the mismatching groups of one level: ids are key-hash values masked to bits.
+type levelState struct {
+	bits int
+	ids  []int64
+	rows int64 // the rows they hold, the larger side's
+}
+
+// mask returns the filter that keeps rows in the groups of l, on the key hash hk.
+func (l levelState) filter() string {
+	if l.bits == 0 {
+		return "true"
+	}
+	ids := make([]string, len(l.ids))
+	for i, id := range l.ids {
+		ids[i] = strconv.FormatInt(id, 10)
+	}
+	return "(hk & " + strconv.FormatInt(maskOf(l.bits), 10) + ") = any('{" + strings.Join(ids, ",") + "}'::int8[])"
+}
+
+func maskOf(bits int) int64 { return int64(uint64(1)<<bits - 1) }
+
+// split groups the rows of l's groups by more bits of the key hash on both sides and returns the
+// groups that still differ.
+func (c *comparison) split(ctx context.Context, l levelState) (levelState, error) {
+	per := l.rows / int64(len(l.ids))
+	k := max(1, bits.Len64(uint64(per/8)))
+	for k > 1 && len(l.ids)<<k > c.cfg.MaxGroups {
+		k--
+	}
+	k = min(k, 62-l.bits)
+	next := levelState{bits: l.bits + k}
+	m := strconv.FormatInt(maskOf(next.bits), 10)
+	srcG, tgtG := map[int64]group{}, map[int64]group{}
+	err := c.both(ctx, func(ctx context.Context) error {
+		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.rel + ") s where " + l.filter() + " group by 1"
+		return c.scanGroups(ctx, c.src, q, srcG)
+	}, func(ctx context.Context) error {
+		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.cfg.Table.Quoted() + " where " + current + ") s where " + l.filter() + " group by 1"
+		return c.scanGroups(ctx, c.tgt, q, tgtG, c.cfg.Snapshot.String())
+	})
+	if err != nil {
+		return next, err
+	}
+	srcG = c.subtractMoved(srcG, next.bits)
+	for id, s := range srcG {
+		c.stats.Groups++
+		if t, ok := tgtG[id]; !ok || !s.equal(t) {
+			next.ids = append(next.ids, id)
+			next.rows += max(s.rows, tgtG[id].rows)
+		}
+	}
+	for id, t := range tgtG {
+		if _, ok := srcG[id]; !ok {
+			c.stats.Groups++
+			next.ids = append(next.ids, id)
+			next.rows += t.rows
+		}
+	}
+	return next, nil
+}
+
+// subtractMoved takes the source rows of keys the target moved past S out of the source's groups
+// at bits (keyed by key hash masked to bits).
+func (c *comparison) subtractMoved(gs map[int64]group, bits int) map[int64]group {
+	for _, p := range c.moved {
+		id := p.key & maskOf(bits)
+		g, ok := gs[id]
+		if !ok {
+			continue // the group is not in this level
+		}
+		g.rows--
+		g.sum = new(big.Int).Sub(g.sum, big.NewInt(p.row))
+		if g.rows == 0 {
+			delete(gs, id)
+		} else {
+			gs[id] = g
+		}
+	}
+	return gs
+}
+
+func (g group) equal(o group) bool {
+	return g.rows == o.rows && (g.rows == 0 || g.sum.Cmp(o.sum) == 0)
+}
+
+// both runs the source's and the target's query at once.
+func (c *comparison) both(ctx context.Context, src, tgt func(context.Context) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := src(ctx); err != nil {
+			return fmt.Errorf("checksum %s on the source: %w", c.cfg.Table, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := tgt(ctx); err != nil {
+			return fmt.Errorf("checksum %s on the target: %w", c.cfg.Table, err)
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// scanOne reads the one-row result (count, sum as text[, moved]) of q into g (and moved).
+func (c *comparison) scanOne(ctx context.Context, q Querier, sql string, g *group, moved *int64, args ...any) error {
+	var sum string
+	dest := []any{&g.rows, &sum}
+	if moved != nil {
+		dest = append(dest, moved)
+	}
+	if err := q.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+		return err
+	}
+	c.count(0, int64(len(sum)+8*len(dest)))
+	var ok bool
+	if g.sum, ok = new(big.Int).SetString(sum, 10); !ok {
+		return fmt.Errorf("checksum %q is not a number", sum)
+	}
+	return nil
+}
+
+// scanGroups reads rows (group id, count, sum as text) of sql into gs.
+func (c *comparison) scanGroups(ctx context.Context, q Querier, sql string, gs map[int64]group, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var bytes int64
+	for rows.Next() {
+		var id, n int64
+		var sum string
+		if err := rows.Scan(&id, &n, &sum); err != nil {
+			return err
+		}
+		for _, r := range rows.RawValues() {
+			bytes += int64(len(r))
+		}
+		s, ok := new(big.Int).SetString(sum, 10)
+		if !ok {
+			return fmt.Errorf("checksum %q is not a number", sum)
+		}
+		gs[id] = group{rows: n, sum: s}
+	}
+	err = rows.Err()
+	c.count(0, bytes)
+	return err
+}
+
+// count adds to the fetched rows and bytes.
+func (c *comparison) count(rows, bytes int64) {
+	c.rows.Add(rows)
+	c.bytes.Add(bytes)
+}

@@ -1,0 +1,98 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Side names which database a lookup reads.
+type Side int
+
+// The two sides of a comparison.
+const (
+	Source Side = iota
+	Target
+)
+
+// LookupOpts narrows a Lookup on the target: Live keeps live rows only; NewerThan, when non-zero,
+// keeps rows at a version above (NewerThan, 0) only.
+type LookupOpts struct {
+	Live      bool
+	NewerThan string // an LSN as text, "" for none
+}
+
+// Lookup reads the rows of table t with the given keys (each key's values as text, in
+// t.KeyOrder) through q, matched by the key types' own equality, and returns each key's column
+// values as text (nil for NULL), in t.Columns order, or nil when there is no such row. On the
+// source it reads the table as a snapshot read does (with a partitioned table's partitions).
+func Lookup(ctx context.Context, q Querier, side Side, t changebatch.Table, keys [][]string, opts LookupOpts) ([][]*string, error) {
+	out := make([][]*string, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	order := t.KeyOrder()
+	cols := make([][]string, len(order))
+	for _, k := range keys {
+		if len(k) != len(order) {
+			return nil, fmt.Errorf("look up keys of %s: a key has %d values, the key %d columns", t, len(k), len(order))
+		}
+		for j := range order {
+			cols[j] = append(cols[j], k[j])
+		}
+	}
+	var params, names, on []string
+	var args []any
+	for j, i := range order {
+		c := t.Columns[i]
+		u := "k" + strconv.Itoa(j)
+		params = append(params, "$"+strconv.Itoa(j+1)+"::text[]")
+		names = append(names, u)
+		on = append(on, "s."+pgx.Identifier{c.Name}.Sanitize()+" = u."+u+"::"+c.Type)
+		args = append(args, cols[j])
+	}
+	sel := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		sel[i] = "s." + pgx.Identifier{c.Name}.Sanitize() + "::text"
+	}
+	rel := relation(t)
+	if side == Target {
+		rel = t.Quoted()
+		if opts.Live {
+			on = append(on, `not s."_cdc_deleted"`)
+		}
+		if opts.NewerThan != "" {
+			args = append(args, opts.NewerThan)
+			on = append(on, `(s."_cdc_lsn", s."_cdc_seq") > ($`+strconv.Itoa(len(args))+`::pg_lsn, 0)`)
+		}
+	}
+	sql := "select u.ord, array[" + strings.Join(sel, ", ") + "]::text[] from " + rel + " as s join unnest(" + strings.Join(params, ", ") +
+		") with ordinality as u(" + strings.Join(names, ", ") + ", ord) on " + strings.Join(on, " and ")
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("look up keys of %s: %w", t, err)
+	}
+	for rows.Next() {
+		var ord int64
+		var vals []*string
+		if err := rows.Scan(&ord, &vals); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("look up keys of %s: %w", t, err)
+		}
+		if ord < 1 || int(ord) > len(keys) {
+			rows.Close()
+			return nil, fmt.Errorf("look up keys of %s: ordinal %d out of range", t, ord)
+		}
+		out[ord-1] = vals
+	}
+	rows.Close()
+	err = rows.Err()
+	if err != nil {
+		return nil, fmt.Errorf("look up keys of %s: %w", t, err)
+	}
+	return out, nil
+}
