@@ -43,32 +43,16 @@ func ReadKeys(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.
 		return nil, fmt.Errorf("read keys of %s: %w", t, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	order := t.KeyOrder()
-	cols := make([][]string, len(order))
-	for _, k := range keys {
-		if len(k) != len(order) {
-			return nil, fmt.Errorf("read keys of %s: a key has %d values, the key %d columns", t, len(k), len(order))
-		}
-		for j := range order {
-			cols[j] = append(cols[j], k[j])
-		}
+	join, joinArgs, err := KeyJoin(t, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read keys of %s: %w", t, err)
 	}
-	var params, names, on []string
-	args := []any{pgx.QueryResultFormats{pgx.TextFormatCode}}
-	for j, i := range order {
-		c := t.Columns[i]
-		u := "k" + strconv.Itoa(j)
-		params = append(params, "$"+strconv.Itoa(j+1)+"::text[]")
-		names = append(names, u)
-		on = append(on, "s."+pgx.Identifier{c.Name}.Sanitize()+" = u."+u+"::"+c.Type)
-		args = append(args, cols[j])
-	}
+	args := append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, joinArgs...)
 	sel := make([]string, len(t.Columns))
 	for i, c := range t.Columns {
 		sel[i] = "s." + pgx.Identifier{c.Name}.Sanitize()
 	}
-	q := "select u.ord, " + strings.Join(sel, ", ") + " from " + relation(t) + " as s join unnest(" + strings.Join(params, ", ") +
-		") with ordinality as u(" + strings.Join(names, ", ") + ", ord) on " + strings.Join(on, " and ")
+	q := "select u.ord, " + strings.Join(sel, ", ") + " from " + relation(t) + " as s " + join
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read keys of %s at snapshot %s: %w", t, snap.LSN, err)
@@ -105,4 +89,34 @@ func ReadKeys(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.
 		}
 	}
 	return found, nil
+}
+
+// KeyJoin returns the SQL that joins a relation aliased s (table t) with the given keys (keys[i]
+// holds one key's values as text, in t.KeyOrder), matching by the key types' own equality and
+// collations: "join unnest($1::text[], …) with ordinality as u(k0, …, ord) on s.… = u.k0::type
+// and …", where u.ord is a key's 1-based position in keys; and its arguments, one text array per
+// key column, numbered from $1. It returns an error when a key has not one value per key column.
+func KeyJoin(t changebatch.Table, keys [][]string) (string, []any, error) {
+	order := t.KeyOrder()
+	cols := make([][]string, len(order))
+	for _, k := range keys {
+		if len(k) != len(order) {
+			return "", nil, fmt.Errorf("a key of %s has %d values, its key %d columns", t, len(k), len(order))
+		}
+		for j := range order {
+			cols[j] = append(cols[j], k[j])
+		}
+	}
+	var params, names, on []string
+	args := make([]any, len(order))
+	for j, i := range order {
+		c := t.Columns[i]
+		u := "k" + strconv.Itoa(j)
+		params = append(params, "$"+strconv.Itoa(j+1)+"::text[]")
+		names = append(names, u)
+		on = append(on, "s."+pgx.Identifier{c.Name}.Sanitize()+" = u."+u+"::"+c.Type)
+		args[j] = cols[j]
+	}
+	return "join unnest(" + strings.Join(params, ", ") + ") with ordinality as u(" + strings.Join(names, ", ") + ", ord) on " +
+		strings.Join(on, " and "), args, nil
 }

@@ -16,23 +16,24 @@ import (
 const repairBatch = 1000
 
 // repairAll repairs the open discrepancies of every compared table from a fresh exact snapshot
-// S', which it returns.
-func (v *verifyRun) repairAll(ctx context.Context) (string, error) {
+// S', which it records in v.repairLSN.
+func (v *verifyRun) repairAll(ctx context.Context) error {
 	exp, err := backfill.Export(ctx, v.cfg.Source)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer exp.Close(context.WithoutCancel(ctx))
+	v.repairLSN = exp.LSN
 	applier := apply.New(v.tgt)
 	for _, t := range v.tables {
 		if !t.ok() {
 			continue
 		}
 		if err := v.repair(ctx, applier, exp.Snapshot, t); err != nil {
-			return exp.LSN.String(), fmt.Errorf("repair %s: %w", t, err)
+			return fmt.Errorf("repair %s: %w", t, err)
 		}
 	}
-	return exp.LSN.String(), nil
+	return nil
 }
 
 // repair rewrites the keys of t's open discrepancies, a batch per target transaction: each key's

@@ -107,6 +107,7 @@ type verifyRun struct {
 	src, tgt, led *pgx.Conn // led writes the ledger while tgt holds the comparison's transaction
 	runID         int64
 	snap          backfill.Snapshot
+	repairLSN     pglogrepl.LSN // S' of the repair, 0 without one
 	mode          reconcile.HashMode
 	tables        []*verifyTable
 }
@@ -145,11 +146,8 @@ func Verify(ctx context.Context, cfg VerifyConfig) (VerifyReport, error) {
 		return VerifyReport{}, err
 	}
 	rep, err := v.run(ctx)
-	end := coverage.VerifyRunEnd{Snapshot: v.snap.LSN, HashMode: v.mode.String(), Tables: len(v.tables),
+	end := coverage.VerifyRunEnd{Snapshot: v.snap.LSN, Repair: v.repairLSN, HashMode: v.mode.String(), Tables: len(v.tables),
 		Found: rep.Found, Repaired: rep.Repaired, Open: rep.Open, Err: err}
-	if rep.RepairSnapshot != "" {
-		end.Repair, _ = pglogrepl.ParseLSN(rep.RepairSnapshot)
-	}
 	if endErr := coverage.EndVerifyRun(context.WithoutCancel(ctx), v.led, v.runID, end); err == nil {
 		err = endErr
 	}
@@ -283,11 +281,11 @@ func (v *verifyRun) run(ctx context.Context) (VerifyReport, error) {
 		return rep, err
 	}
 	if v.cfg.Repair {
-		if rep.RepairSnapshot, err = v.repairAll(ctx); err != nil {
-			return v.report(ctx, rep), err
+		if err = v.repairAll(ctx); v.repairLSN != 0 {
+			rep.RepairSnapshot = v.repairLSN.String()
 		}
 	}
-	return v.report(ctx, rep), nil
+	return v.report(ctx, rep), err
 }
 
 // compareAll compares every table in one REPEATABLE READ transaction on the target, begun as soon

@@ -27,22 +27,24 @@ func verifyOnce(t *testing.T, cfg VerifyConfig) VerifyReport {
 	return rep
 }
 
-// kindsOf returns the open discrepancies of table as key → kind.
+// kindsOf returns the open discrepancies of table as key (jsonb text) → kind.
 func kindsOf(t *testing.T, env *pgtest.Env, table string) map[string]string {
 	t.Helper()
+	rows, err := env.Target.Query(t.Context(), `select key::text, kind from pgconverge.discrepancies
+where table_name = $1 and remediated_at is null`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string]string{}
-	rows := pgtest.Rows(t, env.Target, fmt.Sprintf(`select key::text || '=' || kind from pgconverge.discrepancies
-where table_name = '%s' and remediated_at is null order by 1`, table))
-	for _, r := range rows {
+	for rows.Next() {
 		var k, v string
-		fmt.Sscanf(r, "%s", &k)
-		for i := len(r) - 1; i >= 0; i-- {
-			if r[i] == '=' {
-				k, v = r[:i], r[i+1:]
-				break
-			}
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatal(err)
 		}
 		out[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

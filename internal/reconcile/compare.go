@@ -177,7 +177,7 @@ type levelState struct {
 	rows int64 // the rows they hold, the larger side's
 }
 
-// mask returns the filter that keeps rows in the groups of l, on the key hash hk.
+// filter returns the SQL condition that keeps the rows in l's groups, on the key hash hk.
 func (l levelState) filter() string {
 	if l.bits == 0 {
 		return "true"

@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -179,50 +179,38 @@ func (c *comparison) loadMoved(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read the keys of %s the target has past the snapshot: %w", t, err)
 	}
-	cols := make([][]string, len(keys))
-	var n int
+	var moved [][]string
 	for rows.Next() {
 		var bytes int64
+		key := make([]string, len(keys))
 		for i, r := range rows.RawValues() {
-			cols[i] = append(cols[i], string(r))
+			key[i] = string(r)
 			bytes += int64(len(r))
 		}
 		c.count(1, bytes)
-		n++
+		moved = append(moved, key)
 	}
 	rows.Close()
-	err = rows.Err()
-	if err != nil {
+	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the keys of %s the target has past the snapshot: %w", t, err)
 	}
-	for from := 0; from < n; from += movedBatch {
-		to := min(n, from+movedBatch)
-		part := make([]any, len(cols))
-		for i := range cols {
-			part[i] = cols[i][from:to]
-		}
-		if err := c.lookupMoved(ctx, part); err != nil {
+	for from := 0; from < len(moved); from += movedBatch {
+		if err := c.lookupMoved(ctx, moved[from:min(len(moved), from+movedBatch)]); err != nil {
 			return fmt.Errorf("read the source rows of keys of %s the target has past the snapshot: %w", t, err)
 		}
 	}
 	return nil
 }
 
-// lookupMoved reads the key and row hashes of the source rows with the keys in cols (one text
-// array per key column, in KeyOrder), matched by the key types' own equality.
-func (c *comparison) lookupMoved(ctx context.Context, cols []any) error {
+// lookupMoved reads the key and row hashes of the source rows with the given keys (each key's
+// values as text, in KeyOrder), matched by the key types' own equality.
+func (c *comparison) lookupMoved(ctx context.Context, keys [][]string) error {
 	t := c.cfg.Table
-	var params, names, on []string
-	for j, i := range t.KeyOrder() {
-		col := t.Columns[i]
-		u := "k" + strconv.Itoa(j)
-		params = append(params, "$"+strconv.Itoa(j+1)+"::text[]")
-		names = append(names, u)
-		on = append(on, "s."+pgx.Identifier{col.Name}.Sanitize()+" = u."+u+"::"+col.Type)
+	join, args, err := backfill.KeyJoin(t, keys)
+	if err != nil {
+		return err
 	}
-	q := "select " + keyHash(c.cfg.Mode, t, "s.") + ", " + rowHash(c.cfg.Mode, t, "s.") + " from " + c.rel + " as s join unnest(" + strings.Join(params, ", ") + ") as u(" +
-		strings.Join(names, ", ") + ") on " + strings.Join(on, " and ")
-	rows, err := c.src.Query(ctx, q, cols...)
+	rows, err := c.src.Query(ctx, "select "+keyHash(c.cfg.Mode, t, "s.")+", "+rowHash(c.cfg.Mode, t, "s.")+" from "+c.rel+" as s "+join, args...)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
 )
 
 // Side names which database a lookup reads.
@@ -35,26 +36,11 @@ func Lookup(ctx context.Context, q Querier, side Side, t changebatch.Table, keys
 	if len(keys) == 0 {
 		return out, nil
 	}
-	order := t.KeyOrder()
-	cols := make([][]string, len(order))
-	for _, k := range keys {
-		if len(k) != len(order) {
-			return nil, fmt.Errorf("look up keys of %s: a key has %d values, the key %d columns", t, len(k), len(order))
-		}
-		for j := range order {
-			cols[j] = append(cols[j], k[j])
-		}
+	join, args, err := backfill.KeyJoin(t, keys)
+	if err != nil {
+		return nil, fmt.Errorf("look up keys of %s: %w", t, err)
 	}
-	var params, names, on []string
-	var args []any
-	for j, i := range order {
-		c := t.Columns[i]
-		u := "k" + strconv.Itoa(j)
-		params = append(params, "$"+strconv.Itoa(j+1)+"::text[]")
-		names = append(names, u)
-		on = append(on, "s."+pgx.Identifier{c.Name}.Sanitize()+" = u."+u+"::"+c.Type)
-		args = append(args, cols[j])
-	}
+	var cond []string
 	sel := make([]string, len(t.Columns))
 	for i, c := range t.Columns {
 		sel[i] = "s." + pgx.Identifier{c.Name}.Sanitize() + "::text"
@@ -63,15 +49,14 @@ func Lookup(ctx context.Context, q Querier, side Side, t changebatch.Table, keys
 	if side == Target {
 		rel = t.Quoted()
 		if opts.Live {
-			on = append(on, `not s."_cdc_deleted"`)
+			cond = append(cond, ` and not s."_cdc_deleted"`)
 		}
 		if opts.NewerThan != "" {
 			args = append(args, opts.NewerThan)
-			on = append(on, `(s."_cdc_lsn", s."_cdc_seq") > ($`+strconv.Itoa(len(args))+`::pg_lsn, 0)`)
+			cond = append(cond, ` and (s."_cdc_lsn", s."_cdc_seq") > ($`+strconv.Itoa(len(args))+`::pg_lsn, 0)`)
 		}
 	}
-	sql := "select u.ord, array[" + strings.Join(sel, ", ") + "]::text[] from " + rel + " as s join unnest(" + strings.Join(params, ", ") +
-		") with ordinality as u(" + strings.Join(names, ", ") + ", ord) on " + strings.Join(on, " and ")
+	sql := "select u.ord, array[" + strings.Join(sel, ", ") + "]::text[] from " + rel + " as s " + join + strings.Join(cond, "")
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("look up keys of %s: %w", t, err)
