@@ -35,11 +35,16 @@ type loop struct {
 	lastStatus       time.Time
 	groupStart       time.Time
 	lastIdleProgress time.Time
-	behind           bool
-	behindSince      time.Time // when the stream started or last fell behindLag behind
-	behindChanges    int64     // changes received by then
-	lastLog          time.Time
-	lastLogChanges   int64
+	// idleEnd is a WAL end from a keepalive that came while a group was held or progress writes
+	// were throttled: it is recorded once idle and the throttle allows (a walsender that has sent
+	// everything sends one keepalive and then waits, so dropping it would leave the watermark
+	// behind for a status interval).
+	idleEnd        pglogrepl.LSN
+	behind         bool
+	behindSince    time.Time // when the stream started or last fell behindLag behind
+	behindChanges  int64     // changes received by then
+	lastLog        time.Time
+	lastLogChanges int64
 	// lastConfirmCheck is when the loop last looked whether ConfirmLimit lets it confirm more.
 	lastConfirmCheck time.Time
 }
@@ -55,6 +60,9 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			if err := l.flush(applyCtx); err != nil {
 				return err
 			}
+		}
+		if err := l.idleProgress(ctx, applyCtx); err != nil {
+			return err
 		}
 		now := time.Now()
 		if l.s.flushed.Load() > l.s.confirmed.Load() && now.Sub(l.lastConfirmCheck) >= confirmEvery {
@@ -132,9 +140,13 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 }
 
 func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error {
-	end := xld.WALStart + pglogrepl.LSN(len(xld.WALData))
-	if uint64(end) > l.s.received.Load() {
-		l.s.received.Store(uint64(end))
+	// A logical message's WALStart is the LSN of the change it carries (a commit's end); adding
+	// its length, as physical replication does, would report more WAL written than was sent, and
+	// the walsender sends no keepalive while the reported write position is not behind what it
+	// sent (PG15 walsender.c, WalSndWaitForWal): an idle watermark would then wait for the next
+	// status interval.
+	if uint64(xld.WALStart) > l.s.received.Load() {
+		l.s.received.Store(uint64(xld.WALStart))
 	}
 	m, err := decode(xld.WALData)
 	if err != nil {
@@ -167,25 +179,45 @@ func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error 
 // WAL for the slot. The move is recorded in the target before it is reported.
 func (l *loop) keepalive(ctx, applyCtx context.Context, ka pglogrepl.PrimaryKeepaliveMessage) error {
 	l.noteServerEnd(ka.ServerWALEnd)
-	rows, _ := l.asm.pending()
-	idle := !l.asm.inTxn && rows == 0
-	flushed := pglogrepl.LSN(l.s.flushed.Load())
-	if idle && ka.ServerWALEnd > flushed && time.Since(l.lastIdleProgress) >= idleProgressEvery {
-		if err := l.s.cfg.Apply(applyCtx, nil, ka.ServerWALEnd); err != nil {
+	// Between transactions, everything before the keepalive's WAL end was sent: once the held
+	// group is applied, the watermark may move there.
+	if !l.asm.inTxn && ka.ServerWALEnd > pglogrepl.LSN(l.s.flushed.Load()) {
+		l.idleEnd = max(l.idleEnd, ka.ServerWALEnd)
+		if err := l.idleProgress(ctx, applyCtx); err != nil {
 			return err
 		}
-		l.lastIdleProgress = time.Now()
-		l.s.flushed.Store(uint64(ka.ServerWALEnd))
-		l.checkCaughtUp()
-		return l.sendStatus(ctx, false)
-	}
-	if idle && ka.ServerWALEnd <= flushed {
+	} else if l.idle() {
 		l.checkCaughtUp()
 	}
 	if ka.ReplyRequested {
 		return l.sendStatus(ctx, false)
 	}
 	return nil
+}
+
+// idle reports whether no source transaction is held or half received.
+func (l *loop) idle() bool {
+	rows, _ := l.asm.pending()
+	return !l.asm.inTxn && rows == 0
+}
+
+// idleProgress records the keepalives' WAL end (idleEnd) as applied once the throttle allows and
+// nothing is held: every change before it was sent and applied, so an idle source's watermark
+// stays current and does not keep WAL for the slot. The move is recorded in the target before it
+// is reported. A keepalive that came while a group was held or the throttle was on is recorded
+// later by the run loop, which wakes for it (receiveDeadline).
+func (l *loop) idleProgress(ctx, applyCtx context.Context) error {
+	if l.idleEnd <= pglogrepl.LSN(l.s.flushed.Load()) || !l.idle() || time.Since(l.lastIdleProgress) < idleProgressEvery {
+		return nil
+	}
+	end := l.idleEnd
+	if err := l.s.cfg.Apply(applyCtx, nil, end); err != nil {
+		return err
+	}
+	l.lastIdleProgress = time.Now()
+	l.s.flushed.Store(uint64(end))
+	l.checkCaughtUp()
+	return l.sendStatus(ctx, false)
 }
 
 // flush applies the held group and reports the new flushed position.

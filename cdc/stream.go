@@ -240,5 +240,10 @@ func (l *loop) receiveDeadline() time.Time {
 	if l.asm.txns > 0 && !l.asm.inTxn && l.groupStart.Add(l.s.cfg.GroupDelay).Before(d) {
 		d = l.groupStart.Add(l.s.cfg.GroupDelay)
 	}
+	if l.idleEnd > pglogrepl.LSN(l.s.flushed.Load()) && l.idle() && l.lastIdleProgress.Add(idleProgressEvery).Before(d) {
+		// Record a throttled keepalive's WAL end when the throttle ends (the run loop did so at its
+		// top if it had ended). Not while a group is held: the group's flush comes first.
+		d = l.lastIdleProgress.Add(idleProgressEvery)
+	}
 	return d
 }

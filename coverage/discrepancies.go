@@ -123,8 +123,10 @@ func EndVerifyRun(ctx context.Context, conn *pgx.Conn, id int64, e VerifyRunEnd)
 // RecordDiscrepancies upserts ds (found by run runID at snapshot s) on their ids in one
 // statement: a new id is inserted; a known one only moves last_seen, last_run, last_snapshot_lsn
 // and seen, and is opened again if it was closed. Any other open discrepancy of the same key is
-// closed as superseded. It returns how many ids were new and how many were known already (a
-// replayed or repeated run's, suppressed).
+// closed as superseded. The known ones are recorded, per table, in the audit of suppressed
+// replays (path verify, from the snapshot they were first found at to s) by the same statement,
+// so in the same target transaction. It returns how many ids were new and how many were known
+// already (a replayed or repeated run's, suppressed).
 func RecordDiscrepancies(ctx context.Context, conn *pgx.Conn, runID int64, s pglogrepl.LSN, ds []Discrepancy) (inserted, known int64, err error) {
 	if len(ds) == 0 {
 		return 0, 0, nil
@@ -148,13 +150,19 @@ func RecordDiscrepancies(ctx context.Context, conn *pgx.Conn, runID int64, s pgl
 ), superseded as (
   update pgconverge.discrepancies d set remediated_at = now(), remediation = 'superseded'
   from found f where d.table_name = f.table_name and d.key = f.key and d.id <> f.id and d.remediated_at is null
+), upserted as (
+  insert into pgconverge.discrepancies as d (id, table_name, key, kind, snapshot_lsn, last_snapshot_lsn, source_hash, target_hash,
+    target_lsn, target_seq, target_deleted, first_run, last_run)
+  select id, table_name, key, kind, $10::pg_lsn, $10::pg_lsn, source_hash, target_hash, target_lsn, target_seq, target_deleted, $11, $11 from found
+  on conflict (id) do update set last_seen = now(), last_run = excluded.last_run, last_snapshot_lsn = excluded.last_snapshot_lsn,
+    seen = d.seen + 1, remediated_at = null, remediation = null, repair_lsn = null
+  returning d.table_name, d.snapshot_lsn, xmax = 0 as is_new
+), audited as (
+  insert into pgconverge.suppressed_replays (path, verify_run, table_name, first_lsn, last_lsn, rows_offered, rows_suppressed)
+  select 'verify', $11, table_name, min(snapshot_lsn) filter (where not is_new), $10::pg_lsn, count(*), count(*) filter (where not is_new)
+  from upserted group by table_name having bool_or(not is_new)
 )
-insert into pgconverge.discrepancies as d (id, table_name, key, kind, snapshot_lsn, last_snapshot_lsn, source_hash, target_hash,
-  target_lsn, target_seq, target_deleted, first_run, last_run)
-select id, table_name, key, kind, $10::pg_lsn, $10::pg_lsn, source_hash, target_hash, target_lsn, target_seq, target_deleted, $11, $11 from found
-on conflict (id) do update set last_seen = now(), last_run = excluded.last_run, last_snapshot_lsn = excluded.last_snapshot_lsn,
-  seen = d.seen + 1, remediated_at = null, remediation = null, repair_lsn = null
-returning xmax = 0`, ids, tables, keys, kinds, srcH, tgtH, tgtLSN, tgtSeq, deleted, s.String(), runID)
+select is_new from upserted`, ids, tables, keys, kinds, srcH, tgtH, tgtLSN, tgtSeq, deleted, s.String(), runID)
 	if err != nil {
 		return 0, 0, fmt.Errorf("record %d discrepancies: %w", n, err)
 	}
@@ -255,7 +263,8 @@ where id = any($1) and remediated_at is null`, ids, remediation, lsn)
 	return tag.RowsAffected(), nil
 }
 
-// Execer is what CloseDiscrepancies needs of a connection or transaction: pgx.Tx and *pgx.Conn have it.
+// Execer is what the ledger's writers need of a connection or transaction: pgx.Tx and *pgx.Conn
+// have it.
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }

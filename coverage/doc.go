@@ -12,7 +12,8 @@
 // The ledger is every record of what each path delivered: stream segments and table spans
 // (ledger.go), backfill runs, table backfills and their chunks with the snapshot LSN S each was
 // read at, and the backfill locks (backfills.go), each table's loaded state and publication
-// membership (loaded.go). Gaps is a pure function of a TableLedger; NewReport builds the report
+// membership (loaded.go), verify runs and their discrepancies (discrepancies.go), and the audit of
+// suppressed replays (replays.go). Gaps is a pure function of a TableLedger; NewReport builds the report
 // from ReadTables and the Facts the caller gathered from the source. coverage reads and writes
 // only the target: it imports neither cdc nor apply, and is handed what the source says.
 package coverage

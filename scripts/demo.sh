@@ -12,7 +12,9 @@
 #    that a backfill racing the stream does not disturb it;
 # 5. waits until the slot confirms the source's final WAL position, then compares every table
 #    (row count and checksum of the live rows, source columns only) between source and target,
-#    and shows `pgconverge coverage` (exit 0: every table covered);
+#    and shows `pgconverge coverage` (exit 0: every table covered) and `pgconverge verify` (exit
+#    0); then changes one account on the target by hand: verify finds it (exit 4) and `verify
+#    --repair` repairs it;
 # 6. makes a hole on purpose: stops the daemon, drops its slot, runs 200 pgbench transactions;
 #    `pgconverge coverage --fail-on-gap` shows the gap and exits 3; restarts the daemon, which
 #    creates a new slot and backfills the gap (--on-gap=backfill); coverage is back to exit 0 and
@@ -293,6 +295,18 @@ echo " restart gives the rows per second pgconverge applied while it worked off 
 
 step "coverage: pgconverge coverage --fail-on-gap (every table covered, exit 0)"
 "$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap || fail "pgconverge coverage reports a gap or failed"
+
+step "verify: pgconverge verify (the data itself, at an exact snapshot; exit 0: nothing open)"
+"$BIN" verify --source "$SRC" --target "$TGT" --log-level warn || fail "pgconverge verify found discrepancies or failed"
+echo "an operator's write on the target: UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 4242"
+q "$TGT" "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 4242" >/dev/null
+rc=0
+"$BIN" verify --source "$SRC" --target "$TGT" --table public.pgbench_accounts --log-level warn || rc=$?
+[ "$rc" -eq 4 ] || fail "pgconverge verify exited $rc after the target was changed by hand, want 4 (open discrepancies)"
+echo "(exit status 4: one 'different' row, recorded in pgconverge.discrepancies on the target)"
+"$BIN" verify --source "$SRC" --target "$TGT" --table public.pgbench_accounts --repair --log-level warn ||
+	fail "pgconverge verify --repair left discrepancies open"
+echo "(repaired from a fresh exact snapshot through the apply step, and closed in the same transaction)"
 
 step "a hole on purpose: stop the daemon, drop its slot, run 200 pgbench transactions"
 stop_daemon

@@ -5,6 +5,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/jackc/pglogrepl"
 )
 
 // View reads the rows of a change batch. It borrows the batch: the batch must stay retained while
@@ -47,6 +48,18 @@ func NewView(rec arrow.RecordBatch) (*View, error) {
 
 // Len returns the number of rows.
 func (v *View) Len() int { return v.lsn.Len() }
+
+// LSNRange returns the smallest and the largest LSN of the rows' versions; zeros for no rows.
+func (v *View) LSNRange() (first, last pglogrepl.LSN) {
+	for i, u := range v.lsn.Uint64Values() {
+		l := lsnOf(u)
+		if i == 0 || l < first {
+			first = l
+		}
+		last = max(last, l)
+	}
+	return first, last
+}
 
 // Op returns row i's operation.
 func (v *View) Op(i int) Op { return Op(v.op.Value(i)) }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/spf13/pflag"
 )
 
@@ -30,4 +31,10 @@ func addBackfillFlags(f *pflag.FlagSet, workers, chunkRows *int, snapshotWarn *t
 // addSyncSequencesFlag defines --sync-sequences, shared by run and backfill.
 func addSyncSequencesFlag(f *pflag.FlagSet, sync *bool) {
 	f.BoolVar(sync, "sync-sequences", false, "after a table's backfill completes, sync the sequences it uses to the target as the sequences command does (a point-in-time value: run pgconverge sequences again at cutover)")
+}
+
+// addAuditRetentionFlag adds --audit-retention, shared by run and verify.
+func addAuditRetentionFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "audit-retention", coverage.DefaultAuditRetention,
+		"keep rows of the suppressed-replay audit (pgconverge.suppressed_replays) this long; older ones are deleted (run: hourly, verify: at its end); 0 keeps them forever")
 }

@@ -81,6 +81,7 @@ The JSON format is documented in README.md and stays stable.`,
 	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")
 	f.StringVar(&format, "format", "table", "output format: table or json")
 	f.DurationVar(&cfg.Wait, "wait", 0, "how long to wait for the stream to apply the source up to the snapshot (default 2m)")
+	addAuditRetentionFlag(f, &cfg.AuditRetention)
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }

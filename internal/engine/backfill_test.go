@@ -122,12 +122,20 @@ func TestBackfillWorkedCases(t *testing.T) {
 
 	// 2. The backfill applied a change first; the lagging stream replays it and is suppressed.
 	d.Stop(t)
+	before := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
 	pgtest.Exec(t, env.Source, `update acc set v = 'two, while the stream lagged' where id = 2`)
+	after := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
 	rep = backfillNow(t, testBackfillConfig(t, env, "public.acc"))
 	startDaemon(t, testConfig(t, env))
 	pgtest.WaitSlotCaughtUp(t, env)
 	if v, lsn := rowVersion(t, env, 2); v != "two, while the stream lagged" || lsn != rep.Snapshot.String() {
 		t.Errorf("case 2: row 2 = %q at %s, want the update at the backfill's %s (the replayed change suppressed)", v, lsn, rep.Snapshot)
+	}
+	// The suppressed change is audited once, with its LSN, in the stream's transaction.
+	got := pgtest.Rows(t, env.Target, `select path || ' ' || slot || ' ' || table_name || ' ' || (first_lsn = last_lsn and first_lsn > '`+before+`' and last_lsn <= '`+after+`')::text
+  || ' ' || rows_offered::text || ' ' || rows_suppressed::text from pgconverge.suppressed_replays`)
+	if d := pgtest.Diff([]string{"stream " + testConfig(t, env).Slot + " public.acc true 1 1"}, got); d != "" {
+		t.Errorf("case 2: suppressed-replay audit (the update's LSN within %s..%s): %s", before, after, d)
 	}
 
 	// 3. A change after the snapshot: only the stream delivers it, and the backfill's older row for

@@ -30,6 +30,11 @@ type Config struct {
 	// (Verify, trigger "schedule"), and with VerifyRepair repairs what it finds.
 	VerifySchedule cron.Schedule
 	VerifyRepair   bool
+	// AuditRetention is how long rows of the suppressed-replay audit
+	// (pgconverge.suppressed_replays) are kept: older ones are deleted when a session starts and
+	// hourly. 0 keeps them forever; `run --audit-retention` defaults to
+	// coverage.DefaultAuditRetention.
+	AuditRetention time.Duration
 	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
 	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
 	OnGap string

@@ -50,6 +50,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g.Go(func() error { return s.watch(gctx, &walEnd) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
+	g.Go(func() error { return s.pruneAudit(gctx) })
 	g.Go(func() error {
 		if err := streamer.Run(gctx, s.repl); err != nil {
 			return err
@@ -84,6 +85,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	rows := map[string]RowCounts{}
+	var replays []coverage.SuppressedReplay
 	for _, b := range batches {
 		res, err := tx.Apply(ctx, b)
 		if err != nil {
@@ -96,6 +98,14 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 		r := rows[tab.String()]
 		r.Applied, r.Suppressed = r.Applied+res.Applied, r.Suppressed+res.Suppressed
 		rows[tab.String()] = r
+		if replays, err = s.noteReplay(replays, tab.TableName, b, res.Suppressed); err != nil {
+			return err
+		}
+	}
+	// The audit of what had no effect is written in the transaction it describes (tables with
+	// nothing suppressed are left out).
+	if err := coverage.RecordSuppressedReplays(ctx, tx.Conn(), replays); err != nil {
+		return err
 	}
 	if err := tx.SetProgress(ctx, s.cfg.Slot, end); err != nil {
 		return err
@@ -121,6 +131,25 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)
 	}
 	return nil
+}
+
+// noteReplay adds batch b of table t, of whose rows suppressed had no effect, to t's entry of
+// replays: its rows offered, rows suppressed and the LSN range of its versions.
+func (s *session) noteReplay(replays []coverage.SuppressedReplay, t changebatch.TableName, b arrow.RecordBatch, suppressed int64) ([]coverage.SuppressedReplay, error) {
+	v, err := changebatch.NewView(b)
+	if err != nil {
+		return replays, err
+	}
+	first, last := v.LSNRange()
+	for i := range replays {
+		if r := &replays[i]; r.Table == t {
+			r.First, r.Last = min(r.First, first), max(r.Last, last)
+			r.Offered, r.Suppressed = r.Offered+int64(v.Len()), r.Suppressed+suppressed
+			return replays, nil
+		}
+	}
+	return append(replays, coverage.SuppressedReplay{Path: coverage.ReplayStream, Slot: s.cfg.Slot, Table: t,
+		First: first, Last: last, Offered: int64(v.Len()), Suppressed: suppressed}), nil
 }
 
 // enumChange is labelsChanged over a connection of its own (the session's may be broken or busy).

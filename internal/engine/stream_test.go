@@ -3,6 +3,7 @@ package engine
 import (
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -139,6 +140,31 @@ func TestIdleSourceAdvancesConfirmedFlush(t *testing.T) {
 	// The target recorded the position before the source was told (exactly-once rule).
 	if !pgtest.Scalar[bool](t, env.Target, `select applied_lsn >= $1::pg_lsn from pgconverge.progress where slot = $2`, lsn, env.Name) {
 		t.Errorf("the slot confirmed %s but the target's progress is behind it", lsn)
+	}
+}
+
+// On an idle source every new WAL end reaches the target's progress within the idle-progress
+// throttle (1 s), not the status interval (10 s): a keepalive that came while the throttle was on
+// is recorded once it is off. Five WAL ends in a row, each waited for with less time than a
+// status interval.
+func TestIdleWatermarkFollowsEveryKeepalive(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table items (id int primary key)`)
+	startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	for i := 0; i < 5; i++ {
+		// An xid's commit (an empty transaction, which pgoutput skips) writes and flushes WAL.
+		pgtest.Exec(t, env.Source, `select pg_current_xact_id()`)
+		lsn := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
+		pgtest.Eventually(t, 5*time.Second, "the target's progress reaches "+lsn, func() (bool, string) {
+			var ok bool
+			var at string
+			err := env.Target.QueryRow(t.Context(), `select applied_lsn >= $1::pg_lsn, applied_lsn::text from pgconverge.progress where slot = $2`, lsn, env.Name).Scan(&ok, &at)
+			if err != nil {
+				return false, err.Error()
+			}
+			return ok, at
+		})
 	}
 }
 

@@ -36,8 +36,11 @@ type VerifyConfig struct {
 	Trigger string
 	// LeafRows is reconcile.Config.LeafRows (0: its default).
 	LeafRows int
-	Logger   *slog.Logger
-	Monitor  Monitor
+	// AuditRetention: at its end the run deletes the suppressed-replay audit rows older than
+	// this (coverage.PruneSuppressedReplays); 0 deletes none.
+	AuditRetention time.Duration
+	Logger         *slog.Logger
+	Monitor        Monitor
 	// BeforeRepairCommit, a test hook, runs before each repair transaction commits.
 	BeforeRepairCommit func(table string)
 }
@@ -150,6 +153,9 @@ func Verify(ctx context.Context, cfg VerifyConfig) (VerifyReport, error) {
 		Found: rep.Found, Repaired: rep.Repaired, Open: rep.Open, Err: err}
 	if endErr := coverage.EndVerifyRun(context.WithoutCancel(ctx), v.led, v.runID, end); err == nil {
 		err = endErr
+	}
+	if _, perr := coverage.PruneSuppressedReplays(ctx, v.led, cfg.AuditRetention); err == nil {
+		err = perr
 	}
 	if err == nil && len(cfg.Tables) > 0 {
 		err = notVerified(rep)

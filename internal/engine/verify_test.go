@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -80,8 +81,10 @@ func TestVerifyFindsRecordsAndRepairsDrift(t *testing.T) {
 		`update acct set _cdc_deleted = false, name = 'back' where id = 105`)            // extra: tombstone made live
 	want := map[string]string{`{"id": "10"}`: "different", `{"id": "20"}`: "missing", `{"id": "30"}`: "missing",
 		`{"id": "99999"}`: "extra", `{"id": "105"}`: "extra"}
+	var snaps []string
 	for run := 1; run <= 2; run++ {
 		rep = verifyOnce(t, verifyConfig(t, env, false))
+		snaps = append(snaps, rep.Snapshot)
 		if rep.Found != 5 || rep.Open != 5 {
 			t.Fatalf("run %d: found %d, open %d, want 5 and 5: %+v", run, rep.Found, rep.Open, rep.Tables)
 		}
@@ -95,6 +98,13 @@ func TestVerifyFindsRecordsAndRepairsDrift(t *testing.T) {
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where seen = 2`); n != 5 {
 		t.Errorf("%d discrepancies seen twice, want 5", n)
 	}
+	// The second run's replay is in the audit, once, in the transaction that recorded it: the
+	// window from the first run's snapshot to its own.
+	got := pgtest.Rows(t, env.Target, `select path || ' ' || (verify_run = `+fmt.Sprint(rep.RunID)+`)::text || ' ' || table_name || ' ' || first_lsn::text || ' ' || last_lsn::text
+  || ' ' || rows_offered::text || ' ' || rows_suppressed::text from pgconverge.suppressed_replays`)
+	if d := pgtest.Diff([]string{"verify true public.acct " + snaps[0] + " " + snaps[1] + " 5 5"}, got); d != "" {
+		t.Errorf("suppressed-replay audit: %s", d)
+	}
 	if v := pgtest.Scalar[string](t, env.Target, `select source_values->>'bal' || '/' || (target_values->>'bal') from pgconverge.discrepancies where key->>'id' = '10'`); v != "15.0/-1" {
 		t.Errorf("values of the different row: %s, want 15.0/-1", v)
 	}
@@ -107,9 +117,21 @@ func TestVerifyFindsRecordsAndRepairsDrift(t *testing.T) {
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where remediation = 'repaired' and repair_lsn is not null`); n != 5 {
 		t.Errorf("%d discrepancies closed as repaired, want 5", n)
 	}
-	rep = verifyOnce(t, verifyConfig(t, env, false))
+	// The last run also deletes the audit rows past their retention, and only those.
+	pgtest.Exec(t, env.Target, `insert into pgconverge.suppressed_replays (path, verify_run, table_name, first_lsn, last_lsn, rows_offered, rows_suppressed, recorded_at)
+  values ('verify', 1, 'public.acct', '0/1', '0/2', 1, 1, now() - interval '31 days')`)
+	audited := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.suppressed_replays where recorded_at > now() - interval '1 day'`)
+	cfg := verifyConfig(t, env, false)
+	cfg.AuditRetention = coverage.DefaultAuditRetention
+	rep = verifyOnce(t, cfg)
 	if rep.Found != 0 || rep.Open != 0 || rep.Tables[0].RowsFetched != 0 {
 		t.Errorf("after the repair: %+v", rep)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.suppressed_replays where recorded_at < now() - interval '30 days'`); n != 0 {
+		t.Errorf("%d audit rows past the 30-day retention left", n)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.suppressed_replays`); n != audited {
+		t.Errorf("%d audit rows within the retention, want the %d there were", n, audited)
 	}
 }
 

@@ -1,0 +1,47 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+)
+
+// auditPruneEvery is how often the daemon deletes suppressed-replay audit rows past their
+// retention.
+const auditPruneEvery = time.Hour
+
+// pruneAudit deletes the suppressed-replay audit rows older than Config.AuditRetention when the
+// session starts and then every auditPruneEvery, on a connection of its own. A failure is logged
+// and tried again at the next tick, never ending the session. It returns nil when ctx ends.
+func (s *session) pruneAudit(ctx context.Context) error {
+	if s.cfg.AuditRetention <= 0 {
+		return nil
+	}
+	tick := time.NewTicker(auditPruneEvery)
+	defer tick.Stop()
+	for {
+		if n, err := pruneAuditOnce(ctx, s.cfg.Target, s.cfg.AuditRetention); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("could not delete old suppressed-replay audit rows: tried again in an hour", "retention", s.cfg.AuditRetention.String(), "err", err)
+		} else if n > 0 {
+			s.cfg.Logger.Info("deleted suppressed-replay audit rows past their retention", "rows", n, "retention", s.cfg.AuditRetention.String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// pruneAuditOnce deletes the audit rows older than retention over a connection to target and
+// returns how many it deleted.
+func pruneAuditOnce(ctx context.Context, target string, retention time.Duration) (int64, error) {
+	conn, err := pgsession.Connect(ctx, target, "target")
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return coverage.PruneSuppressedReplays(ctx, conn, retention)
+}
