@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -92,7 +94,14 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
 	}
 	if _, err := conn.Exec(ctx, sql); err != nil {
-		return nil, fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
+			return nil, fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
+		}
+		if errors.As(err, &pgErr) && pgErr.Detail != "" {
+			return nil, fmt.Errorf("publish %s in publication %q: %w: %s", list, name, err, pgErr.Detail)
+		}
+		return nil, fmt.Errorf("publish %s in publication %q: %w", list, name, err)
 	}
 	return missing, nil
 }
@@ -111,7 +120,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 	}
 	var errs []error
 	if !ins || !upd || !del || !trunc {
-		errs = append(errs, fmt.Errorf("publication %q does not publish every operation (insert %v, update %v, delete %v, truncate %v): run ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate')",
+		errs = append(errs, fmt.Errorf("publication %q does not publish every operation (insert %v, update %v, delete %v, truncate %v): a target that follows only some of them keeps rows the source changed or removed, with nothing to tell them apart, so pgconverge does not follow it; run ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate'), or name another --publication (pgconverge creates its own, publishing every operation)",
 			name, ins, upd, del, trunc, pgx.Identifier{name}.Sanitize()))
 	}
 	partErrs, err := checkPartitions(ctx, conn, name, viaRoot, tables)

@@ -45,12 +45,12 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 func DescribeTable(ctx context.Context, conn *pgx.Conn, schema, name string) (changebatch.Table, error) {
 	t := changebatch.Table{TableName: changebatch.TableName{Schema: schema, Name: name}}
 	var oid uint32
-	var kind, ident string
+	var kind, ident, persistence string
 	var usage, sel bool
-	err := conn.QueryRow(ctx, `select c.oid, c.relkind::text, c.relreplident::text,
+	err := conn.QueryRow(ctx, `select c.oid, c.relkind::text, c.relreplident::text, c.relpersistence::text,
   has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`,
-		schema, name).Scan(&oid, &kind, &ident, &usage, &sel)
+		schema, name).Scan(&oid, &kind, &ident, &persistence, &usage, &sel)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, fmt.Errorf("source table %s does not exist: check the table name (schema.table; unquoted names fold to lower case, as in SQL)", t)
 	}
@@ -59,6 +59,13 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 	}
 	if kind != "r" && kind != "p" {
 		return t, fmt.Errorf("source relation %s is not an ordinary or partitioned table (relkind %q): only tables can be replicated", t, kind)
+	}
+	switch persistence {
+	case "u":
+		return t, fmt.Errorf("source table %s is UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes: run ALTER TABLE %s SET LOGGED on the source, or leave the table out",
+			t, t.Quoted())
+	case "t":
+		return t, fmt.Errorf("source table %s is a temporary table: it exists only in the session that created it and cannot be published; leave it out", t)
 	}
 	if kind == "p" {
 		if err := checkLeaves(ctx, conn, changebatch.TableName{Schema: schema, Name: name}, oid); err != nil {
@@ -241,14 +248,15 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]c
 		return names, nil, err
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
-  case when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING'
+  case when c.relpersistence = 'u' then 'UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED replicates it)'
+    when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisreplident and c.relreplident = 'i') then ''
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate)
       then 'its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: make it NOT DEFERRABLE to replicate the table'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) then ''
     else 'no primary key or replica identity index' end
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where c.relkind in ('r', 'p') and not c.relispartition and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
+where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't' and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
   and n.nspname not like 'pg\_%'
 order by 1, 2`)
 	if err != nil {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -273,4 +274,43 @@ func TestKeyMadeDeferrableIsWaitedFor(t *testing.T) {
 	pgtest.Exec(t, env.Source, `alter table t drop constraint t_pkey, add primary key (id)`, `update t set v = 'w' where id <= 3`, `insert into t values (21, 'x')`)
 	pgtest.WaitConverged(t, env, "t", "id")
 	d.RequireRunning(t)
+}
+
+// A table that cannot be published is refused with its real reason, never with a privilege hint;
+// the default selection leaves it out.
+func TestUnloggedTableIsNamedAndLeftOut(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create unlogged table scratch (id int primary key, v text)`,
+		`create table ok (id int primary key, v text)`,
+		`insert into ok select g, 'o' from generate_series(1, 10) g`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.scratch,public.ok"}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err := Run(ctx, cfg)
+	if err == nil {
+		t.Fatal("run succeeded with an UNLOGGED table selected")
+	}
+	for _, w := range []string{"public.scratch", "UNLOGGED", `ALTER TABLE "public"."scratch" SET LOGGED`} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %q", err, w)
+		}
+	}
+	for _, w := range []string{"privilege", "CREATE on the database", "must own"} {
+		if strings.Contains(err.Error(), w) {
+			t.Errorf("error %q gives a privilege hint (%q) for an UNLOGGED table", err, w)
+		}
+	}
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_publication`); n != 0 {
+		t.Errorf("%d publications created despite the refusal", n)
+	}
+	startDaemon(t, testConfig(t, env)) // the default selection
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `update ok set v = 'u'`, `insert into scratch values (1, 'x')`)
+	pgtest.WaitConverged(t, env, "ok", "id")
+	got := pgtest.Rows(t, env.Source, `select schemaname || '.' || tablename from pg_publication_tables where pubname = '`+env.Name+`'`)
+	if d := pgtest.Diff([]string{"public.ok"}, got); d != "" {
+		t.Errorf("tables the default selection published: %s", d)
+	}
 }
