@@ -52,7 +52,7 @@ func ReadKeys(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.
 	for i, c := range t.Columns {
 		sel[i] = "s." + pgx.Identifier{c.Name}.Sanitize()
 	}
-	q := "select u.ord, " + strings.Join(sel, ", ") + " from " + relation(t) + " as s " + join
+	q := "select u.ord, " + strings.Join(sel, ", ") + " from " + t.SourceRelation("s") + " " + join
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read keys of %s at snapshot %s: %w", t, snap.LSN, err)

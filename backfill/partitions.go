@@ -8,16 +8,6 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
-// relation returns what a snapshot read of t selects from: the table only (not the tables that
-// inherit from it, which replicate as tables of their own), or, for a partitioned table, which
-// has no rows of its own, the table with all its partitions.
-func relation(t changebatch.Table) string {
-	if t.Partitioned {
-		return t.Quoted()
-	}
-	return "only " + t.Quoted()
-}
-
 // checkPartitionsUnchanged is checkNotRewritten for partitioned table t: it locks t and its
 // partitions against rewrites for the rest of tx (ACCESS SHARE) and returns an error wrapping
 // ErrRewritten when the leaf partitions the snapshot's catalog shows are not the ones the table

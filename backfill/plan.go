@@ -44,7 +44,7 @@ func NewPlanner(conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows in
 		texts[i] = n + "::text as pgconverge_key_" + strconv.Itoa(i)
 	}
 	return &Planner{conn: conn, snap: snap, t: t, last: after,
-		query: "select " + strings.Join(texts, ", ") + " from " + relation(t) + " where %s order by " +
+		query: "select " + strings.Join(texts, ", ") + " from " + t.SourceRelation("s") + " where %s order by " +
 			strings.Join(names, ", ") + " offset " + strconv.Itoa(chunkRows-1) + " limit 1"}, nil
 }
 

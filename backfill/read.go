@@ -114,7 +114,7 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	}
 	names, _ := keyColumns(t)
 	cond, args := rangeCondition(t, c)
-	query := "select " + strings.Join(cols, ", ") + " from " + relation(t) + " where " + cond +
+	query := "select " + strings.Join(cols, ", ") + " from " + t.SourceRelation("s") + " where " + cond +
 		" order by " + strings.Join(names, ", ")
 	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {

@@ -107,8 +107,8 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 }
 
 // checkPublication reports, all at once, the settings of an existing publication that would make
-// pgconverge miss changes: an operation it does not publish, a row filter or a column list on one of
-// tables (PostgreSQL docs §31.3 "Row Filters", §31.4 "Column Lists"), publish_via_partition_root
+// pgconverge miss changes: an operation it does not publish, a column list on one of tables
+// (PostgreSQL docs §31.4 "Column Lists"; a row filter is followed, ReadRowFilter), publish_via_partition_root
 // with a partition among tables, or without it and with a partitioned table among tables (§31.1,
 // CREATE PUBLICATION).
 func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName) error {
@@ -129,17 +129,17 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 	}
 	errs = append(errs, partErrs...)
 	for _, t := range tables {
-		var filtered, columns bool
-		err := conn.QueryRow(ctx, `select r.prqual is not null, r.prattrs is not null from pg_publication_rel r
-join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = $2::regclass`, name, t.Quoted()).Scan(&filtered, &columns)
+		var columns bool
+		err := conn.QueryRow(ctx, `select r.prattrs is not null from pg_publication_rel r
+join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = $2::regclass`, name, t.Quoted()).Scan(&columns)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("read publication %q: %w", name, err)
 		}
-		if filtered || columns {
-			errs = append(errs, fmt.Errorf("publication %q publishes table %s with a row filter or column list, so some changes would never reach the target: run ALTER PUBLICATION %s SET TABLE without them, or use another --publication",
+		if columns {
+			errs = append(errs, fmt.Errorf("publication %q publishes table %s with a column list, which pgconverge does not follow yet: run ALTER PUBLICATION %s SET TABLE without it (a row filter is followed), or use another --publication",
 				name, t, pgx.Identifier{name}.Sanitize()))
 		}
 	}
@@ -191,4 +191,22 @@ where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`,
 		out[n] = token
 	}
 	return out, rows.Err()
+}
+
+// ReadRowFilter sets t.RowFilter to publication's row filter for t (pg_publication_tables,
+// PostgreSQL docs §31.3 "Row Filters"; a partition published through an ancestor gets the
+// ancestor's), "" when t has none or is not in the publication (yet). A filter changed later is a
+// membership change (Memberships), after which the table is described and loaded again.
+func ReadRowFilter(ctx context.Context, conn *pgx.Conn, publication string, t *changebatch.Table) error {
+	var filter *string
+	err := conn.QueryRow(ctx, `select rowfilter from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3`,
+		publication, t.Schema, t.Name).Scan(&filter)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read the row filter of %s in publication %q: %w", t, publication, err)
+	}
+	t.RowFilter = ""
+	if filter != nil {
+		t.RowFilter = *filter
+	}
+	return nil
 }

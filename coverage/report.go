@@ -96,6 +96,9 @@ type TableReport struct {
 	// GapBytes sums the gaps' sizes; Gaps lists them in LSN order.
 	GapBytes uint64      `json:"gap_bytes"`
 	Gaps     []GapReport `json:"gaps"`
+	// RowFilter is the row filter of the table's publication ("" for none): the table is covered
+	// as filtered by it, the target holding only the rows it admits.
+	RowFilter string `json:"row_filter,omitempty"`
 	// Note explains a status: why the stream stopped or broke.
 	Note string `json:"note,omitempty"`
 }
@@ -142,6 +145,9 @@ type Facts struct {
 	// Held marks the tables whose backfill lock a session holds (BackfillHeld): a backfill of
 	// them runs now.
 	Held map[changebatch.TableName]bool
+	// RowFilters are the row filters of the streamed tables' publications (cdc.ReadRowFilter);
+	// a table without one is absent.
+	RowFilters map[changebatch.TableName]string
 }
 
 // NewReport returns the report of the tables' ledger states (ReadTables) given the facts. A slot
@@ -168,6 +174,10 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 			tr.Status = SchemaChanged
 			tr.Note = strings.TrimPrefix(tr.Note+"; the source table changed since the stream last followed it, in a way no streamed change shows ("+
 				strings.Join(r, "; ")+"): its rows are loaded again once the daemon notices (within 5 s)", "; ")
+		}
+		if tr.RowFilter = f.RowFilters[st.Table]; tr.RowFilter != "" && tr.Status != NotStreamed {
+			tr.Note = strings.TrimPrefix(tr.Note+"; as filtered by the publication: only rows WHERE "+tr.RowFilter+
+				" are replicated (a row updated out of the filter is deleted on the target)", "; ")
 		}
 		if tr.Status != Covered && tr.Status != NotStreamed {
 			rep.Covered = false

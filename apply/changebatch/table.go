@@ -58,6 +58,26 @@ type Table struct {
 	// Partitioned marks a partitioned source table (relkind 'p'), replicated as one table: it
 	// has no storage of its own, so snapshot reads cover all its partitions.
 	Partitioned bool
+	// RowFilter is the publication's row filter for the table (PostgreSQL docs §31.3 "Row
+	// Filters"; pg_publication_tables.rowfilter), a boolean SQL expression over the table's
+	// columns, "" when it has none: the stream only sees the rows it admits, so snapshot reads
+	// keep only those too (SourceRelation).
+	RowFilter string
+}
+
+// SourceRelation returns what a read of t on the source selects from, as a FROM item named
+// alias: the table only (not the tables that inherit from it, which replicate as tables of their
+// own), or, for a partitioned table, which has no rows of its own, the table with all its
+// partitions; with a row filter, only the rows it admits.
+func (t Table) SourceRelation(alias string) string {
+	rel := "only " + t.Quoted()
+	if t.Partitioned {
+		rel = t.Quoted()
+	}
+	if t.RowFilter != "" {
+		return "(select * from " + rel + " where (" + t.RowFilter + ")) as " + alias
+	}
+	return rel + " as " + alias
 }
 
 // Reserved column names that the target tables add; a source table may not use them.

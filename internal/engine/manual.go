@@ -73,6 +73,11 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (BackfillReport, error) {
 	if err := migrations.Apply(ctx, tgt); err != nil {
 		return BackfillReport{}, err
 	}
+	for i := range tables {
+		if err := readLedgerRowFilter(ctx, src, tgt, &tables[i]); err != nil {
+			return BackfillReport{}, err
+		}
+	}
 	srcID, err := cdc.SourceID(ctx, src)
 	if err != nil {
 		return BackfillReport{}, err

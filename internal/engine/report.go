@@ -112,6 +112,7 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 	}
 	byPublication := map[string][]changebatch.TableName{}
 	f.Memberships, f.SourceChanges, f.Held = map[changebatch.TableName]string{}, map[changebatch.TableName][]string{}, map[changebatch.TableName]bool{}
+	f.RowFilters = map[changebatch.TableName]string{}
 	for n, st := range states {
 		if !st.Streaming {
 			continue
@@ -143,6 +144,15 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 		}
 		for n, tok := range got {
 			f.Memberships[n] = tok
+		}
+		for _, n := range names {
+			t := changebatch.Table{TableName: n}
+			if err := cdc.ReadRowFilter(ctx, src, pub, &t); err != nil {
+				return err
+			}
+			if t.RowFilter != "" {
+				f.RowFilters[n] = t.RowFilter
+			}
 		}
 	}
 	return nil

@@ -228,6 +228,9 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 	var noKey []changebatch.TableName
 	for _, n := range names {
 		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
+		if err == nil {
+			err = cdc.ReadRowFilter(ctx, s.src, s.cfg.Publication, &t)
+		}
 		if err != nil {
 			errs = append(errs, err)
 			if errors.Is(err, changebatch.ErrNoKey) {

@@ -222,6 +222,9 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 			continue
 		}
 		vt.slot, err = v.followedBy(ctx, n)
+		if err == nil {
+			err = readLedgerRowFilter(ctx, v.src, v.tgt, &vt.Table)
+		}
 		if err != nil {
 			vt.fail(err)
 		}

@@ -88,7 +88,6 @@ type pair struct{ key, row int64 }
 type comparison struct {
 	cfg        Config
 	src, tgt   Querier
-	rel        string // the source relation to read
 	rowH, keyH string
 	moved      []pair // source rows of keys the target moved past S
 	stats      Stats
@@ -105,21 +104,12 @@ func Compare(ctx context.Context, src, tgt Querier, cfg Config) (Stats, error) {
 	if cfg.MaxGroups <= 0 {
 		cfg.MaxGroups = 65536
 	}
-	c := &comparison{cfg: cfg, src: src, tgt: tgt, rel: relation(cfg.Table),
+	c := &comparison{cfg: cfg, src: src, tgt: tgt,
 		rowH: rowHash(cfg.Mode, cfg.Table, ""), keyH: keyHash(cfg.Mode, cfg.Table, "")}
 	c.stats.Found = map[Kind]int64{}
 	err := c.run(ctx)
 	c.stats.RowsFetched, c.stats.BytesFetched = c.rows.Load(), c.bytes.Load()
 	return c.stats, err
-}
-
-// relation is the source relation a snapshot read scans: a partitioned table with its
-// partitions, any other table without its inheritance children.
-func relation(t changebatch.Table) string {
-	if t.Partitioned {
-		return t.Quoted()
-	}
-	return "only " + t.Quoted()
 }
 
 // current is the target's filter for the rows compared: live, at a version at or below (S, 0).
@@ -129,7 +119,7 @@ func (c *comparison) run(ctx context.Context) error {
 	var srcAll, tgtAll group
 	var moved int64
 	err := c.both(ctx, func(ctx context.Context) error {
-		return c.scanOne(ctx, c.src, "select count(*), coalesce(sum(h), 0)::text from (select "+c.rowH+" as h from "+c.rel+") s", &srcAll, nil)
+		return c.scanOne(ctx, c.src, "select count(*), coalesce(sum(h), 0)::text from (select "+c.rowH+" as h from "+c.cfg.Table.SourceRelation("t")+") s", &srcAll, nil)
 	}, func(ctx context.Context) error {
 		q := "select count(*) filter (where cur), coalesce(sum(h) filter (where cur), 0)::text, count(*) filter (where not cur and newer) from (select " +
 			c.rowH + " as h, " + current + " as cur, (\"_cdc_lsn\", \"_cdc_seq\") > ($1::pg_lsn, 0) as newer from " + c.cfg.Table.Quoted() + ") s"
@@ -204,7 +194,7 @@ func (c *comparison) split(ctx context.Context, l levelState) (levelState, error
 	m := strconv.FormatInt(maskOf(next.bits), 10)
 	srcG, tgtG := map[int64]group{}, map[int64]group{}
 	err := c.both(ctx, func(ctx context.Context) error {
-		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.rel + ") s where " + l.filter() + " group by 1"
+		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.cfg.Table.SourceRelation("t") + ") s where " + l.filter() + " group by 1"
 		return c.scanGroups(ctx, c.src, q, srcG)
 	}, func(ctx context.Context) error {
 		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.cfg.Table.Quoted() + " where " + current + ") s where " + l.filter() + " group by 1"

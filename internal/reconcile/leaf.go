@@ -46,7 +46,7 @@ func (c *comparison) leaf(ctx context.Context, l levelState) error {
 	}
 	orderBy := " order by hk, " + strings.Join(order, ", ")
 	srcSQL := "select hk, h, " + strings.Join(order, ", ") + " from (select " + c.keyH + " as hk, " + c.rowH + " as h, " +
-		strings.Join(keys, ", ") + " from " + c.rel + ") s where " + l.filter() + orderBy
+		strings.Join(keys, ", ") + " from " + c.cfg.Table.SourceRelation("t") + ") s where " + l.filter() + orderBy
 	tgtSQL := "select hk, h, " + strings.Join(order, ", ") + ", lsn, seq, deleted from (select " + c.keyH + " as hk, " + c.rowH + " as h, " +
 		strings.Join(keys, ", ") + `, "_cdc_lsn"::text as lsn, "_cdc_seq" as seq, "_cdc_deleted" as deleted from ` + c.cfg.Table.Quoted() + ") s where " + l.filter() + orderBy
 	g, gctx := errgroup.WithContext(ctx)
@@ -210,7 +210,7 @@ func (c *comparison) lookupMoved(ctx context.Context, keys [][]string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := c.src.Query(ctx, "select "+keyHash(c.cfg.Mode, t, "s.")+", "+rowHash(c.cfg.Mode, t, "s.")+" from "+c.rel+" as s "+join, args...)
+	rows, err := c.src.Query(ctx, "select "+keyHash(c.cfg.Mode, t, "s.")+", "+rowHash(c.cfg.Mode, t, "s.")+" from "+c.cfg.Table.SourceRelation("s")+" "+join, args...)
 	if err != nil {
 		return err
 	}

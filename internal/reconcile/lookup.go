@@ -45,9 +45,9 @@ func Lookup(ctx context.Context, q Querier, side Side, t changebatch.Table, keys
 	for i, c := range t.Columns {
 		sel[i] = "s." + pgx.Identifier{c.Name}.Sanitize() + "::text"
 	}
-	rel := relation(t)
+	rel := t.SourceRelation("s")
 	if side == Target {
-		rel = t.Quoted()
+		rel = t.Quoted() + " as s"
 		if opts.Live {
 			cond = append(cond, ` and not s."_cdc_deleted"`)
 		}
@@ -56,7 +56,7 @@ func Lookup(ctx context.Context, q Querier, side Side, t changebatch.Table, keys
 			cond = append(cond, ` and (s."_cdc_lsn", s."_cdc_seq") > ($`+strconv.Itoa(len(args))+`::pg_lsn, 0)`)
 		}
 	}
-	sql := "select u.ord, array[" + strings.Join(sel, ", ") + "]::text[] from " + rel + " as s " + join + strings.Join(cond, "")
+	sql := "select u.ord, array[" + strings.Join(sel, ", ") + "]::text[] from " + rel + " " + join + strings.Join(cond, "")
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("look up keys of %s: %w", t, err)
