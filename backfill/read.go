@@ -58,7 +58,8 @@ func checkNotRewritten(ctx context.Context, tx pgx.Tx, t changebatch.Table, snap
 
 // checkColumns returns an error wrapping ErrRewritten when t's columns (names, attnums, types) on
 // the source are not the ones described: a column added since the description (ADD COLUMN with a
-// constant default rewrites nothing) would be missing from the rows read. Called with t locked.
+// constant default rewrites nothing) would be missing from the rows read; with a column list
+// (t.ColumnList) only the listed columns count. Called with t locked.
 func checkColumns(ctx context.Context, tx pgx.Tx, t changebatch.Table) error {
 	rows, err := tx.Query(ctx, `select attname, atttypid, atttypmod, attnum from pg_attribute
 where attrelid = $1::regclass and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, t.Quoted())
@@ -71,6 +72,9 @@ where attrelid = $1::regclass and attnum > 0 and not attisdropped and attgenerat
 		if err := rows.Scan(&c.Name, &c.TypeOID, &c.TypeMod, &c.Attnum); err != nil {
 			rows.Close()
 			return fmt.Errorf("check the columns of %s: %w", t, err)
+		}
+		if t.ColumnList && t.ColumnIndex(c.Name) < 0 {
+			continue // not published: not read
 		}
 		got = append(got, c)
 	}

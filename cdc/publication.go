@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -107,10 +108,9 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 }
 
 // checkPublication reports, all at once, the settings of an existing publication that would make
-// pgconverge miss changes: an operation it does not publish, a column list on one of tables
-// (PostgreSQL docs §31.4 "Column Lists"; a row filter is followed, ReadRowFilter), publish_via_partition_root
-// with a partition among tables, or without it and with a partitioned table among tables (§31.1,
-// CREATE PUBLICATION).
+// pgconverge miss changes: an operation it does not publish, publish_via_partition_root with a
+// partition among tables, or without it and with a partitioned table among tables (PostgreSQL docs
+// §31.1, CREATE PUBLICATION). Row filters and column lists are followed (ReadPublicationShape).
 func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName) error {
 	var ins, upd, del, trunc, viaRoot bool
 	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot from pg_publication where pubname = $1`, name).
@@ -128,21 +128,6 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 		return err
 	}
 	errs = append(errs, partErrs...)
-	for _, t := range tables {
-		var columns bool
-		err := conn.QueryRow(ctx, `select r.prattrs is not null from pg_publication_rel r
-join pg_publication p on p.oid = r.prpubid where p.pubname = $1 and r.prrelid = $2::regclass`, name, t.Quoted()).Scan(&columns)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read publication %q: %w", name, err)
-		}
-		if columns {
-			errs = append(errs, fmt.Errorf("publication %q publishes table %s with a column list, which pgconverge does not follow yet: run ALTER PUBLICATION %s SET TABLE without it (a row filter is followed), or use another --publication",
-				name, t, pgx.Identifier{name}.Sanitize()))
-		}
-	}
 	return errors.Join(errs...)
 }
 
@@ -193,20 +178,40 @@ where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`,
 	return out, rows.Err()
 }
 
-// ReadRowFilter sets t.RowFilter to publication's row filter for t (pg_publication_tables,
-// PostgreSQL docs §31.3 "Row Filters"; a partition published through an ancestor gets the
-// ancestor's), "" when t has none or is not in the publication (yet). A filter changed later is a
-// membership change (Memberships), after which the table is described and loaded again.
-func ReadRowFilter(ctx context.Context, conn *pgx.Conn, publication string, t *changebatch.Table) error {
+// ReadPublicationShape fits t, as DescribeTable described it, to what publication publishes of
+// it (pg_publication_tables; a partition published through an ancestor gets the ancestor's):
+// RowFilter is its row filter (PostgreSQL docs §31.3 "Row Filters"), "" for none; with a column
+// list (§31.4 "Column Lists"), Columns keep only the listed ones, Generated is emptied and
+// ColumnList is set. A table not in the publication (yet) is left whole. It returns an error
+// naming the fix when the column list leaves out a key column. A filter or list changed later is
+// a membership change (Memberships), after which the table is described and loaded again.
+func ReadPublicationShape(ctx context.Context, conn *pgx.Conn, publication string, t *changebatch.Table) error {
 	var filter *string
-	err := conn.QueryRow(ctx, `select rowfilter from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3`,
-		publication, t.Schema, t.Name).Scan(&filter)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("read the row filter of %s in publication %q: %w", t, publication, err)
+	var attnames []string
+	err := conn.QueryRow(ctx, `select rowfilter, attnames::text[] from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3`,
+		publication, t.Schema, t.Name).Scan(&filter, &attnames)
+	if errors.Is(err, pgx.ErrNoRows) {
+		t.RowFilter = ""
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read what publication %q publishes of %s: %w", publication, t, err)
 	}
 	t.RowFilter = ""
 	if filter != nil {
 		t.RowFilter = *filter
+	}
+	var kept []changebatch.Column
+	for _, c := range t.Columns {
+		if slices.Contains(attnames, c.Name) {
+			kept = append(kept, c)
+		} else if c.Key {
+			return fmt.Errorf("publication %q publishes %s with a column list that leaves out key column %q, so its changes cannot be matched to rows: run ALTER PUBLICATION %s SET TABLE %s (…, %s, …)",
+				publication, t, c.Name, pgx.Identifier{publication}.Sanitize(), t.Quoted(), pgx.Identifier{c.Name}.Sanitize())
+		}
+	}
+	if len(kept) < len(t.Columns) {
+		t.Columns, t.Generated, t.ColumnList = kept, nil, true
 	}
 	return nil
 }

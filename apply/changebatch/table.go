@@ -63,6 +63,10 @@ type Table struct {
 	// columns, "" when it has none: the stream only sees the rows it admits, so snapshot reads
 	// keep only those too (SourceRelation).
 	RowFilter string
+	// ColumnList is set when the publication publishes only some of the source table's columns
+	// (PostgreSQL docs §31.4 "Column Lists"): Columns are those, and the source's other columns
+	// (generated ones included) are not replicated, nor compared by the schema checks.
+	ColumnList bool
 }
 
 // SourceRelation returns what a read of t on the source selects from, as a FROM item named

@@ -74,7 +74,7 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (BackfillReport, error) {
 		return BackfillReport{}, err
 	}
 	for i := range tables {
-		if err := readLedgerRowFilter(ctx, src, tgt, &tables[i]); err != nil {
+		if err := readLedgerPublicationShape(ctx, src, tgt, &tables[i]); err != nil {
 			return BackfillReport{}, err
 		}
 	}

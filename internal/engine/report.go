@@ -126,7 +126,12 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 			f.MoreSlots = append(f.MoreSlots, more...)
 		}
 		byPublication[st.Publication] = append(byPublication[st.Publication], n)
-		if t, err := cdc.DescribeTable(ctx, src, n.Schema, n.Name); err == nil {
+		// A table the source cannot describe, or whose publication it cannot fit, is left to the
+		// membership check and to the daemon, which name the problem.
+		if t, err := cdc.DescribeTable(ctx, src, n.Schema, n.Name); err == nil && cdc.ReadPublicationShape(ctx, src, st.Publication, &t) == nil {
+			if t.RowFilter != "" {
+				f.RowFilters[n] = t.RowFilter
+			}
 			if f.SourceChanges[n], err = apply.ShapeChanges(ctx, tgt, t); err != nil {
 				return err
 			}
@@ -144,15 +149,6 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 		}
 		for n, tok := range got {
 			f.Memberships[n] = tok
-		}
-		for _, n := range names {
-			t := changebatch.Table{TableName: n}
-			if err := cdc.ReadRowFilter(ctx, src, pub, &t); err != nil {
-				return err
-			}
-			if t.RowFilter != "" {
-				f.RowFilters[n] = t.RowFilter
-			}
 		}
 	}
 	return nil

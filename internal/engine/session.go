@@ -229,7 +229,7 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 	for _, n := range names {
 		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
 		if err == nil {
-			err = cdc.ReadRowFilter(ctx, s.src, s.cfg.Publication, &t)
+			err = cdc.ReadPublicationShape(ctx, s.src, s.cfg.Publication, &t)
 		}
 		if err != nil {
 			errs = append(errs, err)

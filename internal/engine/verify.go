@@ -223,7 +223,7 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 		}
 		vt.slot, err = v.followedBy(ctx, n)
 		if err == nil {
-			err = readLedgerRowFilter(ctx, v.src, v.tgt, &vt.Table)
+			err = readLedgerPublicationShape(ctx, v.src, v.tgt, &vt.Table)
 		}
 		if err != nil {
 			vt.fail(err)

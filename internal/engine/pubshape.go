@@ -1,0 +1,29 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+)
+
+// readLedgerPublicationShape fits t to what the publication that the slot following t streams
+// from publishes of it (cdc.ReadPublicationShape: row filter, column list), for the reads of a
+// process that is not the daemon (a manual backfill, verify): the publication is the one the
+// target's ledger records (pgconverge.tables.slot, the slot's latest stream segment); t is left
+// whole when no slot follows it. A backfill or a verify must read exactly what the stream sees.
+func readLedgerPublicationShape(ctx context.Context, src, tgt *pgx.Conn, t *changebatch.Table) error {
+	var pub *string
+	err := tgt.QueryRow(ctx, `select (select s.publication from pgconverge.stream_segments s where s.slot = t.slot order by s.id desc limit 1)
+from pgconverge.tables t where t.schema_name = $1 and t.table_name = $2`, t.Schema, t.Name).Scan(&pub)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && pub == nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the publication that follows %s: %w", t, err)
+	}
+	return cdc.ReadPublicationShape(ctx, src, *pub, t)
+}
