@@ -10,6 +10,10 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
+// condMark stands for the chunk's condition in Planner.query: a NUL, which no SQL text from the
+// catalog holds, so a row filter before it can never be taken for it.
+const condMark = "\x00chunk condition\x00"
+
 // Planner cuts a table into chunks of about a fixed number of rows, in key order, by keyset
 // pagination on the key's index inside one snapshot: each boundary is the key of the n-th row
 // after the previous boundary. Only the key index is read, never the rows.
@@ -44,7 +48,9 @@ func NewPlanner(conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows in
 		texts[i] = n + "::text as pgconverge_key_" + strconv.Itoa(i)
 	}
 	return &Planner{conn: conn, snap: snap, t: t, last: after,
-		query: "select " + strings.Join(texts, ", ") + " from " + t.SourceRelation("s") + " where %s order by " +
+		// The table's row filter is SQL text of its own (it may hold a %): the condition is
+		// spliced in at condMark, never through a format string.
+		query: "select " + strings.Join(texts, ", ") + " from " + t.SourceRelation("s") + " where " + condMark + " order by " +
 			strings.Join(names, ", ") + " offset " + strconv.Itoa(chunkRows-1) + " limit 1"}, nil
 }
 
@@ -60,7 +66,7 @@ func (p *Planner) Next(ctx context.Context) (Chunk, bool, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	cond, args := rangeCondition(p.t, Chunk{Lower: p.last})
-	rows, err := tx.Query(ctx, fmt.Sprintf(p.query, cond), args...)
+	rows, err := tx.Query(ctx, strings.Replace(p.query, condMark, cond, 1), args...)
 	if err != nil {
 		return Chunk{}, false, fmt.Errorf("plan chunks of %s: %w", p.t, err)
 	}

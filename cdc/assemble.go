@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -44,6 +45,17 @@ type assembler struct {
 	end       pglogrepl.LSN // end LSN of the last whole transaction in the group
 	committed int64         // whole transactions seen, ever
 	changes   int64         // row changes appended, ever
+	// toastInserts counts, per table (quoted name), the INSERTs of the group that left a TOASTed
+	// value out as unchanged, and the first one's commit LSN (takeToastInserts).
+	toastInserts map[string]toastInsert
+}
+
+// toastInsert is what the assembler saw of INSERTs without some of their values: PostgreSQL 15
+// sends an UPDATE that moves a row into a publication's row filter as an INSERT, and keeps the
+// "unchanged TOAST" marker of the values it did not detoast, so the target cannot know them.
+type toastInsert struct {
+	Rows  int64
+	First pglogrepl.LSN
 }
 
 func newAssembler(mem memory.Allocator, tables []changebatch.Table, describedAt pglogrepl.LSN, fences map[uint32]pglogrepl.LSN) *assembler {
@@ -215,8 +227,27 @@ func (a *assembler) insert(m *pglogrepl.InsertMessage) error {
 	if err != nil {
 		return err
 	}
-	a.add(r, changebatch.Change{Op: changebatch.OpUpsert, Version: a.version(), Values: vals})
+	ver := a.version()
+	if slices.ContainsFunc(m.Tuple.Columns, func(c *pglogrepl.TupleDataColumn) bool { return c.DataType == pglogrepl.TupleDataTypeToast }) {
+		if a.toastInserts == nil {
+			a.toastInserts = map[string]toastInsert{}
+		}
+		ti, ok := a.toastInserts[r.table.String()]
+		if !ok {
+			ti.First = ver.LSN
+		}
+		ti.Rows++
+		a.toastInserts[r.table.String()] = ti
+	}
+	a.add(r, changebatch.Change{Op: changebatch.OpUpsert, Version: ver, Values: vals})
 	return nil
+}
+
+// takeToastInserts returns the INSERTs without some values seen since the last call, by table.
+func (a *assembler) takeToastInserts() map[string]toastInsert {
+	ti := a.toastInserts
+	a.toastInserts = nil
+	return ti
 }
 
 // update emits the new row image; when the key changed (the old key is sent), it first emits a

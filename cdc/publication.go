@@ -140,7 +140,9 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 // detected after the fact. A table published through its schema or FOR ALL TABLES can leave the
 // publication and come back without any publication row changing (ALTER TABLE … SET SCHEMA and
 // back, SET UNLOGGED and back): its token also holds the version of its pg_class row, so any
-// ALTER TABLE of it counts as a change (a reload, never a missed gap). A partition published
+// ALTER TABLE of it counts as a change (a reload, never a missed gap). A table published both by
+// its own row (maybe with a row filter) and through its schema has both in its token, so either
+// one leaving or coming changes it (the rows published change). A partition published
 // through an ancestor (publish_via_partition_root = false) is found through that ancestor's row.
 // A partitioned table's token also holds its set of leaf partitions and their storage
 // (partitionSet): rows that appear with an ATTACH PARTITION or vanish with a DETACH, a DROP or a
@@ -153,14 +155,16 @@ func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text, coalesce(coalesce(
     (select 'all:' || p.oid || ':' || c.xmin from pg_publication p where p.pubname = $1 and p.puballtables),
     (select 'rel:' || string_agg(r.oid::text, ',' order by r.oid) from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
-      where p.pubname = $1 and (r.prrelid = c.oid or r.prrelid in (select relid from pg_partition_ancestors(c.oid)))),
-    (select 'schema:' || string_agg(pn.oid::text, ',' order by pn.oid) || ':' || c.xmin from pg_publication_namespace pn
-      join pg_publication p on p.oid = pn.pnpubid
-      where p.pubname = $1 and pn.pnnspid in (select a.relnamespace from pg_class a
-        where a.oid = c.oid or a.oid in (select relid from pg_partition_ancestors(c.oid)))))
+      where p.pubname = $1 and (r.prrelid = c.oid or r.prrelid in (select relid from pg_partition_ancestors(c.oid))))
+      || coalesce(':schema:' || sch.oids, ''),
+    'schema:' || sch.oids || ':' || c.xmin)
   || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1)
   || case when c.relkind = 'p' then '/partitions:' || `+partitionSet+` else '' end, '')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
+left join lateral (select string_agg(pn.oid::text, ',' order by pn.oid) as oids from pg_publication_namespace pn
+    join pg_publication p on p.oid = pn.pnpubid
+    where p.pubname = $1 and pn.pnnspid in (select a.relnamespace from pg_class a
+      where a.oid = c.oid or a.oid in (select relid from pg_partition_ancestors(c.oid)))) sch on true
 where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`, publication, schemas, names)
 	if err != nil {
 		return nil, fmt.Errorf("read publication %q membership: %w", publication, err)

@@ -99,6 +99,9 @@ type TableReport struct {
 	// RowFilter is the row filter of the table's publication ("" for none): the table is covered
 	// as filtered by it, the target holding only the rows it admits.
 	RowFilter string `json:"row_filter,omitempty"`
+	// ColumnList names the columns the table's publication lists (nil: every column): only
+	// those are replicated.
+	ColumnList []string `json:"column_list,omitempty"`
 	// Note explains a status: why the stream stopped or broke.
 	Note string `json:"note,omitempty"`
 }
@@ -148,6 +151,8 @@ type Facts struct {
 	// RowFilters are the row filters of the streamed tables' publications (cdc.ReadRowFilter);
 	// a table without one is absent.
 	RowFilters map[changebatch.TableName]string
+	// ColumnLists are the listed columns of the streamed tables published with a column list.
+	ColumnLists map[changebatch.TableName][]string
 }
 
 // NewReport returns the report of the tables' ledger states (ReadTables) given the facts. A slot
@@ -178,6 +183,9 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 		if tr.RowFilter = f.RowFilters[st.Table]; tr.RowFilter != "" && tr.Status != NotStreamed {
 			tr.Note = strings.TrimPrefix(tr.Note+"; as filtered by the publication: only rows WHERE "+tr.RowFilter+
 				" are replicated (a row updated out of the filter is deleted on the target)", "; ")
+		}
+		if tr.ColumnList = f.ColumnLists[st.Table]; tr.ColumnList != nil && tr.Status != NotStreamed {
+			tr.Note = strings.TrimPrefix(tr.Note+"; as listed by the publication: only columns "+strings.Join(tr.ColumnList, ", ")+" are replicated", "; ")
 		}
 		if tr.Status != Covered && tr.Status != NotStreamed {
 			rep.Covered = false

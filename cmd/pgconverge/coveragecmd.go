@@ -144,7 +144,7 @@ func printCoverage(w io.Writer, rep engine.Report) {
 		for _, g := range t.Gaps {
 			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, engine.HumanBytes(g.Bytes), keysText(g.Keys)))
 		}
-		if t.Note != "" && (t.Status != engine.Covered || stopped(t) || t.RowFilter != "") {
+		if t.Note != "" && (t.Status != engine.Covered || stopped(t) || t.RowFilter != "" || t.ColumnList != nil) {
 			notes = append(notes, fmt.Sprintf("  %s: %s", t.Table, t.Note))
 		}
 	}

@@ -112,7 +112,7 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 	}
 	byPublication := map[string][]changebatch.TableName{}
 	f.Memberships, f.SourceChanges, f.Held = map[changebatch.TableName]string{}, map[changebatch.TableName][]string{}, map[changebatch.TableName]bool{}
-	f.RowFilters = map[changebatch.TableName]string{}
+	f.RowFilters, f.ColumnLists = map[changebatch.TableName]string{}, map[changebatch.TableName][]string{}
 	for n, st := range states {
 		if !st.Streaming {
 			continue
@@ -131,6 +131,11 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 		if t, err := cdc.DescribeTable(ctx, src, n.Schema, n.Name); err == nil && cdc.ReadPublicationShape(ctx, src, st.Publication, &t) == nil {
 			if t.RowFilter != "" {
 				f.RowFilters[n] = t.RowFilter
+			}
+			if t.ColumnList {
+				for _, c := range t.Columns {
+					f.ColumnLists[n] = append(f.ColumnLists[n], c.Name)
+				}
 			}
 			if f.SourceChanges[n], err = apply.ShapeChanges(ctx, tgt, t); err != nil {
 				return err
