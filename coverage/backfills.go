@@ -113,8 +113,9 @@ func (b *TableBackfill) Planned() bool {
 }
 
 // Resumable returns the latest backfill of t when it was interrupted (not completed, not
-// abandoned), was chunked by keyCols and wrote into the target table's current file (not one
-// since dropped, truncated or rewritten), with its chunks in order, or nil when there is none to
+// abandoned), was chunked by keyCols, read t through the same row filter and column list
+// (Table.Shape) and wrote into the target table's current file (not one since dropped, truncated
+// or rewritten), with its chunks in order, or nil when there is none to
 // resume. The caller must hold t's backfill
 // lock (LockBackfill), so a backfill recorded as running is one whose process died.
 func Resumable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, keyCols []string) (*TableBackfill, error) {
@@ -122,16 +123,18 @@ func Resumable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, keyCols
 	var status string
 	var cols []string
 	var sameFile bool
-	err := conn.QueryRow(ctx, `select id, status, key_columns, target_filenode is not distinct from pg_relation_filenode($3::regclass)
+	var sameShape bool
+	err := conn.QueryRow(ctx, `select id, status, key_columns, target_filenode is not distinct from pg_relation_filenode($3::regclass),
+  source_shape is not distinct from nullif($4, '')
 from pgconverge.backfills where schema_name = $1 and table_name = $2 order by id desc limit 1`,
-		t.Schema, t.Name, t.Quoted()).Scan(&id, &status, &cols, &sameFile)
+		t.Schema, t.Name, t.Quoted(), t.Shape()).Scan(&id, &status, &cols, &sameFile, &sameShape)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read last backfill of %s: %w", t, err)
 	}
-	if (status != "running" && status != "failed") || !slices.Equal(cols, keyCols) || !sameFile {
+	if (status != "running" && status != "failed") || !slices.Equal(cols, keyCols) || !sameFile || !sameShape {
 		return nil, nil
 	}
 	rows, err := conn.Query(ctx, `select chunk, lower_key, upper_key, completed_at is not null, coalesce(snapshot_lsn::text, ''),
@@ -173,10 +176,10 @@ func StartTableBackfill(ctx context.Context, conn *pgx.Conn, runID int64, t chan
 	err := conn.QueryRow(ctx, `with abandoned as (
   update pgconverge.backfills set status = 'abandoned', finished_at = coalesce(finished_at, now())
   where schema_name = $2 and table_name = $3 and status in ('running', 'failed'))
-insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode, generation, source)
+insert into pgconverge.backfills (run_id, schema_name, table_name, snapshot_lsn, slot, status, key_columns, target_filenode, generation, source, source_shape)
 values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filenode($7::regclass),
-  coalesce((select generation from pgconverge.tables where schema_name = $2 and table_name = $3), 1), nullif($8, '')) returning id`,
-		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted(), source).Scan(&id)
+  coalesce((select generation from pgconverge.tables where schema_name = $2 and table_name = $3), 1), nullif($8, ''), nullif($9, '')) returning id`,
+		runID, t.Schema, t.Name, s.String(), slot, keyCols, t.Quoted(), source, t.Shape()).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
 	}

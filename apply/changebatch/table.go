@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Column is one column of a replicated table.
@@ -67,6 +68,24 @@ type Table struct {
 	// (PostgreSQL docs §31.4 "Column Lists"): Columns are those, and the source's other columns
 	// (generated ones included) are not replicated, nor compared by the schema checks.
 	ColumnList bool
+}
+
+// Shape returns what of the source table t stands for, as text: "" for the whole table, else
+// its row filter and, with a column list, its columns. Two descriptions with the same shape read
+// the same rows and columns.
+func (t Table) Shape() string {
+	if t.RowFilter == "" && !t.ColumnList {
+		return ""
+	}
+	s := "where " + t.RowFilter
+	if t.ColumnList {
+		names := make([]string, len(t.Columns))
+		for i, c := range t.Columns {
+			names[i] = c.Name
+		}
+		s += "; columns " + strings.Join(names, ", ")
+	}
+	return s
 }
 
 // SourceRelation returns what a read of t on the source selects from, as a FROM item named

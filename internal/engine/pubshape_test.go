@@ -245,3 +245,25 @@ func TestToastedRowMovedIntoFilterIsReported(t *testing.T) {
 		t.Error("row 1001 still lacks its TOASTed value after the repair")
 	}
 }
+
+// An interrupted manual backfill is not resumed through another row filter: the chunks it kept
+// hold the old filter's rows.
+func TestBackfillIsNotResumedThroughAnotherFilter(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`,
+		`create publication `+env.Name+` for table big where (id <= 15000)`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	d.Stop(t)
+	out, err := crashChildCmd(env, "backfill-chunk", 5).CombinedOutput()
+	requireKilled(t, err, out)
+	pgtest.Exec(t, env.Source, `alter publication `+env.Name+` set table big where (id > 10000)`)
+	rep := backfillNow(t, testBackfillConfig(t, env, "public.big"))
+	if rep.Kept != 0 || rep.Rows != 10000 {
+		t.Errorf("kept %d rows and read %d, want 0 and 10000 (nothing resumed through the old filter)", rep.Kept, rep.Rows)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from big where not _cdc_deleted and id <= 10000`); n != 0 {
+		t.Errorf("%d live target rows outside the new filter", n)
+	}
+}
