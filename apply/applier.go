@@ -29,6 +29,11 @@ type Result struct {
 	Merged int64
 	// Truncates is the number of TRUNCATE fences applied.
 	Truncates int64
+	// Unknown holds the keys (values as text, in Table.KeyOrder) of the live target rows the
+	// stream's changes left with unknown columns (_cdc_unknown): the source sent a TOASTed value
+	// as unchanged for a row whose value the target did not hold. A read of those keys from a
+	// fresh snapshot fills them (the version rule lets it).
+	Unknown [][]string
 }
 
 // Add accumulates o into r.
@@ -37,6 +42,7 @@ func (r *Result) Add(o Result) {
 	r.Suppressed += o.Suppressed
 	r.Merged += o.Merged
 	r.Truncates += o.Truncates
+	r.Unknown = append(r.Unknown, o.Unknown...)
 }
 
 // Applier writes change batches into the target over one connection, which it uses for its
@@ -134,7 +140,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		return Result{}, err
 	}
 	rows, merged := collapse(v, from, to)
-	movedUnknown := false
+	movedUnknown, unchanged := false, false
 	for i := range rows {
 		if rows[i].from != nil {
 			if err := t.lookupMoved(ctx, v.Table, &rows[i]); err != nil {
@@ -142,6 +148,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 			}
 		}
 		movedUnknown = movedUnknown || rows[i].moved && anyUnchanged(rows[i].values)
+		unchanged = unchanged || anyUnchanged(rows[i].values)
 	}
 	stage, err := t.stage(ctx, v.Table)
 	if err != nil {
@@ -164,7 +171,40 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		}
 		applied += tag.RowsAffected()
 	}
-	return Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}, nil
+	res := Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}
+	if unchanged {
+		var err error
+		if res.Unknown, err = t.unknownKeys(ctx, v.Table, stage); err != nil {
+			return Result{}, err
+		}
+	}
+	return res, nil
+}
+
+// unknownKeys returns the keys (text, in KeyOrder) of the staged rows whose live target row has
+// unknown columns after the merge.
+func (t *Tx) unknownKeys(ctx context.Context, tab changebatch.Table, stage string) ([][]string, error) {
+	var keys, texts []string
+	for _, i := range tab.KeyOrder() {
+		q := pgx.Identifier{tab.Columns[i].Name}.Sanitize()
+		keys, texts = append(keys, q), append(texts, "tgt."+q+"::text")
+	}
+	k := "(" + strings.Join(keys, ", ") + ")"
+	rows, err := t.tx.Query(ctx, "select "+strings.Join(texts, ", ")+" from "+tab.Quoted()+" as tgt where tgt."+qUnknown+
+		" is not null and not tgt."+qDeleted+" and "+k+" in (select "+strings.Join(keys, ", ")+" from "+pgx.Identifier{"pg_temp", stage}.Sanitize()+")")
+	if err != nil {
+		return nil, fmt.Errorf("look up the rows of %s left with unknown values: %w", tab, err)
+	}
+	defer rows.Close()
+	var out [][]string
+	for rows.Next() {
+		key := make([]string, len(keys))
+		for i, r := range rows.RawValues() {
+			key[i] = string(r)
+		}
+		out = append(out, key)
+	}
+	return out, rows.Err()
 }
 
 // describeConstraint returns err, a violation of one of the target's integrity constraints (SQLSTATE

@@ -2,6 +2,7 @@ package apply_test
 
 import (
 	"context"
+	"reflect"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -120,10 +121,10 @@ func TestReplayedBatchIsSuppressed(t *testing.T) {
 		row{changebatch.OpUpsert, 100, 2, "2", s("b"), "20"},
 		row{changebatch.OpDelete, 100, 3, "3", nil, ""},
 	)
-	if got := f.apply(t, rec); got != (apply.Result{Applied: 3}) {
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Applied: 3}) {
 		t.Fatalf("first apply = %+v, want 3 applied", got)
 	}
-	if got := f.apply(t, rec); got != (apply.Result{Suppressed: 3}) {
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Suppressed: 3}) {
 		t.Fatalf("replay = %+v, want 3 suppressed", got)
 	}
 	f.expect(t, "1|a|10|0/64#1|f|", "2|b|20|0/64#2|f|", "3|||0/64#3|t|")
@@ -160,7 +161,7 @@ func TestTruncateFence(t *testing.T) {
 		row{changebatch.OpUpsert, 150, 1, "3", s("below fence"), "3"},
 		row{changebatch.OpUpsert, 200, 2, "4", s("after truncate"), "4"},
 	))
-	if got != (apply.Result{Applied: 1, Suppressed: 1, Truncates: 1}) {
+	if !reflect.DeepEqual(got, apply.Result{Applied: 1, Suppressed: 1, Truncates: 1}) {
 		t.Fatalf("apply = %+v", got)
 	}
 	// Row 1 (older than the fence) is a tombstone; row 2 is newer than the fence and stays.

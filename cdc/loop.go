@@ -240,7 +240,7 @@ func (l *loop) flush(applyCtx context.Context) error {
 		return err
 	}
 	for table, ti := range l.asm.takeToastInserts() {
-		l.s.cfg.Logger.Error("the source sent INSERTs without some TOASTed values (PostgreSQL 15 does so for an UPDATE that moves a row into the publication's row filter, with a value it left unchanged): the target rows lack those values, NULL meanwhile and named in _cdc_unknown; fill them with pgconverge verify --repair --table "+table+" or pgconverge backfill --table "+table,
+		l.s.cfg.Logger.Warn("the source sent INSERTs without some TOASTed values (PostgreSQL 15 does so for an UPDATE that moves a row into the publication's row filter, with a value it left unchanged): the target rows lack those values, NULL meanwhile and named in _cdc_unknown, until they are read again from a snapshot (the daemon does so at once; else pgconverge verify --repair --table "+table+")",
 			"table", table, "rows", ti.Rows, "first_lsn", ti.First.String(), "slot", l.s.cfg.Slot)
 	}
 	if k := l.s.cfg.Knobs.AfterApply; k != nil {

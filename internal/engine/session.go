@@ -44,6 +44,8 @@ type session struct {
 	recorded, lastCheck pglogrepl.LSN
 	// gapsPublished is when the gap metric was last computed (publishCoverage).
 	gapsPublished time.Time
+	// unknown takes keys the stream left with unknown values to fillUnknown.
+	unknown chan unknownKeys
 }
 
 // errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while

@@ -51,6 +51,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
+	s.unknown = make(chan unknownKeys, unknownQueue)
+	g.Go(func() error { return s.fillUnknown(gctx) })
 	g.Go(func() error {
 		if err := streamer.Run(gctx, s.repl); err != nil {
 			return err
@@ -86,6 +88,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	rows := map[string]RowCounts{}
 	var replays []coverage.SuppressedReplay
+	var unknown map[string][][]string // table → keys left with unknown values
 	for _, b := range batches {
 		res, err := tx.Apply(ctx, b)
 		if err != nil {
@@ -98,6 +101,12 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 		r := rows[tab.String()]
 		r.Applied, r.Suppressed = r.Applied+res.Applied, r.Suppressed+res.Suppressed
 		rows[tab.String()] = r
+		if len(res.Unknown) > 0 {
+			if unknown == nil {
+				unknown = map[string][][]string{}
+			}
+			unknown[tab.String()] = append(unknown[tab.String()], res.Unknown...)
+		}
 		if replays, err = s.noteReplay(replays, tab.TableName, b, res.Suppressed); err != nil {
 			return err
 		}
@@ -120,6 +129,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 		return err
 	}
 	s.recorded = max(s.recorded, confirmed)
+	s.noteUnknown(unknown)
 	s.mon.StreamApplied(rows, time.Since(began))
 	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
 		if err := s.publishCoverage(ctx, false); err != nil {
