@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/pgconverge/pgconverge/apply"
@@ -62,17 +64,38 @@ func (s *session) fillUnknown(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case u := <-s.unknown:
-			filled, at, err := fillKeys(ctx, s.cfg.Source, s.cfg.Target, u)
-			switch {
-			case ctx.Err() != nil:
-				return nil
-			case err != nil:
-				s.cfg.Logger.Error("could not fill target values the source left out as unchanged TOAST: run pgconverge verify --repair --table "+u.table.String(),
-					"table", u.table.String(), "rows", len(u.keys), "err", err)
-			default:
-				s.cfg.Logger.Info("filled target values the source left out as unchanged TOAST, from a fresh snapshot",
-					"table", u.table.String(), "rows", filled, "snapshot_lsn", at)
+			for _, u := range drainUnknown(u, s.unknown) {
+				filled, at, err := fillKeys(ctx, s.cfg.Source, s.cfg.Target, u)
+				switch {
+				case ctx.Err() != nil:
+					return nil
+				case err != nil:
+					s.cfg.Logger.Error("could not fill target values the source left out as unchanged TOAST: run pgconverge verify --repair --table "+u.table.String(),
+						"table", u.table.String(), "rows", len(u.keys), "err", err)
+				default:
+					s.cfg.Logger.Info("filled target values the source left out as unchanged TOAST, from a fresh snapshot",
+						"table", u.table.String(), "rows", filled, "snapshot_lsn", at)
+				}
 			}
+		}
+	}
+}
+
+// drainUnknown returns first and whatever else waits in queue, merged per table, so one snapshot
+// serves every key that waited.
+func drainUnknown(first unknownKeys, queue chan unknownKeys) []unknownKeys {
+	out := []unknownKeys{first}
+	for {
+		select {
+		case u := <-queue:
+			i := slices.IndexFunc(out, func(o unknownKeys) bool { return o.table.TableName == u.table.TableName })
+			if i < 0 {
+				out = append(out, u)
+			} else {
+				out[i].keys = append(out[i].keys, u.keys...)
+			}
+		default:
+			return out
 		}
 	}
 }
@@ -80,6 +103,7 @@ func (s *session) fillUnknown(ctx context.Context) error {
 // fillKeys rewrites u's keys from a fresh exact snapshot in one target transaction and returns
 // the rows written and the snapshot's LSN.
 func fillKeys(ctx context.Context, source, target string, u unknownKeys) (int64, string, error) {
+	u.keys = distinctKeys(u.keys)
 	exp, err := backfill.Export(ctx, source)
 	if err != nil {
 		return 0, "", err
@@ -121,4 +145,19 @@ func fillKeys(ctx context.Context, source, target string, u unknownKeys) (int64,
 		return 0, "", fmt.Errorf("commit the filled values of %s: %w", u.table, err)
 	}
 	return written, exp.LSN.String(), nil
+}
+
+// distinctKeys returns keys without repeats (a key left unknown by several batches), in order;
+// the values are text, which never holds a NUL, so NUL separates them.
+func distinctKeys(keys [][]string) [][]string {
+	seen := map[string]bool{}
+	var out [][]string
+	for _, k := range keys {
+		id := strings.Join(k, "\x00")
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, k)
+		}
+	}
+	return out
 }
