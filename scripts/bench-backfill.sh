@@ -25,23 +25,15 @@
 # PGCONVERGE_KEEP=1 (keep /tmp/pgconverge-bench-backfill), PGBIN.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$REPO"
-if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
-	export PATH="/usr/local/go/bin:$PATH"
-fi
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
-export PGBIN
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ROOT=/tmp/pgconverge-bench-backfill
 BIN=$ROOT/bin/pgconverge
-PGCLUSTER=$REPO/scripts/pgcluster.sh
 SCALE=${BENCH_SCALE:-20}
 CHUNK=${BENCH_CHUNK_ROWS:-250000}
 SRC_PORT=${BENCH_PORT:-54371}
 TGT_PORT=$((SRC_PORT + 1))
 TABLE=pgbench_accounts
 
-q() { PGOPTIONS='-c client_min_messages=warning' "$PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
 
 cleanup() {
 	local rc=$?
@@ -57,8 +49,6 @@ die() {
 	echo "bench-backfill: $*" >&2
 	exit 1
 }
-now() { date +%s.%N; }
-since() { echo "$(now) - $1" | bc -l; }
 
 # db_url NAME: the URL of database NAME on the target cluster.
 db_url() { echo "${TGT_ADMIN/\/postgres\?/\/$1?}"; }

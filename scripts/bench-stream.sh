@@ -18,20 +18,12 @@
 # Environment: BENCH_SECONDS (default 30), PGCONVERGE_KEEP=1 (keep /tmp/pgconverge-bench), PGBIN.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$REPO"
-if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
-	export PATH="/usr/local/go/bin:$PATH"
-fi
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
-export PGBIN
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ROOT=/tmp/pgconverge-bench
 BIN=$ROOT/bin/pgconverge
-PGCLUSTER=$REPO/scripts/pgcluster.sh
 SECS=${BENCH_SECONDS:-30}
 DAEMON_PID=
 
-q() { "$PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
 
 cleanup() {
 	local rc=$?
@@ -53,7 +45,6 @@ wait_slot() {
 	done
 }
 
-now() { date +%s.%N; }
 
 command -v bc >/dev/null || apt-get install -y bc >/dev/null
 mkdir -p "$ROOT/bin"

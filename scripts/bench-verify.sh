@@ -22,16 +22,9 @@
 # 54381; the target uses the next one), PGCONVERGE_KEEP=1 (keep /tmp/pgconverge-bench-verify), PGBIN.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$REPO"
-if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
-	export PATH="/usr/local/go/bin:$PATH"
-fi
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
-export PGBIN
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ROOT=/tmp/pgconverge-bench-verify
 BIN=$ROOT/bin/pgconverge
-PGCLUSTER=$REPO/scripts/pgcluster.sh
 SCALE=${BENCH_SCALE:-20}
 ROUNDS=${BENCH_ROUNDS:-3}
 SRC_PORT=${BENCH_PORT:-54381}
@@ -39,14 +32,10 @@ TGT_PORT=$((SRC_PORT + 1))
 TABLE=pgbench_accounts
 COLS="aid, bid, abalance, filler"
 
-q() { PGOPTIONS='-c client_min_messages=warning' "$PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
 die() {
 	echo "bench-verify: $*" >&2
 	exit 1
 }
-now() { date +%s.%N; }
-since() { echo "$(now) - $1" | bc -l; }
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 DAEMON=
 cleanup() {

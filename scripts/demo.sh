@@ -32,19 +32,12 @@
 #   PGBIN              PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$REPO"
-if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
-	export PATH="/usr/local/go/bin:$PATH"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
-export PGBIN
 ROOT=${PGCONVERGE_DEMO_ROOT:-/tmp/pgconverge-demo}
 SOURCE_PORT=${PGCONVERGE_DEMO_PORT:-54331}
 TARGET_PORT=$((SOURCE_PORT + 1))
 BIN=$ROOT/bin/pgconverge
-PGCLUSTER=$REPO/scripts/pgcluster.sh
 DAEMON_LOG=$ROOT/daemon.log
 PGBENCH_LOG=$ROOT/pgbench.log
 TABLES=(pgbench_accounts pgbench_branches pgbench_tellers pgbench_history)

@@ -22,12 +22,21 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgconverge:", err)
-		var ee exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.Code)
-		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// exitCode returns the process exit status for run's error: 0 for none, an exitError's Code
+// (coverage's gap, verify's open discrepancies), else 1.
+func exitCode(err error) int {
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.Code
+	}
+	return 1
 }
 
 // run executes the command line args; it is main without the process: tests call it directly.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 
@@ -19,14 +18,7 @@ func verifyCmd(t *testing.T, env *pgtest.Env, extra ...string) (engine.VerifyRep
 	var out bytes.Buffer
 	args := append([]string{"verify", "--source", env.SourceURL, "--target", env.TargetURL, "--format", "json", "--log-format", "text"}, extra...)
 	err := run(context.Background(), args, &out, pgtest.LogWriter(t))
-	code := 0
-	var ee exitError
-	switch {
-	case errors.As(err, &ee):
-		code = ee.Code
-	case err != nil:
-		code = 1
-	}
+	code := exitCode(err)
 	var rep engine.VerifyReport
 	if out.Len() > 0 {
 		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {

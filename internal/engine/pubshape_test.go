@@ -12,13 +12,14 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// waitFiltered polls until the target's live rows of orders equal the source's rows that where
-// admits.
-func waitFiltered(t *testing.T, env *pgtest.Env, where string) {
+// waitSameRows polls until the target's live rows of table equal the source's rows that where
+// admits, compared by cols (a select list; the values joined by spaces, NULLs left out), in id
+// order.
+func waitSameRows(t *testing.T, env *pgtest.Env, table, cols, where string) {
 	t.Helper()
-	pgtest.Eventually(t, 60*time.Second, "target orders equal the source's rows where "+where, func() (bool, string) {
-		want := pgtest.Rows(t, env.Source, `select id || ' ' || region || ' ' || amount from orders where `+where+` order by id`)
-		got := pgtest.Rows(t, env.Target, `select id || ' ' || region || ' ' || amount from orders where not _cdc_deleted order by id`)
+	pgtest.Eventually(t, 60*time.Second, table+" ("+cols+") equal on the target to the source's rows where "+where, func() (bool, string) {
+		want := pgtest.Rows(t, env.Source, `select concat_ws(' ', `+cols+`) from `+table+` where `+where+` order by id`)
+		got := pgtest.Rows(t, env.Target, `select concat_ws(' ', `+cols+`) from `+table+` where not _cdc_deleted order by id`)
 		d := pgtest.Diff(want, got)
 		return d == "", d
 	})
@@ -38,7 +39,7 @@ func TestRowFilteredPublicationConverges(t *testing.T) {
 		`create publication `+env.Name+` for table orders where (region = 'eu')`)
 	startDaemon(t, testConfig(t, env))
 	pgtest.WaitStreaming(t, env)
-	waitFiltered(t, env, "region = 'eu'")
+	waitSameRows(t, env, "orders", "id, region, amount", "region = 'eu'")
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from orders where region <> 'eu'`); n != 0 {
 		t.Fatalf("the initial load wrote %d rows outside the filter", n)
 	}
@@ -50,7 +51,7 @@ func TestRowFilteredPublicationConverges(t *testing.T) {
 		`update orders set amount = -4 where id = 4`,   // within it
 		`delete from orders where id in (5, 6)`,        // one in, one out
 		`update orders set amount = amount + 1 where id <= 100`)
-	waitFiltered(t, env, "region = 'eu'")
+	waitSameRows(t, env, "orders", "id, region, amount", "region = 'eu'")
 	if !pgtest.Scalar[bool](t, env.Target, `select _cdc_deleted from orders where id = 1`) {
 		t.Error("row 1, updated out of the filter, is not a tombstone on the target")
 	}
@@ -59,7 +60,7 @@ func TestRowFilteredPublicationConverges(t *testing.T) {
 	if rep.Rows != pgtest.Scalar[int64](t, env.Source, `select count(*) from orders where region = 'eu'`) {
 		t.Errorf("the backfill read %d rows, want the filter's", rep.Rows)
 	}
-	waitFiltered(t, env, "region = 'eu'")
+	waitSameRows(t, env, "orders", "id, region, amount", "region = 'eu'")
 
 	v := verifyOnce(t, verifyConfig(t, env, false, "public.orders"))
 	if v.Found != 0 || v.Tables[0].State != "compared" {
@@ -74,9 +75,9 @@ func TestRowFilteredPublicationConverges(t *testing.T) {
 	// A filter holding a % (a LIKE pattern, a modulo) is SQL text, never a format string.
 	const filter = "region in ('eu', 'us') and amount > 100 and region like '%u%' and id % 7 <> 0"
 	pgtest.Exec(t, env.Source, `alter publication `+env.Name+` set table orders where (`+filter+`)`)
-	waitFiltered(t, env, filter)
+	waitSameRows(t, env, "orders", "id, region, amount", filter)
 	pgtest.Exec(t, env.Source, `update orders set amount = 50 where id = 300`) // out of the new filter
-	waitFiltered(t, env, filter)
+	waitSameRows(t, env, "orders", "id, region, amount", filter)
 }
 
 // columnsOf returns the non-metadata columns of table on conn, in order.
@@ -105,16 +106,7 @@ func TestColumnListPublicationConverges(t *testing.T) {
 
 	startDaemon(t, testConfig(t, env))
 	pgtest.WaitStreaming(t, env)
-	same := func(cols string) {
-		t.Helper()
-		pgtest.Eventually(t, 60*time.Second, "target people equal the source's "+cols, func() (bool, string) {
-			want := pgtest.Rows(t, env.Source, `select concat_ws(' ', `+cols+`) from people order by id`)
-			got := pgtest.Rows(t, env.Target, `select concat_ws(' ', `+cols+`) from people where not _cdc_deleted order by id`)
-			d := pgtest.Diff(want, got)
-			return d == "", d
-		})
-	}
-	same("id, name, note")
+	waitSameRows(t, env, "people", "id, name, note", "true")
 	if c := columnsOf(t, env.Target, "people"); c != "id,name,note" {
 		t.Fatalf("target columns %s, want id,name,note", c)
 	}
@@ -123,7 +115,7 @@ func TestColumnListPublicationConverges(t *testing.T) {
 		`insert into people (id, name, ssn) values (3001, 'new', 'secret')`, `delete from people where id = 4`,
 		`alter table people add column extra int`, // not published: no schema change
 		`update people set note = 'after extra', extra = 1 where id = 5`)
-	same("id, name, note")
+	waitSameRows(t, env, "people", "id, name, note", "true")
 	rep := backfillNow(t, testBackfillConfig(t, env, "public.people"))
 	if rep.Rows != 2000 {
 		t.Errorf("the backfill read %d rows, want 2000", rep.Rows)
@@ -146,7 +138,7 @@ func TestColumnListPublicationConverges(t *testing.T) {
 		return n == 3, fmt.Sprint(n)
 	})
 	pgtest.Exec(t, env.Source, `update people set name = 'last', note = 'not followed' where id = 6`)
-	same("id, name")
+	waitSameRows(t, env, "people", "id, name", "true")
 	if v := pgtest.Scalar[string](t, env.Target, `select note from people where id = 6`); v != "x6" {
 		t.Errorf("note of row 6 on the target %q, want the value from before it left the list (x6)", v)
 	}
@@ -154,17 +146,6 @@ func TestColumnListPublicationConverges(t *testing.T) {
 		t.Errorf("verify after the narrower list: %+v", v.Tables)
 	}
 	waitCovered(t, env) // the kept column is no schema change
-}
-
-// sameRows polls until the target's live rows of table equal the source's rows where admits.
-func sameRows(t *testing.T, env *pgtest.Env, table, where string) {
-	t.Helper()
-	pgtest.Eventually(t, 60*time.Second, table+" equal on the target to the source's rows where "+where, func() (bool, string) {
-		want := pgtest.Rows(t, env.Source, `select id || ' ' || v from `+table+` where `+where+` order by id`)
-		got := pgtest.Rows(t, env.Target, `select id || ' ' || v from `+table+` where not _cdc_deleted order by id`)
-		d := pgtest.Diff(want, got)
-		return d == "", d
-	})
 }
 
 // A table published both by its own row (with a row filter) and through its schema publishes
@@ -178,15 +159,15 @@ func TestSchemaAndFilteredTableInOnePublication(t *testing.T) {
 		`create publication `+env.Name+` for tables in schema s, table s.t where (id > 50), table public.u where (id > 50)`)
 	startDaemon(t, testConfig(t, env)) // the default selection: the publication's tables
 	pgtest.WaitStreaming(t, env)
-	sameRows(t, env, "s.t", "true")
-	sameRows(t, env, "public.u", "id > 50")
+	waitSameRows(t, env, "s.t", "id, v", "true")
+	waitSameRows(t, env, "public.u", "id, v", "id > 50")
 	pgtest.Exec(t, env.Source, `alter publication `+env.Name+` drop tables in schema s`)
-	sameRows(t, env, "s.t", "id > 50")
+	waitSameRows(t, env, "s.t", "id, v", "id > 50")
 	pgtest.Exec(t, env.Source, `alter publication `+env.Name+` add tables in schema public`)
-	sameRows(t, env, "public.u", "true")
+	waitSameRows(t, env, "public.u", "id, v", "true")
 	pgtest.Exec(t, env.Source, `update s.t set v = -v where id in (10, 60)`, `update public.u set v = -v where id in (10, 60)`)
-	sameRows(t, env, "s.t", "id > 50")
-	sameRows(t, env, "public.u", "true")
+	waitSameRows(t, env, "s.t", "id, v", "id > 50")
+	waitSameRows(t, env, "public.u", "id, v", "true")
 }
 
 // With --on-gap=alert a new filter is only reported; the manual backfill the daemon's error names
@@ -200,7 +181,7 @@ func TestManualBackfillAfterFilterChangeUnderAlert(t *testing.T) {
 	cfg.OnGap = OnGapAlert
 	startDaemon(t, cfg)
 	pgtest.WaitStreaming(t, env)
-	sameRows(t, env, "u", "id <= 50")
+	waitSameRows(t, env, "u", "id, v", "id <= 50")
 	pgtest.Exec(t, env.Source, `alter publication `+env.Name+` set table u where (id > 80)`)
 	pgtest.Eventually(t, 60*time.Second, "u marked not loaded", func() (bool, string) {
 		ok := pgtest.Scalar[bool](t, env.Target, `select loaded_lsn is null from pgconverge.tables where table_name = 'u'`)
@@ -210,7 +191,7 @@ func TestManualBackfillAfterFilterChangeUnderAlert(t *testing.T) {
 	if rep.Rows != 20 {
 		t.Errorf("the backfill read %d rows, want the new filter's 20", rep.Rows)
 	}
-	sameRows(t, env, "u", "id > 80")
+	waitSameRows(t, env, "u", "id, v", "id > 80")
 }
 
 // An UPDATE that moves a row into the row filter arrives as an INSERT, and PostgreSQL keeps the

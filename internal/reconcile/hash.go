@@ -84,27 +84,31 @@ func valueHash(mode HashMode, c changebatch.Column, q string, seed int64) string
 	if mode == MD5 {
 		return "('x' || substr(md5(" + strconv.FormatInt(seed, 10) + " || ':' || " + q + "::text), 1, 16))::bit(64)::int8"
 	}
-	switch c.TypeOID {
-	case oidInt2:
-		return "hashint2extended(" + q + ", " + s + ")"
-	case oidInt4:
-		return "hashint4extended(" + q + ", " + s + ")"
-	case oidInt8:
-		return "hashint8extended(" + q + ", " + s + ")"
-	case oidBool:
-		return "hashint4extended(" + q + "::int4, " + s + ")"
-	case oidText, oidVarchar:
-		return "hashtextextended(" + q + "::text collate \"C\", " + s + ")"
-	case oidBpchar:
-		return "hashbpcharextended(" + q + "::bpchar collate \"C\", " + s + ")"
-	case oidUUID:
-		return "uuid_hash_extended(" + q + "::uuid, " + s + ")"
-	case oidTimestamp:
-		return "timestamp_hash_extended(" + q + "::timestamp, " + s + ")"
-	case oidTimestamptz:
-		return "timestamp_hash_extended(" + q + "::timestamptz at time zone 'UTC', " + s + ")"
+	h, ok := typeHashes[c.TypeOID]
+	if !ok {
+		h = typeHash{"hashtextextended", `::text collate "C"`} // by the text form
 	}
-	return "hashtextextended(" + q + "::text collate \"C\", " + s + ")"
+	return h.fn + "(" + q + h.cast + ", " + s + ")"
+}
+
+// typeHash is a type's extended hash function and the cast (or expression tail) its argument
+// takes.
+type typeHash struct{ fn, cast string }
+
+// typeHashes are the hash functions TypeHash uses per type oid: text types under COLLATE "C", a
+// timestamptz as the UTC timestamp it stands for (the same instant whatever the session's time
+// zone), a bool as 0 or 1.
+var typeHashes = map[uint32]typeHash{
+	oidInt2:        {"hashint2extended", ""},
+	oidInt4:        {"hashint4extended", ""},
+	oidInt8:        {"hashint8extended", ""},
+	oidBool:        {"hashint4extended", "::int4"},
+	oidText:        {"hashtextextended", `::text collate "C"`},
+	oidVarchar:     {"hashtextextended", `::text collate "C"`},
+	oidBpchar:      {"hashbpcharextended", `::bpchar collate "C"`},
+	oidUUID:        {"uuid_hash_extended", "::uuid"},
+	oidTimestamp:   {"timestamp_hash_extended", "::timestamp"},
+	oidTimestamptz: {"timestamp_hash_extended", "::timestamptz at time zone 'UTC'"},
 }
 
 // nullHash is the hash a NULL in column position i stands for: a fixed value per position

@@ -18,6 +18,9 @@ func TestValueHash(t *testing.T) {
 		{TypeHash, oidInt4, `hashint4extended("c", 3::int8)`},
 		{TypeHash, oidText, `hashtextextended("c"::text collate "C", 3::int8)`},
 		{TypeHash, oidTimestamptz, `timestamp_hash_extended("c"::timestamptz at time zone 'UTC', 3::int8)`},
+		{TypeHash, oidBool, `hashint4extended("c"::int4, 3::int8)`},
+		{TypeHash, oidBpchar, `hashbpcharextended("c"::bpchar collate "C", 3::int8)`},
+		{TypeHash, oidUUID, `uuid_hash_extended("c"::uuid, 3::int8)`},
 		{TypeHash, 1700, `hashtextextended("c"::text collate "C", 3::int8)`}, // numeric: 1.0 and 1.00 differ
 		{MD5, oidInt4, `('x' || substr(md5(3 || ':' || "c"::text), 1, 16))::bit(64)::int8`},
 	}

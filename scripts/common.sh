@@ -1,0 +1,21 @@
+# common.sh — sourced (not run) by demo.sh and the bench-*.sh scripts: makes the repository root
+# the working directory, puts /usr/local/go/bin on PATH when `go` is missing, and sets
+#   REPO       the repository root;
+#   PGBIN      PostgreSQL 15's binaries (default /usr/lib/postgresql/15/bin), exported;
+#   PGCLUSTER  scripts/pgcluster.sh, which starts and stops the private clusters;
+# and the helpers q URL SQL (one psql statement, unaligned tuples only, notices off, stops on an
+# error), now (seconds since the epoch, with nanoseconds), since T (seconds from T to now) and
+# median X... (of numbers).
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+	export PATH="/usr/local/go/bin:$PATH"
+fi
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+export PGBIN
+PGCLUSTER=$REPO/scripts/pgcluster.sh
+
+q() { PGOPTIONS='-c client_min_messages=warning' "$PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc -l; }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
