@@ -113,7 +113,11 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 			continue
 		}
 		if i > start {
-			r, err := t.merge(ctx, v, start, i)
+			merge := t.merge
+			if v.Table.Keyless {
+				merge = t.mergeKeyless
+			}
+			r, err := merge(ctx, v, start, i)
 			if err != nil {
 				return res, err
 			}
@@ -322,7 +326,15 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table) (string, error) {
 	if !ok {
 		t.a.next++
 		name = "pgconverge_stage_" + strconv.Itoa(t.a.next)
-		if _, err := t.tx.Exec(ctx, createStageSQL(tab, name)); err != nil {
+		ddl := createStageSQL(tab, name)
+		if tab.Keyless {
+			ddl = keylessStageSQL(tab, name)
+		}
+		if tab.Keyless {
+			// Deletes are applied in rounds, each finding its staged rows by _cdc_round.
+			ddl += "; create index on " + pgx.Identifier{"pg_temp", name}.Sanitize() + " (" + qRound + ")"
+		}
+		if _, err := t.tx.Exec(ctx, ddl); err != nil {
 			return "", fmt.Errorf("create staging table for %s: %w", tab, err)
 		}
 		t.newStages[key] = name
@@ -345,6 +357,19 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table) (string, error) {
 func (t *Tx) Fence(ctx context.Context, tab changebatch.Table, ver changebatch.Version) (int64, error) {
 	if err := t.RaiseFence(ctx, tab, ver); err != nil {
 		return 0, err
+	}
+	if tab.Keyless {
+		var turned int64
+		for i, sql := range keylessFenceSQL(tab) {
+			tag, err := t.tx.Exec(ctx, sql, ver.LSN.String(), int64(ver.Seq))
+			if err != nil {
+				return 0, fmt.Errorf("tombstone rows of %s before %s: %w", tab, ver, err)
+			}
+			if i == 0 {
+				turned = tag.RowsAffected()
+			}
+		}
+		return turned, nil
 	}
 	tag, err := t.tx.Exec(ctx, tombstoneBeforeSQL(tab), ver.LSN.String(), int64(ver.Seq))
 	if err != nil {

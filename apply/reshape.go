@@ -134,6 +134,13 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 				return err
 			}
 		}
+		if t.Keyless {
+			// The row hash covers the source's columns: entries must match the changes that
+			// follow, whatever column came or went.
+			if _, err := tx.Exec(ctx, rehashSQL(t)); err != nil {
+				return fmt.Errorf("compute the row hashes of %s again: %w", t, err)
+			}
+		}
 		if err := writeShape(ctx, tx.Conn(), t, cur); err != nil {
 			return err
 		}
@@ -158,7 +165,11 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 // metadata columns (all names its columns).
 func checkMetadataColumns(t changebatch.Table, all map[string]bool) error {
 	var missing []string
-	for _, c := range []string{changebatch.ColLSN, changebatch.ColSeq, changebatch.ColDeleted, changebatch.ColUnknown} {
+	want := []string{changebatch.ColLSN, changebatch.ColSeq, changebatch.ColDeleted, changebatch.ColUnknown}
+	if t.Keyless {
+		want = append(want, keylessColumns...)
+	}
+	for _, c := range want {
 		if !all[c] {
 			missing = append(missing, c)
 		}

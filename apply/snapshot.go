@@ -33,10 +33,17 @@ func (t *Tx) ApplySnapshot(ctx context.Context, rec arrow.RecordBatch) (Result, 
 	if err != nil {
 		return res, err
 	}
-	if fence.Compare(ver) >= 0 {
+	switch {
+	case fence.Compare(ver) >= 0:
 		res.Suppressed = int64(v.Len())
-	} else if res, err = t.merge(ctx, v, 0, v.Len()); err != nil {
-		return res, err
+	case v.Table.Keyless:
+		if res, err = t.mergeKeylessSnapshot(ctx, v, ver); err != nil {
+			return res, err
+		}
+	default:
+		if res, err = t.merge(ctx, v, 0, v.Len()); err != nil {
+			return res, err
+		}
 	}
 	t.Result.Add(res)
 	return res, nil
@@ -54,6 +61,9 @@ func (t *Tx) ApplySnapshot(ctx context.Context, rec arrow.RecordBatch) (Result, 
 // Like ApplySnapshot it first locks the table's fence row (FOR SHARE) for the rest of the
 // transaction, so a TRUNCATE fence cannot be raised between the check and the commit.
 func (t *Tx) CopySnapshot(ctx context.Context, tab changebatch.Table, batches <-chan arrow.RecordBatch) (res Result, conflict bool, err error) {
+	if tab.Keyless {
+		return res, true, nil // its rows are always merged (ApplySnapshot)
+	}
 	fence, err := t.lockFence(ctx, tab)
 	if err != nil {
 		return res, false, err
@@ -134,7 +144,8 @@ func snapshotVersion(v *changebatch.View) (changebatch.Version, error) {
 	return ver, nil
 }
 
-// lockFence returns tab's fence, locking its row in pgconverge.tables until the transaction ends.
+// lockFence returns tab's fence, locking its row in pgconverge.tables until the transaction ends:
+// FOR SHARE, or FOR UPDATE for a keyless table.
 func (t *Tx) lockFence(ctx context.Context, tab changebatch.Table) (changebatch.Version, error) {
 	key := tab.String()
 	if f, ok := t.fences[key]; ok {
@@ -142,8 +153,13 @@ func (t *Tx) lockFence(ctx context.Context, tab changebatch.Table) (changebatch.
 	}
 	var lsn string
 	var seq int64
+	// Writers of a keyless table take turns: each matches deletes with the entries it finds.
+	lock := "share"
+	if tab.Keyless {
+		lock = "update"
+	}
 	err := t.tx.QueryRow(ctx, `select fence_lsn::text, fence_seq from pgconverge.tables
-where schema_name = $1 and table_name = $2 for share`, tab.Schema, tab.Name).Scan(&lsn, &seq)
+where schema_name = $1 and table_name = $2 for `+lock, tab.Schema, tab.Name).Scan(&lsn, &seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return changebatch.Version{}, fmt.Errorf("table %s is not registered in pgconverge.tables on the target (apply.EnsureTable registers it)", tab)
 	}

@@ -34,11 +34,19 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, chang
 	if err := conn.QueryRow(ctx, `select to_regclass($1) is not null`, t.Quoted()).Scan(&exists); err != nil {
 		return Reshape{}, fmt.Errorf("look up target table %s: %w", t, err)
 	}
+	rebuilt := ""
+	if exists {
+		var err error
+		if rebuilt, err = rebuildForIdentity(ctx, conn, t); err != nil {
+			return Reshape{}, err
+		}
+		exists = rebuilt == ""
+	}
 	if !exists {
 		if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
 			return Reshape{}, fmt.Errorf("create target schema %q (the target role needs CREATE on the database): %w", t.Schema, err)
 		}
-		if _, err := conn.Exec(ctx, createTableSQL(t)); err != nil {
+		if err := createTable(ctx, conn, t); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedObject || pgErr.Code == pgerrcode.InvalidSchemaName) {
 				return Reshape{}, fmt.Errorf("create target table %s: a column's type (or its schema) does not exist on the target: create it there first, as on the source (pgconverge creates user-defined enums, domains and composite types, not other kinds): %w", t, err)
@@ -50,7 +58,57 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, chang
 	if err := register(ctx, conn, t, !exists, onReload); err != nil {
 		return Reshape{}, err
 	}
-	return reshape(ctx, conn, t, changedAt, onReload)
+	r, err := reshape(ctx, conn, t, changedAt, onReload)
+	if rebuilt != "" {
+		r.Rekeyed = rebuilt
+	}
+	return r, err
+}
+
+// rebuildForIdentity drops existing target table t when it was made for the other kind of
+// identity (a key, or whole rows: changebatch.Table.Keyless): the source table gained or lost its
+// key. Its rows are not kept: they are identified otherwise, and the table is created again and
+// loaded again as a new generation. It returns the change, "(key) -> (whole row)" or back, or ""
+// when the table fits.
+func rebuildForIdentity(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (string, error) {
+	var keyless bool
+	err := conn.QueryRow(ctx, `select exists (select 1 from pg_attribute where attrelid = $1::regclass and attname = $2 and not attisdropped)`,
+		t.Quoted(), changebatch.ColRowHash).Scan(&keyless)
+	if err != nil {
+		return "", fmt.Errorf("read target table %s: %w", t, err)
+	}
+	if keyless == t.Keyless {
+		return "", nil
+	}
+	var keys []string
+	for _, i := range t.KeyOrder() {
+		keys = append(keys, t.Columns[i].Name)
+	}
+	change := "(whole row) -> (" + strings.Join(keys, ", ") + ")"
+	if t.Keyless {
+		change = "(key) -> (whole row)"
+	}
+	if _, err := conn.Exec(ctx, "drop table "+t.Quoted()); err != nil {
+		return "", fmt.Errorf("drop target table %s, made for another identity (%s): %w", t, change, err)
+	}
+	return change, nil
+}
+
+// createTable creates the target table for t (createTableSQL, or keylessTableSQL for a keyless
+// table) with its indexes, in one transaction.
+func createTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error {
+	stmts := []string{createTableSQL(t)}
+	if t.Keyless {
+		stmts = keylessTableSQL(t)
+	}
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, s := range stmts {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // ReloadFunc is told, on the target connection and inside the transaction that records it (when

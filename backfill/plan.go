@@ -16,7 +16,8 @@ const condMark = "\x00chunk condition\x00"
 
 // Planner cuts a table into chunks of about a fixed number of rows, in key order, by keyset
 // pagination on the key's index inside one snapshot: each boundary is the key of the n-th row
-// after the previous boundary. Only the key index is read, never the rows.
+// after the previous boundary. Only the key index is read, never the rows. A keyless table
+// (changebatch.Table.Keyless) is one chunk.
 //
 // Each boundary is read in its own short transaction that imports the snapshot, so the planner
 // holds no lock on the table while it waits for workers to take its chunks: a TRUNCATE or ALTER
@@ -29,6 +30,8 @@ type Planner struct {
 	last  []string
 	done  bool
 	query string
+	// keyless marks a keyless table (changebatch.Table.Keyless): one unbounded chunk.
+	keyless bool
 }
 
 // NewPlanner prepares planning table t in snapshot snap over conn (a source connection not in a
@@ -40,6 +43,10 @@ func NewPlanner(conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows in
 	}
 	if err := checkBounds(t, Chunk{Lower: after}); err != nil {
 		return nil, err
+	}
+	if t.Keyless {
+		// No key to cut it by: one chunk, read at one snapshot.
+		return &Planner{conn: conn, snap: snap, t: t, keyless: true}, nil
 	}
 	names, _ := keyColumns(t)
 	texts := make([]string, len(names))
@@ -59,6 +66,10 @@ func NewPlanner(conn *pgx.Conn, snap Snapshot, t changebatch.Table, chunkRows in
 func (p *Planner) Next(ctx context.Context) (Chunk, bool, error) {
 	if p.done {
 		return Chunk{}, false, nil
+	}
+	if p.keyless {
+		p.done = true
+		return Chunk{}, true, nil
 	}
 	tx, err := beginSnapshot(ctx, p.conn, p.snap)
 	if err != nil {

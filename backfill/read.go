@@ -120,6 +120,9 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	cond, args := rangeCondition(t, c)
 	query := "select " + strings.Join(cols, ", ") + " from " + t.SourceRelation("s") + " where " + cond +
 		" order by " + strings.Join(names, ", ")
+	if t.Keyless {
+		query = keylessQuery(t, cols)
+	}
 	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {
 		return 0, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
@@ -135,7 +138,16 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		return emit(ctx, rec)
 	}
 	for rows.Next() {
-		b.AppendSnapshotRow(version, rows.RawValues())
+		if t.Keyless {
+			raw := rows.RawValues()
+			occ, err := parseCTID(raw[0])
+			if err != nil {
+				return n, fmt.Errorf("read %s at snapshot %s: %w", t, snap.LSN, err)
+			}
+			b.AppendSnapshotOccurrence(version, occ, raw[1:])
+		} else {
+			b.AppendSnapshotRow(version, rows.RawValues())
+		}
 		n++
 		if b.Rows() >= batchRows || b.Bytes() >= MaxBatchBytes {
 			if err := flush(); err != nil {
@@ -158,4 +170,81 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		}
 	}
 	return n, nil
+}
+
+// ReadValues reads the rows of keyless table t (changebatch.Table.Keyless) that satisfy cond (SQL
+// over the table's columns, unqualified; its arguments args numbered from $1) and that snapshot
+// snap shows, over conn (a source connection not in a transaction), and emits them as snapshot
+// rows at (snap.LSN, 0) with their ctid as occurrence, as ReadChunk does. It returns how many it
+// read. The read scans the whole table.
+func ReadValues(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, cond string, args []any, emit EmitFunc) (int64, error) {
+	if !t.Keyless {
+		return 0, fmt.Errorf("read values of %s: it has a key (ReadKeys)", t)
+	}
+	tx, err := BeginSnapshot(ctx, conn, snap, t)
+	if err != nil {
+		return 0, fmt.Errorf("read values of %s: %w", t, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	cols := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		cols[i] = pgx.Identifier{c.Name}.Sanitize()
+	}
+	q := "select * from (" + keylessQuery(t, cols) + ") s where " + cond
+	rows, err := tx.Query(ctx, q, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
+	if err != nil {
+		return 0, fmt.Errorf("read values of %s at snapshot %s: %w", t, snap.LSN, err)
+	}
+	defer rows.Close()
+	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
+	defer b.Release()
+	version := changebatch.Version{LSN: snap.LSN}
+	var n int64
+	flush := func() error {
+		rec := b.NewBatch()
+		defer rec.Release()
+		return emit(ctx, rec)
+	}
+	for rows.Next() {
+		raw := rows.RawValues()
+		occ, err := parseCTID(raw[0])
+		if err != nil {
+			return n, fmt.Errorf("read values of %s: %w", t, err)
+		}
+		b.AppendSnapshotOccurrence(version, occ, raw[1:])
+		n++
+		if b.Rows() >= 1000 || b.Bytes() >= MaxBatchBytes {
+			if err := flush(); err != nil {
+				return n, err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return n, fmt.Errorf("read values of %s at snapshot %s: %w", t, snap.LSN, err)
+	}
+	if b.Rows() > 0 {
+		return n, flush()
+	}
+	return n, nil
+}
+
+// keylessQuery returns the read of a keyless table (changebatch.Table.Keyless), one chunk of the
+// whole table: every row with its ctid first, which tells the rows of one value apart within the
+// snapshot (the read's order does not matter).
+func keylessQuery(t changebatch.Table, cols []string) string {
+	q := "select ctid::text, " + strings.Join(cols, ", ") + " from only " + t.Quoted()
+	if t.RowFilter != "" {
+		q += " where (" + t.RowFilter + ")"
+	}
+	return q
+}
+
+// parseCTID turns a tuple id as PostgreSQL prints it, "(block,offset)", into block<<16 | offset
+// (an offset is below 2^16: PostgreSQL docs §73.6 "Database Page Layout").
+func parseCTID(raw []byte) (uint64, error) {
+	var block, offset uint64
+	if _, err := fmt.Sscanf(string(raw), "(%d,%d)", &block, &offset); err != nil || offset >= 1<<16 {
+		return 0, fmt.Errorf("row id %q is not a tuple id", raw)
+	}
+	return block<<16 | offset, nil
 }

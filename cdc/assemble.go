@@ -229,6 +229,9 @@ func (a *assembler) insert(m *pglogrepl.InsertMessage) error {
 	}
 	ver := a.version()
 	if slices.ContainsFunc(m.Tuple.Columns, func(c *pglogrepl.TupleDataColumn) bool { return c.DataType == pglogrepl.TupleDataTypeToast }) {
+		if r.table.Keyless {
+			return fmt.Errorf("pgoutput: insert into keyless table %s at %s left a TOASTed value out, so the row's value is not known", r.table, a.finalLSN)
+		}
 		if a.toastInserts == nil {
 			a.toastInserts = map[string]toastInsert{}
 		}
@@ -266,11 +269,20 @@ func (a *assembler) update(m *pglogrepl.UpdateMessage) error {
 		if old, err = r.values(m.OldTuple); err != nil {
 			return err
 		}
+		if r.table.Keyless {
+			return a.updateKeyless(r, old, vals)
+		}
 		if r.superseded && !hasKey(r.table, old) {
 			// The old key tuple of another replica identity: the description's old key is not
 			// known, and the reload's fence refuses this change anyway.
 			old = nil
 		}
+	}
+	if r.table.Keyless {
+		if r.superseded {
+			return nil
+		}
+		return fmt.Errorf("pgoutput: update of keyless table %s at %s did not send the old row; its REPLICA IDENTITY is no longer FULL: run ALTER TABLE %s REPLICA IDENTITY FULL on the source", r.table, a.finalLSN, r.table.Quoted())
 	}
 	keyChanged := false
 	for _, k := range r.table.KeyIndexes() {
@@ -303,6 +315,16 @@ func (a *assembler) delete(m *pglogrepl.DeleteMessage) error {
 	if err != nil {
 		return err
 	}
+	if r.table.Keyless {
+		if m.OldTupleType != pglogrepl.UpdateMessageTupleTypeOld {
+			if r.superseded {
+				return nil
+			}
+			return fmt.Errorf("pgoutput: delete from keyless table %s at %s did not send the whole old row; its REPLICA IDENTITY is no longer FULL: run ALTER TABLE %s REPLICA IDENTITY FULL on the source", r.table, a.finalLSN, r.table.Quoted())
+		}
+		a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: old})
+		return nil
+	}
 	for _, k := range r.table.KeyIndexes() {
 		if (old[k].Unchanged || old[k].Null) && r.superseded {
 			return nil
@@ -313,6 +335,29 @@ func (a *assembler) delete(m *pglogrepl.DeleteMessage) error {
 		}
 	}
 	a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: keyOnly(r.table, old)})
+	return nil
+}
+
+// updateKeyless emits an UPDATE of a keyless table as what it does to the multiset of row values:
+// one occurrence of the old value deleted, one of the new value inserted, both at the change's
+// version. Unchanged TOASTed values of the new row are the old row's (REPLICA IDENTITY FULL sends
+// the old row whole). An UPDATE that leaves the value as it was changes nothing and is not emitted.
+func (a *assembler) updateKeyless(r *relation, old, vals []changebatch.Value) error {
+	same := true
+	for i := range vals {
+		if vals[i].Unchanged {
+			vals[i] = old[i]
+		}
+		if old[i].Unchanged {
+			return fmt.Errorf("pgoutput: update of keyless table %s at %s sent an old row without column %q", r.table, a.finalLSN, r.table.Columns[i].Name)
+		}
+		same = same && vals[i] == old[i]
+	}
+	if same {
+		return nil
+	}
+	a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: old})
+	a.add(r, changebatch.Change{Op: changebatch.OpUpsert, Version: a.version(), Values: vals})
 	return nil
 }
 

@@ -38,7 +38,8 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 
 // DescribeTable reads table schema.name from the source catalog: its columns in attribute order
 // (without generated columns, which pgoutput in PostgreSQL 15 does not send: they are described
-// apart, in Generated) and its replica identity key. It returns an error naming the table and the
+// apart, in Generated) and its replica identity key; a table without a key whose replica identity
+// is FULL is described as Keyless. It returns an error naming the table and the
 // fix when the table is missing, is not an ordinary or partitioned table, has no usable key, or is
 // partitioned with a partition that is not an ordinary table. A partitioned table is described as
 // one table with its own columns and key.
@@ -133,6 +134,13 @@ where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated
 	})
 	if err != nil {
 		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
+	}
+	// REPLICA IDENTITY FULL without a primary key: pgoutput sends whole old rows, which identify
+	// the row by its value.
+	t.Keyless = ident == "f" && len(keys) == 0
+	if t.Keyless && t.Partitioned {
+		return t, fmt.Errorf("source table %s is partitioned and has no primary key: pgconverge replicates a table without a key by whole rows only when it is not partitioned; add a primary key (ALTER TABLE %s ADD PRIMARY KEY (...), with the partition key's columns), or leave the table out: %w",
+			t, t.Quoted(), changebatch.ErrNoKey)
 	}
 	return t, t.Validate()
 }
@@ -235,8 +243,8 @@ type SkippedTable struct {
 
 // DefaultTables chooses the tables to replicate when none are named: every table of the
 // publication when it exists (pg_publication_tables: the partitioned tables when it publishes via
-// the partition root, else their partitions), else every user table that has a primary key (not DEFERRABLE) or a
-// replica identity index, where a partitioned table counts as one table and its partitions are
+// the partition root, else their partitions), else every user table that has a primary key (not DEFERRABLE), a
+// replica identity index or REPLICA IDENTITY FULL, where a partitioned table counts as one table and its partitions are
 // left out (they are replicated through it). Tables left out are returned with the reason.
 func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]changebatch.TableName, []SkippedTable, error) {
 	exists, err := publicationExists(ctx, conn, publication)
@@ -254,7 +262,8 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]c
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate)
       then 'its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: make it NOT DEFERRABLE to replicate the table'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) then ''
-    else 'no primary key or replica identity index' end
+    when c.relreplident = 'f' then ''
+    else 'no primary key or replica identity index, and REPLICA IDENTITY is not FULL' end
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't' and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
   and n.nspname not like 'pg\_%'

@@ -14,6 +14,8 @@ const (
 	metaTable  = "pgconverge.table"
 	metaType   = "pgconverge.type"
 	metaKey    = "pgconverge.key"
+	// metaKeyless is "true" on the schema of a keyless table's batches (Table.Keyless).
+	metaKeyless = "pgconverge.keyless"
 )
 
 // Schema returns the Arrow schema of change batches for table t (see the package doc for its shape).
@@ -35,7 +37,14 @@ func Schema(t Table) *arrow.Schema {
 		arrow.Field{Name: ColOp, Type: arrow.PrimitiveTypes.Uint8},
 		arrow.Field{Name: ColUnchanged, Type: arrow.ListOf(arrow.BinaryTypes.String), Nullable: true},
 	)
-	md := arrow.NewMetadata([]string{metaSchema, metaTable}, []string{t.Schema, t.Name})
+	if t.Keyless {
+		fields = append(fields, arrow.Field{Name: ColOccurrence, Type: arrow.PrimitiveTypes.Uint64})
+	}
+	keys, vals := []string{metaSchema, metaTable}, []string{t.Schema, t.Name}
+	if t.Keyless {
+		keys, vals = append(keys, metaKeyless), append(vals, "true")
+	}
+	md := arrow.NewMetadata(keys, vals)
 	return arrow.NewSchema(fields, &md)
 }
 
@@ -44,11 +53,18 @@ func Schema(t Table) *arrow.Schema {
 func TableOf(s *arrow.Schema) (Table, error) {
 	md := s.Metadata()
 	si, ti := md.FindKey(metaSchema), md.FindKey(metaTable)
+	keyless := false
+	if k := md.FindKey(metaKeyless); k >= 0 {
+		keyless = md.Values()[k] == "true"
+	}
 	n := s.NumFields() - 4
+	if keyless {
+		n--
+	}
 	if si < 0 || ti < 0 || n < 0 || s.Field(n).Name != ColLSN {
 		return Table{}, fmt.Errorf("schema is not a change batch schema: %s", s)
 	}
-	t := Table{TableName: TableName{Schema: md.Values()[si], Name: md.Values()[ti]}}
+	t := Table{TableName: TableName{Schema: md.Values()[si], Name: md.Values()[ti]}, Keyless: keyless}
 	for i := 0; i < n; i++ {
 		f := s.Field(i)
 		c := Column{Name: f.Name}
@@ -72,6 +88,7 @@ type Builder struct {
 	op        *array.Uint8Builder
 	unchanged *array.ListBuilder
 	names     *array.StringBuilder
+	occ       *array.Uint64Builder // keyless tables only
 	rows      int
 	bytes     int
 }
@@ -89,6 +106,9 @@ func NewBuilder(mem memory.Allocator, t Table) *Builder {
 	b.op = rb.Field(n + 2).(*array.Uint8Builder)
 	b.unchanged = rb.Field(n + 3).(*array.ListBuilder)
 	b.names = b.unchanged.ValueBuilder().(*array.StringBuilder)
+	if t.Keyless {
+		b.occ = rb.Field(n + 4).(*array.Uint64Builder)
+	}
 	return b
 }
 
@@ -114,6 +134,9 @@ func (b *Builder) Append(c Change) {
 	b.lsn.Append(uint64(c.Version.LSN))
 	b.seq.Append(c.Version.Seq)
 	b.op.Append(uint8(c.Op))
+	if b.occ != nil {
+		b.occ.Append(c.Occurrence)
+	}
 	if unchanged == nil {
 		b.unchanged.AppendNull()
 	} else {
@@ -128,8 +151,27 @@ func (b *Builder) Append(c Change) {
 
 // AppendSnapshotRow adds an upsert at version ver whose values are the column texts as the server
 // sent them (nil for NULL), without converting them to strings first: a snapshot reader's fast
-// path. It panics if len(raw) differs from the table's column count.
+// path. It panics if len(raw) differs from the table's column count, or if the table is keyless
+// (AppendSnapshotOccurrence).
 func (b *Builder) AppendSnapshotRow(ver Version, raw [][]byte) {
+	if b.occ != nil {
+		panic(fmt.Sprintf("changebatch: snapshot row of keyless table %s without its occurrence", b.table))
+	}
+	b.appendSnapshot(ver, raw)
+}
+
+// AppendSnapshotOccurrence is AppendSnapshotRow for a keyless table (Table.Keyless): occ
+// identifies the row among the snapshot's rows (Change.Occurrence). It panics if the table is not
+// keyless.
+func (b *Builder) AppendSnapshotOccurrence(ver Version, occ uint64, raw [][]byte) {
+	if b.occ == nil {
+		panic(fmt.Sprintf("changebatch: occurrence for %s, which has a key", b.table))
+	}
+	b.occ.Append(occ)
+	b.appendSnapshot(ver, raw)
+}
+
+func (b *Builder) appendSnapshot(ver Version, raw [][]byte) {
 	if len(raw) != len(b.data) {
 		panic(fmt.Sprintf("changebatch: %d values for %d columns of %s", len(raw), len(b.data), b.table))
 	}

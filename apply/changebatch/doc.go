@@ -13,6 +13,15 @@
 //	_cdc_unchanged  list<utf8>      names of columns whose value the source did not send
 //	                                (pgoutput 'u', an unchanged TOASTed value); NULL when none
 //
+// A keyless table's batches (Table.Keyless, metadata "pgconverge.keyless" = "true") have one more
+// column:
+//
+//	_cdc_occurrence uint64          for a snapshot row, the row's place in the snapshot
+//	                                (its ctid as block<<16 | offset); 0 for a streamed change
+//
+// and carry whole rows: a 'D' is the deleted row's old value, and an UPDATE is a 'D' of the old
+// value followed by a 'U' of the new one, at the same version.
+//
 // An UPDATE that changes the key is two consecutive rows with the same version: 'D' for the old key,
 // then 'U' for the new key; that upsert's unchanged columns refer to the old key's row.
 //

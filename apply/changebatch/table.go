@@ -68,6 +68,11 @@ type Table struct {
 	// (PostgreSQL docs §31.4 "Column Lists"): Columns are those, and the source's other columns
 	// (generated ones included) are not replicated, nor compared by the schema checks.
 	ColumnList bool
+	// Keyless marks a table without a primary key or replica identity index whose replica
+	// identity is FULL (PostgreSQL docs §31.1 "Publication"): pgoutput sends every old value of an
+	// UPDATE or DELETE, so a row is identified by its whole value. The target holds one entry per
+	// occurrence of a row value (docs/design.md, "Tables without a key"); Columns has no Key.
+	Keyless bool
 }
 
 // Shape returns what of the source table t stands for, as text: "" for the whole table, else
@@ -111,12 +116,18 @@ const (
 	ColUnchanged = "_cdc_unchanged"
 	ColDeleted   = "_cdc_deleted"
 	ColUnknown   = "_cdc_unknown"
+	// The columns of a keyless table's target entries (Table.Keyless): the row value's hash, the
+	// occurrence's number within its version, and the version of the change that deleted it.
+	ColRowHash    = "_cdc_row_hash"
+	ColOccurrence = "_cdc_occurrence"
+	ColDeletedLSN = "_cdc_deleted_lsn"
+	ColDeletedSeq = "_cdc_deleted_seq"
 )
 
 // IsReserved reports whether name is one of the metadata column names pgconverge adds.
 func IsReserved(name string) bool {
 	switch name {
-	case ColLSN, ColSeq, ColOp, ColUnchanged, ColDeleted, ColUnknown:
+	case ColLSN, ColSeq, ColOp, ColUnchanged, ColDeleted, ColUnknown, ColRowHash, ColOccurrence, ColDeletedLSN, ColDeletedSeq:
 		return true
 	}
 	return false
@@ -160,15 +171,19 @@ func (t Table) KeyIndexes() []int {
 // key columns, and the source's description of one whose primary key is DEFERRABLE.
 var ErrNoKey = errors.New("no key")
 
-// Validate reports every problem of the description at once: no key column, an empty or duplicate
-// column name, a column name reserved for pgconverge's metadata.
+// Validate reports every problem of the description at once: no key column (unless Keyless), a
+// key column in a keyless table, an empty or duplicate column name, a column name reserved for
+// pgconverge's metadata.
 func (t Table) Validate() error {
 	var errs []error
 	if t.Schema == "" || t.Name == "" {
 		errs = append(errs, fmt.Errorf("table %q: schema and name must be set", t.String()))
 	}
-	if len(t.KeyIndexes()) == 0 {
-		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or leave the table out: %w", t, t.Quoted(), ErrNoKey))
+	if t.Keyless && len(t.KeyIndexes()) > 0 {
+		errs = append(errs, fmt.Errorf("table %s: described as keyless but has key columns", t))
+	}
+	if !t.Keyless && len(t.KeyIndexes()) == 0 {
+		errs = append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)) or replicate it by its whole rows (ALTER TABLE %s REPLICA IDENTITY FULL), or leave the table out: %w", t, t.Quoted(), t.Quoted(), ErrNoKey))
 	}
 	seen := map[string]bool{}
 	for _, c := range t.Columns {

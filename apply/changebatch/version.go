@@ -60,6 +60,10 @@ type Change struct {
 	Op      Op
 	Version Version
 	Values  []Value
+	// Occurrence identifies a snapshot row of a keyless table among the rows of its snapshot
+	// (its ctid as block<<16 | offset), so that a row read twice at one snapshot is written once;
+	// 0 otherwise.
+	Occurrence uint64
 }
 
 func lsnOf(u uint64) pglogrepl.LSN { return pglogrepl.LSN(u) }

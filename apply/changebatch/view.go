@@ -17,6 +17,7 @@ type View struct {
 	op        *array.Uint8
 	unchanged *array.List
 	names     *array.String
+	occ       *array.Uint64 // keyless tables only
 }
 
 // NewView checks that rec has the shape of a change batch and returns a reader over it.
@@ -41,6 +42,11 @@ func NewView(rec arrow.RecordBatch) (*View, error) {
 	v.unchanged, ok4 = rec.Column(n + 3).(*array.List)
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return nil, fmt.Errorf("change batch of %s: metadata columns have the wrong types", t)
+	}
+	if t.Keyless {
+		if v.occ, ok1 = rec.Column(n + 4).(*array.Uint64); !ok1 {
+			return nil, fmt.Errorf("change batch of keyless table %s: %s is not uint64", t, ColOccurrence)
+		}
 	}
 	v.names, _ = v.unchanged.ListValues().(*array.String)
 	return v, nil
@@ -90,9 +96,17 @@ func (v *View) Unchanged(i int) []string {
 	return out
 }
 
+// Occurrence returns row i's occurrence (Change.Occurrence); 0 for a table with a key.
+func (v *View) Occurrence(i int) uint64 {
+	if v.occ == nil {
+		return 0
+	}
+	return v.occ.Value(i)
+}
+
 // Change returns row i as a Change, with unchanged columns marked.
 func (v *View) Change(i int) Change {
-	c := Change{Op: v.Op(i), Version: v.Version(i), Values: make([]Value, len(v.data))}
+	c := Change{Op: v.Op(i), Version: v.Version(i), Values: make([]Value, len(v.data)), Occurrence: v.Occurrence(i)}
 	for col := range v.data {
 		c.Values[col] = v.Value(i, col)
 	}

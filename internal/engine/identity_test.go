@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -111,16 +112,26 @@ where x.indrelid = $1::regclass and x.indisprimary and a.attrelid = x.indrelid a
 	}
 }
 
-// A table without a primary key or replica identity index — REPLICA IDENTITY FULL does not give
-// it one — is refused, naming each table and the fix, before anything is created.
+// A table without a primary key or replica identity index whose replica identity is not FULL is
+// refused, naming the table and both fixes, before anything is created; one with REPLICA
+// IDENTITY FULL is not (it is replicated by whole rows, keyless_test.go).
 func TestTableWithoutKeyIsRefused(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table heap (x int, y text)`,
 		`create table full_only (x int, y text)`, `alter table full_only replica identity full`)
 	cfg := testConfig(t, env)
 	cfg.Tables = []string{"public.heap,public.full_only"}
-	requireRefusal(t, cfg, "public.heap has no primary key or replica identity index", "public.full_only has no primary key",
-		`ALTER TABLE "public"."heap" ADD PRIMARY KEY`)
+	err := requireRefusalErr(t, cfg, "public.heap has no primary key or replica identity index",
+		`ALTER TABLE "public"."heap" ADD PRIMARY KEY`, `ALTER TABLE "public"."heap" REPLICA IDENTITY FULL`)
+	if strings.Contains(err.Error(), "full_only") {
+		t.Errorf("the refusal names public.full_only, which has REPLICA IDENTITY FULL: %v", err)
+	}
+	// Not yet by whole rows: a partitioned table without a key.
+	pgtest.Exec(t, env.Source, `create table parted (x int, y text) partition by range (x)`,
+		`create table parted_a partition of parted for values from (0) to (10)`,
+		`alter table parted replica identity full`, `alter table parted_a replica identity full`)
+	cfg.Tables = []string{"public.parted"}
+	requireRefusal(t, cfg, "public.parted is partitioned and has no primary key", "ADD PRIMARY KEY")
 	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, env.Name); n != 0 {
 		t.Errorf("a refused run left a slot")
 	}

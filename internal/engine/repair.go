@@ -10,6 +10,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
 
 // repairBatch is how many discrepancies one repair transaction takes.
@@ -41,7 +42,7 @@ func (v *verifyRun) repairAll(ctx context.Context) error {
 // the apply step (so a newer streamed change still wins), and closes the batch's discrepancies in
 // the same transaction: a repair killed and run again repairs nothing twice.
 func (v *verifyRun) repair(ctx context.Context, applier *apply.Applier, snap backfill.Snapshot, t *verifyTable) error {
-	keyCols := backfill.KeyColumnNames(t.Table)
+	keyCols := discrepancyKeyColumns(t.Table)
 	after := ""
 	for {
 		open, err := coverage.OpenDiscrepancies(ctx, v.led, t.TableName, keyCols, after, repairBatch)
@@ -71,19 +72,13 @@ func (v *verifyRun) repairBatch(ctx context.Context, applier *apply.Applier, sna
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	found, err := backfill.ReadKeys(ctx, v.src, snap, t.Table, keys, func(ctx context.Context, rec arrow.RecordBatch) error {
-		_, err := tx.ApplySnapshot(ctx, rec)
-		return err
-	})
+	if t.Keyless {
+		err = v.repairValues(ctx, tx, snap, t, keys)
+	} else {
+		err = v.repairKeys(ctx, tx, snap, t, keys)
+	}
 	if err != nil {
 		return 0, err
-	}
-	if del := tombstones(t.Table, snap, keys, found); del != nil {
-		_, err := tx.Apply(ctx, del)
-		del.Release()
-		if err != nil {
-			return 0, err
-		}
 	}
 	n, err := coverage.CloseDiscrepancies(ctx, tx.Conn(), ids, coverage.RemediationRepaired, snap.LSN)
 	if err != nil {
@@ -96,6 +91,44 @@ func (v *verifyRun) repairBatch(ctx context.Context, applier *apply.Applier, sna
 		return 0, err
 	}
 	return n, nil
+}
+
+// repairKeys writes, in tx, each key's row at snap at (S', 0), or a tombstone where snap has none.
+func (v *verifyRun) repairKeys(ctx context.Context, tx *apply.Tx, snap backfill.Snapshot, t *verifyTable, keys [][]string) error {
+	found, err := backfill.ReadKeys(ctx, v.src, snap, t.Table, keys, func(ctx context.Context, rec arrow.RecordBatch) error {
+		_, err := tx.ApplySnapshot(ctx, rec)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if del := tombstones(t.Table, snap, keys, found); del != nil {
+		_, err := tx.Apply(ctx, del)
+		del.Release()
+		return err
+	}
+	return nil
+}
+
+// repairValues sets, in tx, the copies of each row value of keyless table t named by keys
+// (reconcile.ValueKeySQL) to the copies snap shows: the target's entries of those values older
+// than S' are replaced, and snap's rows of them are written at (S', 0) through the apply step,
+// which leaves them to the deletes the stream already applied after S'.
+func (v *verifyRun) repairValues(ctx context.Context, tx *apply.Tx, snap backfill.Snapshot, t *verifyTable, keys [][]string) error {
+	vals := make([]string, len(keys))
+	for i, k := range keys {
+		vals[i] = k[0]
+	}
+	ver := changebatch.Version{LSN: snap.LSN}
+	if _, err := tx.SupersedeKeyless(ctx, t.Table, ver, reconcile.ValueKeySQL(v.mode, t.Table, "e.")+" = any($2::text[])", vals); err != nil {
+		return err
+	}
+	_, err := backfill.ReadValues(ctx, v.src, snap, t.Table, reconcile.ValueKeySQL(v.mode, t.Table, "")+" = any($1::text[])", []any{vals},
+		func(ctx context.Context, rec arrow.RecordBatch) error {
+			_, err := tx.ApplySnapshot(ctx, rec)
+			return err
+		})
+	return err
 }
 
 // tombstones returns a batch of deletes at (S', 0) for the keys snap has no row for, nil when

@@ -141,7 +141,7 @@ var typeCases = []typeCase{
 }
 
 // TestTypesRoundTrip creates one table t_<name> (id int primary key, v <type>, n int) per type
-// case, inserts its edge values before the daemon starts (backfill path, rows 1..k) and after
+// case, and one k_<name> like it without a key (REPLICA IDENTITY FULL), inserts its edge values before the daemon starts (backfill path, rows 1..k) and after
 // (stream path, rows 1001..), then updates, moves and deletes some, and compares every table
 // under common rendering settings while the two databases' defaults differ (compare_test.go).
 // One environment and one daemon serve every case.
@@ -158,7 +158,10 @@ func TestTypesRoundTrip(t *testing.T) {
 			}
 		}
 		pgtest.Exec(t, src, fmt.Sprintf(`create table t_%s (id int primary key, v %s, n int default 0)`, c.name, c.typ),
-			insertValues(c, 0))
+			insertValues(c, "t_", 0),
+			// The same without a key: rows told apart by their whole value (REPLICA IDENTITY FULL).
+			fmt.Sprintf(`create table k_%s (id int, v %s, n int default 0)`, c.name, c.typ),
+			`alter table k_`+c.name+` replica identity full`, insertValues(c, "k_", 0))
 	}
 	cfg := testConfig(t, env)
 	var unchangedToast atomic.Int64
@@ -176,29 +179,33 @@ func TestTypesRoundTrip(t *testing.T) {
 	t.Run("backfill", func(t *testing.T) {
 		for _, c := range typeCases {
 			t.Run(c.name, func(t *testing.T) {
-				table := "t_" + c.name
-				requireSameRows(t, src, tgt, table, "id", !c.user)
-				if n := pgtest.Scalar[int64](t, tgt, `select count(*) from `+table+` where _cdc_seq <> 0`); n != 0 {
-					t.Errorf("%d rows did not come from the snapshot", n)
+				for _, table := range []string{"t_" + c.name, "k_" + c.name} {
+					requireSameRows(t, src, tgt, table, "id", !c.user)
+					if n := pgtest.Scalar[int64](t, tgt, `select count(*) from `+table+` where _cdc_seq <> 0`); n != 0 {
+						t.Errorf("%s: %d rows did not come from the snapshot", table, n)
+					}
 				}
 			})
 		}
 	})
 	for _, c := range typeCases {
 		k := len(c.vals)
-		pgtest.Exec(t, src, insertValues(c, 1000),
-			// every row again, v unchanged: an unchanged TOASTed v is sent as 'u'
-			`update t_`+c.name+` set n = 1`,
-			fmt.Sprintf(`update t_%[1]s set v = (select v from t_%[1]s where id = %[2]d) where id in (1, 1001)`, c.name, 1000+k),
-			`update t_`+c.name+` set v = null where id in (2, 1002)`,
-			`delete from t_`+c.name+` where id in (3, 1003)`,
-			`update t_`+c.name+` set id = id + 100 where id in (4, 1004)`)
+		for _, p := range []string{"t_", "k_"} {
+			pgtest.Exec(t, src, insertValues(c, p, 1000),
+				// every row again, v unchanged: an unchanged TOASTed v is sent as 'u'
+				`update `+p+c.name+` set n = 1`,
+				fmt.Sprintf(`update %[1]s set v = (select v from %[1]s where id = %[2]d) where id in (1, 1001)`, p+c.name, 1000+k),
+				`update `+p+c.name+` set v = null where id in (2, 1002)`,
+				`delete from `+p+c.name+` where id in (3, 1003)`,
+				`update `+p+c.name+` set id = id + 100 where id in (4, 1004)`)
+		}
 	}
 	pgtest.WaitSlotCaughtUp(t, env)
 	t.Run("stream", func(t *testing.T) {
 		for _, c := range typeCases {
 			t.Run(c.name, func(t *testing.T) {
 				requireSameRows(t, src, tgt, "t_"+c.name, "id", !c.user)
+				requireSameRows(t, src, tgt, "k_"+c.name, "id", !c.user)
 			})
 		}
 	})
@@ -216,11 +223,11 @@ func TestTypesRoundTrip(t *testing.T) {
 	}
 }
 
-// insertValues inserts case c's values as rows offset+1.. of its table.
-func insertValues(c typeCase, offset int) string {
+// insertValues inserts case c's values as rows offset+1.. of its table with prefix p (t_ or k_).
+func insertValues(c typeCase, p string, offset int) string {
 	rows := make([]string, len(c.vals))
 	for i, v := range c.vals {
 		rows[i] = fmt.Sprintf("(%d, (%s)::%s)", offset+i+1, v, c.typ)
 	}
-	return fmt.Sprintf("insert into t_%s (id, v) values %s", c.name, strings.Join(rows, ", "))
+	return fmt.Sprintf("insert into %s%s (id, v) values %s", p, c.name, strings.Join(rows, ", "))
 }

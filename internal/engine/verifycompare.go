@@ -23,7 +23,7 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 	if err := v.checkTarget(ctx, ttx, t); err != nil {
 		return err
 	}
-	keyCols := backfill.KeyColumnNames(t.Table)
+	keyCols := discrepancyKeyColumns(t.Table)
 	var found []coverage.Discrepancy
 	st, err := reconcile.Compare(ctx, stx, ttx, reconcile.Config{
 		Table: t.Table, Snapshot: v.snap.LSN, Mode: v.mode, LeafRows: v.cfg.LeafRows,
@@ -52,7 +52,7 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 	if err != nil {
 		return err
 	}
-	if !v.cfg.NoValues {
+	if !v.cfg.NoValues && !t.Keyless { // a keyless table's discrepancy names a value by its hashes
 		if err := v.recordValues(ctx, stx, ttx, t, found); err != nil {
 			return err
 		}
@@ -154,9 +154,11 @@ func (v *verifyRun) closeEqual(ctx context.Context, ttx pgx.Tx, t *verifyTable, 
 		for i, d := range stale {
 			keys[i] = d.Key
 		}
-		moved, err := reconcile.Lookup(ctx, ttx, reconcile.Target, t.Table, keys, reconcile.LookupOpts{NewerThan: v.snap.LSN.String()})
-		if err != nil {
-			return err
+		moved := make([][]*string, len(stale))
+		if !t.Keyless { // a keyless table's values are compared at S whatever moved since
+			if moved, err = reconcile.Lookup(ctx, ttx, reconcile.Target, t.Table, keys, reconcile.LookupOpts{NewerThan: v.snap.LSN.String()}); err != nil {
+				return err
+			}
 		}
 		var ids []string
 		for i, d := range stale {
@@ -173,4 +175,13 @@ func (v *verifyRun) closeEqual(ctx context.Context, ttx pgx.Tx, t *verifyTable, 
 		}
 		t.rep.ClosedEqual += n
 	}
+}
+
+// discrepancyKeyColumns returns the key columns t's discrepancies are recorded under: its key's,
+// or for a keyless table reconcile.KeylessKeyColumn.
+func discrepancyKeyColumns(t changebatch.Table) []string {
+	if t.Keyless {
+		return []string{reconcile.KeylessKeyColumn}
+	}
+	return backfill.KeyColumnNames(t)
 }

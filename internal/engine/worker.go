@@ -31,6 +31,7 @@ type backfillWorker struct {
 	ap        *apply.Applier
 	snap      backfill.Snapshot
 	batchRows int
+	chunkRows int
 	log       *slog.Logger
 	// afterMergedBatch is backfillJob.AfterMergedBatch.
 	afterMergedBatch func()
@@ -55,7 +56,7 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		return nil, err
 	}
 	return &backfillWorker{source: job.Source, src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
-		log: job.Logger, afterMergedBatch: job.AfterMergedBatch}, nil
+		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -82,10 +83,16 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 	ended := make(chan struct{})
 	var rows int64
 	var err error
+	batchRows := w.batchRows
+	if cw.tr.t.Keyless {
+		// A keyless table is one chunk, merged a batch per target transaction: batches of at
+		// most a chunk's rows keep each transaction as short as a keyed table's chunk.
+		batchRows = min(batchRows, w.chunkRows)
+	}
 	go func() {
 		defer close(ended)
 		defer close(batches)
-		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.rest(), w.batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.rest(), batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
 			rec.Retain()
 			select {
 			case batches <- rec:
@@ -151,7 +158,9 @@ func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, err
 		return chunkDone{}, err
 	}
 	cw.tr.mu.Lock()
-	direct := cw.tr.directConflicts < maxDirectConflicts
+	// A keyless table's rows are always merged: each snapshot row is matched with the deletes
+	// the stream already applied (apply's keyless base).
+	direct := cw.tr.directConflicts < maxDirectConflicts && !cw.tr.t.Keyless
 	cw.tr.mu.Unlock()
 	var total chunkDone
 	for attempt := 1; ; {
@@ -293,9 +302,11 @@ func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, 
 	if err != nil || v.Len() == 0 {
 		return err
 	}
-	last := make([]string, len(keys))
-	for i, k := range keys {
-		last[i] = v.Value(v.Len()-1, k).Text
+	// A keyless table's chunk has no key to resume after: an interrupted one is read again whole
+	// from a new snapshot (its progress is reset).
+	var last []string
+	for _, k := range keys {
+		last = append(last, v.Value(v.Len()-1, k).Text)
 	}
 	tx, err := w.beginChunkTx(ctx)
 	if err != nil {

@@ -89,8 +89,10 @@ type comparison struct {
 	cfg        Config
 	src, tgt   Querier
 	rowH, keyH string
-	moved      []pair // source rows of keys the target moved past S
-	stats      Stats
+	// current is the target's filter for the rows compared (current, or keylessCurrent).
+	current string
+	moved   []pair // source rows of keys the target moved past S
+	stats   Stats
 	// rows and bytes fetched, from both sides' goroutines at once
 	rows, bytes atomic.Int64
 }
@@ -105,7 +107,10 @@ func Compare(ctx context.Context, src, tgt Querier, cfg Config) (Stats, error) {
 		cfg.MaxGroups = 65536
 	}
 	c := &comparison{cfg: cfg, src: src, tgt: tgt,
-		rowH: rowHash(cfg.Mode, cfg.Table, ""), keyH: keyHash(cfg.Mode, cfg.Table, "")}
+		rowH: rowHash(cfg.Mode, cfg.Table, ""), keyH: keyHash(cfg.Mode, cfg.Table, ""), current: current}
+	if cfg.Table.Keyless {
+		c.keyH, c.current = valueGroupHash(cfg.Mode, cfg.Table), keylessCurrent
+	}
 	c.stats.Found = map[Kind]int64{}
 	err := c.run(ctx)
 	c.stats.RowsFetched, c.stats.BytesFetched = c.rows.Load(), c.bytes.Load()
@@ -121,8 +126,12 @@ func (c *comparison) run(ctx context.Context) error {
 	err := c.both(ctx, func(ctx context.Context) error {
 		return c.scanOne(ctx, c.src, "select count(*), coalesce(sum(h), 0)::text from (select "+c.rowH+" as h from "+c.cfg.Table.SourceRelation("t")+") s", &srcAll, nil)
 	}, func(ctx context.Context) error {
+		newer := `("_cdc_lsn", "_cdc_seq") > ($1::pg_lsn, 0)`
+		if c.cfg.Table.Keyless {
+			newer = "false" // a keyless table's entries show its state at S exactly (keylessCurrent)
+		}
 		q := "select count(*) filter (where cur), coalesce(sum(h) filter (where cur), 0)::text, count(*) filter (where not cur and newer) from (select " +
-			c.rowH + " as h, " + current + " as cur, (\"_cdc_lsn\", \"_cdc_seq\") > ($1::pg_lsn, 0) as newer from " + c.cfg.Table.Quoted() + ") s"
+			c.rowH + " as h, " + c.current + " as cur, " + newer + " as newer from " + c.cfg.Table.Quoted() + ") s"
 		return c.scanOne(ctx, c.tgt, q, &tgtAll, &moved, c.cfg.Snapshot.String())
 	})
 	if err != nil {
@@ -146,6 +155,9 @@ func (c *comparison) run(ctx context.Context) error {
 		// Fetch the rows once few are left, or when grouping did not narrow them down (the
 		// differences are everywhere): another level would scan as much and fetch as much.
 		if level.rows <= int64(c.cfg.LeafRows) || level.bits >= 62 || (level.bits > 0 && level.rows > total/4) {
+			if c.cfg.Table.Keyless {
+				return c.leafKeyless(ctx, level)
+			}
 			return c.leaf(ctx, level)
 		}
 		c.stats.Levels++
@@ -197,7 +209,7 @@ func (c *comparison) split(ctx context.Context, l levelState) (levelState, error
 		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.cfg.Table.SourceRelation("t") + ") s where " + l.filter() + " group by 1"
 		return c.scanGroups(ctx, c.src, q, srcG)
 	}, func(ctx context.Context) error {
-		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.cfg.Table.Quoted() + " where " + current + ") s where " + l.filter() + " group by 1"
+		q := "select hk & " + m + ", count(*), sum(h)::text from (select " + c.keyH + " as hk, " + c.rowH + " as h from " + c.cfg.Table.Quoted() + " where " + c.current + ") s where " + l.filter() + " group by 1"
 		return c.scanGroups(ctx, c.tgt, q, tgtG, c.cfg.Snapshot.String())
 	})
 	if err != nil {

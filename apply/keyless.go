@@ -1,0 +1,324 @@
+package apply
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// A keyless table (changebatch.Table.Keyless) holds, on the target, one entry per occurrence of a
+// row value that some change or snapshot brought: docs/design.md, "Tables without a key", gives
+// the rule and why it converges. In short, an entry is identified by (row hash, version that
+// brought it, occurrence) and never changes identity; the live entries of a value are the
+// source's copies of it:
+//   - a streamed INSERT at V adds entry (h, V, 1);
+//   - a streamed DELETE at V (an UPDATE is a DELETE of the old value and an INSERT of the new one)
+//     marks one live entry of h older than V deleted at V, the newest one; when h has none, a
+//     "phantom" entry (h, V, 0) records the delete, born deleted;
+//   - a snapshot at S brings entries (h, (S, 0), ctid): it first marks every live entry of h
+//     older than S deleted at (S, 0), then hands each delete newer than S that took an entry
+//     older than S (or none) one of the new entries instead: those deletes come after S, so
+//     they remove copies the snapshot shows;
+//   - a change at or below a snapshot of its value ((S, 0) > V), or at or below the fence, is
+//     a replay and suppressed, and so is a second delivery of a change (an entry of the same
+//     version exists).
+//
+// Every writer of a keyless table locks its fence row FOR UPDATE (lockFence), so they take turns.
+
+// Quoted names of the keyless columns.
+var (
+	qRowHash    = pgx.Identifier{changebatch.ColRowHash}.Sanitize()
+	qOccurrence = pgx.Identifier{changebatch.ColOccurrence}.Sanitize()
+	qDeletedLSN = pgx.Identifier{changebatch.ColDeletedLSN}.Sanitize()
+	qDeletedSeq = pgx.Identifier{changebatch.ColDeletedSeq}.Sanitize()
+	qOrd        = pgx.Identifier{"_cdc_ord"}.Sanitize()
+	qRound      = pgx.Identifier{"_cdc_round"}.Sanitize()
+)
+
+// RowHashSQL returns the SQL expression of a keyless table's row hash (bytea, SHA-256) over the
+// data columns of t as relation alias rel holds them: the hash of the row's text form as the
+// target's types print it (the session settings of pgsession fix how), so two values hash alike
+// exactly when every column prints alike; NULL and the empty string differ.
+func RowHashSQL(t changebatch.Table, rel string) string {
+	cols := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		cols[i] = rel + "." + pgx.Identifier{c.Name}.Sanitize()
+	}
+	return "sha256(convert_to(row(" + strings.Join(cols, ", ") + ")::text, 'UTF8'))"
+}
+
+// keylessTableSQL returns the DDL of a keyless table's target table and its two partial indexes:
+// the live entries of a value by version, the deleted ones by the version that deleted them.
+func keylessTableSQL(t changebatch.Table) []string {
+	var b strings.Builder
+	b.WriteString("create table " + t.Quoted() + " (")
+	for _, c := range t.Columns {
+		b.WriteString(pgx.Identifier{c.Name}.Sanitize() + " " + c.Type + ", ")
+	}
+	for _, g := range t.Generated {
+		fmt.Fprintf(&b, "%s %s generated always as (%s) stored, ", pgx.Identifier{g.Name}.Sanitize(), g.Type, g.Expr)
+	}
+	b.WriteString(qRowHash + " bytea not null, " + qOccurrence + " bigint not null, ")
+	b.WriteString(qLSN + " pg_lsn not null, " + qSeq + " bigint not null, ")
+	b.WriteString(qDeleted + " boolean not null default false, " + qUnknown + " text[], ")
+	b.WriteString(qDeletedLSN + " pg_lsn, " + qDeletedSeq + " bigint, ")
+	b.WriteString("primary key (" + qRowHash + ", " + qLSN + ", " + qSeq + ", " + qOccurrence + "))")
+	return []string{b.String(),
+		"create index on " + t.Quoted() + " (" + qRowHash + ", " + qLSN + ", " + qSeq + ", " + qOccurrence + ") where not " + qDeleted,
+		"create index on " + t.Quoted() + " (" + qRowHash + ", " + qDeletedLSN + ", " + qDeletedSeq + ") where " + qDeleted,
+	}
+}
+
+// keylessStageSQL returns the DDL of a session's staging table for keyless table t.
+func keylessStageSQL(t changebatch.Table, stage string) string {
+	cols := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		cols[i] = pgx.Identifier{c.Name}.Sanitize()
+	}
+	return "create temporary table " + pgx.Identifier{stage}.Sanitize() + " on commit delete rows as select " +
+		strings.Join(cols, ", ") + ", " + qLSN + ", " + qSeq + ", " + qDeleted + ", " + qOccurrence + ", " +
+		qRowHash + ", 0::int as " + qOrd + ", 0::int as " + qRound + " from " + t.Quoted() + " with no data"
+}
+
+// dataColumns returns t's data columns, quoted, joined, each prefixed with rel and a dot when rel is set.
+func dataColumns(t changebatch.Table, rel string) string {
+	cols := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		cols[i] = pgx.Identifier{c.Name}.Sanitize()
+		if rel != "" {
+			cols[i] = rel + "." + cols[i]
+		}
+	}
+	return strings.Join(cols, ", ")
+}
+
+// stageKeyless copies rows [from, to) of v into the table's staging table with their order
+// (_cdc_ord) and computes their row hashes; deletes are staged with _cdc_deleted true.
+func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int) (string, error) {
+	stage, err := t.stage(ctx, v.Table)
+	if err != nil {
+		return "", err
+	}
+	t.buf.Reset()
+	n := len(v.Table.Columns)
+	for i := from; i < to; i++ {
+		for c := 0; c < n; c++ {
+			val := v.Value(i, c)
+			if val.Null {
+				t.buf.WriteString(`\N`)
+			} else {
+				writeCopyEscaped(&t.buf, val.Text)
+			}
+			t.buf.WriteByte('\t')
+		}
+		ver := v.Version(i)
+		deleted := "f"
+		if v.Op(i) == changebatch.OpDelete {
+			deleted = "t"
+		}
+		fmt.Fprintf(&t.buf, "%s\t%d\t%s\t%d\t%d\n", ver.LSN, ver.Seq, deleted, v.Occurrence(i), i-from)
+	}
+	q := pgx.Identifier{"pg_temp", stage}.Sanitize()
+	sql := "copy " + q + " (" + dataColumns(v.Table, "") + ", " + qLSN + ", " + qSeq + ", " + qDeleted + ", " + qOccurrence + ", " + qOrd + ") from stdin"
+	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), sql); err != nil {
+		return "", fmt.Errorf("stage %d rows of %s: %w", to-from, v.Table, withCopyContext(err))
+	}
+	if _, err := t.tx.Exec(ctx, "update "+q+" as s set "+qRowHash+" = "+RowHashSQL(v.Table, "s")); err != nil {
+		return "", fmt.Errorf("hash the staged rows of %s: %w", v.Table, err)
+	}
+	return q, nil
+}
+
+// keylessReplay returns the condition under which staged change s of keyless table t is a
+// replay: at or below the table's fence, or at or below a snapshot of its value (a streamed
+// change (L, i), i >= 1, is below (S, 0) exactly when L < S), or meets one of the conditions more.
+// $1 and $2 are the table's schema and name.
+func keylessReplay(t changebatch.Table, more ...string) string {
+	conds := append([]string{"exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
+		" and (f.fence_lsn, f.fence_seq) >= (s." + qLSN + ", s." + qSeq + "))",
+		"exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
+			" and e." + qLSN + " > s." + qLSN + " and e." + qSeq + " = 0)"}, more...)
+	return "(" + strings.Join(conds, " or ") + ")"
+}
+
+// mergeKeyless applies the streamed changes [from, to) of v (no truncate among them) to keyless
+// table v.Table: the inserts in one statement, then the deletes in rounds (keylessDeleteSQL),
+// sent together.
+func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int) (Result, error) {
+	tab := v.Table
+	if _, err := t.lockFence(ctx, tab); err != nil {
+		return Result{}, err
+	}
+	stage, err := t.stageKeyless(ctx, v, from, to)
+	if err != nil {
+		return Result{}, err
+	}
+	cols := dataColumns(tab, "")
+	tag, err := t.tx.Exec(ctx, "insert into "+tab.Quoted()+" ("+cols+", "+qRowHash+", "+qOccurrence+", "+qLSN+", "+qSeq+")\n"+
+		"select "+dataColumns(tab, "s")+", s."+qRowHash+", 1, s."+qLSN+", s."+qSeq+" from "+stage+" as s\n"+
+		"where not s."+qDeleted+" and not "+keylessReplay(tab)+"\n"+
+		"on conflict do nothing", tab.Schema, tab.Name)
+	if err != nil {
+		return Result{}, fmt.Errorf("insert %d rows into keyless table %s: %w", to-from, tab, describeConstraint(err))
+	}
+	applied := tag.RowsAffected()
+	// Deletes of different values are independent; those of one value go in their order. Round
+	// k holds the k-th delete of each value, so most batches need one statement.
+	var rounds int
+	err = t.tx.QueryRow(ctx, "with r as (select ctid as id, row_number() over (partition by "+qRowHash+" order by "+qOrd+") as n from "+stage+
+		" where "+qDeleted+"), u as (update "+stage+" as s set "+qRound+" = r.n from r where s.ctid = r.id returning s."+qRound+")"+
+		" select coalesce(max("+qRound+"), 0) from u").Scan(&rounds)
+	if err != nil {
+		return Result{}, fmt.Errorf("order the deletes of keyless table %s: %w", tab, err)
+	}
+	if rounds > 0 {
+		sql := keylessDeleteSQL(tab, stage)
+		batch := &pgx.Batch{}
+		for r := 1; r <= rounds; r++ {
+			batch.Queue(sql, tab.Schema, tab.Name, r)
+		}
+		br := t.tx.SendBatch(ctx, batch)
+		for range rounds {
+			var n int64
+			if err := br.QueryRow().Scan(&n); err != nil {
+				br.Close()
+				return Result{}, fmt.Errorf("delete rows from keyless table %s: %w", tab, describeConstraint(err))
+			}
+			applied += n
+		}
+		if err := br.Close(); err != nil {
+			return Result{}, fmt.Errorf("delete rows from keyless table %s: %w", tab, err)
+		}
+	}
+	return Result{Applied: applied, Suppressed: int64(to-from) - applied}, nil
+}
+
+// keylessDeleteSQL returns the statement that applies round $3 (_cdc_round) of the staged deletes
+// of keyless table t, at most one per value: each delete that is not a replay and was not applied
+// already marks the newest live entry of its value older than it deleted at its version, or
+// records a phantom entry when there is none. It returns how many deletes it applied.
+func keylessDeleteSQL(t changebatch.Table, stage string) string {
+	q := t.Quoted()
+	// OFFSET 0 keeps the check of an earlier delivery a subplan run per row by its index: without
+	// it PostgreSQL may turn it into an anti join, or a hashed subplan, that reads every deleted
+	// entry of the table.
+	replay := keylessReplay(t, "exists (select 1 from "+q+" as e where e."+qRowHash+" = s."+qRowHash+
+		" and e."+qDeleted+" and e."+qDeletedLSN+" = s."+qLSN+" and e."+qDeletedSeq+" = s."+qSeq+" offset 0)")
+	return "with d as (select * from " + stage + " as s where s." + qDeleted + " and s." + qRound + " = $3 and not " + replay + "),\n" +
+		"victim as (select d." + qOrd + " as ord, v.ctid as id from d left join lateral (select e.ctid from " + q + " as e where e." + qRowHash + " = d." + qRowHash +
+		" and not e." + qDeleted + " and (e." + qLSN + ", e." + qSeq + ") < (d." + qLSN + ", d." + qSeq + ")" +
+		" order by e." + qLSN + " desc, e." + qSeq + " desc, e." + qOccurrence + " desc limit 1) as v on true),\n" +
+		"killed as (update " + q + " as e set " + qDeleted + " = true, " + qDeletedLSN + " = d." + qLSN + ", " + qDeletedSeq + " = d." + qSeq +
+		" from d join victim as x on x.ord = d." + qOrd + " where e.ctid = x.id returning 1),\n" +
+		"phantom as (insert into " + q + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ", " +
+		qDeleted + ", " + qDeletedLSN + ", " + qDeletedSeq + ") select " + dataColumns(t, "d") + ", d." + qRowHash + ", 0, d." + qLSN + ", d." + qSeq +
+		", true, d." + qLSN + ", d." + qSeq + " from d join victim as x on x.ord = d." + qOrd + " where x.id is null returning 1)\n" +
+		"select (select count(*) from killed) + (select count(*) from phantom)"
+}
+
+// mergeKeylessSnapshot applies snapshot rows [0, v.Len()) of keyless table v.Table, all at
+// version ver = (S, 0) above the fence (ApplySnapshot checked it), in four statements: values
+// with an entry from a newer snapshot are left alone; every other value's live entries older
+// than S are marked deleted at (S, 0); the rows are added as entries (h, S, 0, ctid), those read
+// before (a chunk read again) once; and each delete newer than S that took an entry older than S
+// (or none) takes one of the new entries instead.
+func (t *Tx) mergeKeylessSnapshot(ctx context.Context, v *changebatch.View, ver changebatch.Version) (Result, error) {
+	tab := v.Table
+	stage, err := t.stageKeyless(ctx, v, 0, v.Len())
+	if err != nil {
+		return Result{}, err
+	}
+	q := tab.Quoted()
+	s := ver.LSN.String()
+	// Values a newer snapshot brought are no concern of this one.
+	if _, err := t.tx.Exec(ctx, "delete from "+stage+" as s where exists (select 1 from "+q+" as e where e."+qRowHash+" = s."+qRowHash+
+		" and e."+qSeq+" = 0 and e."+qLSN+" > $1::pg_lsn)", s); err != nil {
+		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, err)
+	}
+	// Entries older than S of the snapshot's values: the snapshot holds their state.
+	if _, err := t.tx.Exec(ctx, "update "+q+" as e set "+qDeleted+" = true, "+qDeletedLSN+" = $1::pg_lsn, "+qDeletedSeq+" = 0"+
+		" where not e."+qDeleted+" and (e."+qLSN+", e."+qSeq+") < ($1::pg_lsn, 0)"+
+		" and e."+qRowHash+" in (select "+qRowHash+" from "+stage+")", s); err != nil {
+		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, err)
+	}
+	var inserted int64
+	err = t.tx.QueryRow(ctx, keylessSnapshotSQL(tab, stage), s).Scan(&inserted)
+	if err != nil {
+		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, describeConstraint(err))
+	}
+	return Result{Applied: inserted, Suppressed: int64(v.Len()) - inserted}, nil
+}
+
+// keylessSnapshotSQL returns the statement that adds staged snapshot rows (at ($1, 0)) of keyless
+// table t as entries, pairing the n-th new entry of a value with the n-th of its deletes that
+// still lack one (newer than the snapshot, on an entry older than it or on a phantom): that entry
+// is born deleted by it, the delete's old entry counts as replaced by the snapshot (its phantom
+// goes). It returns how many entries it added.
+func keylessSnapshotSQL(t changebatch.Table, stage string) string {
+	q := t.Quoted()
+	at := "($1::pg_lsn, 0::bigint)"
+	born := "(e." + qLSN + ", e." + qSeq + ")"
+	killedAt := "(e." + qDeletedLSN + ", e." + qDeletedSeq + ")"
+	phantom := "(e." + qOccurrence + " = 0 and e." + qSeq + " > 0)"
+	// The aliases carry a prefix no source column has (columns named _cdc_* are refused but for
+	// these, which are not pgconverge's).
+	return "with debts as (select e.ctid as _cdc_debt_id, e." + qRowHash + " as _cdc_debt_hash, e." + qDeletedLSN + " as _cdc_debt_lsn, e." + qDeletedSeq +
+		" as _cdc_debt_seq, " + phantom + " as _cdc_debt_phantom, row_number() over (partition by e." + qRowHash + " order by " + killedAt + ") as _cdc_debt_n" +
+		" from " + q + " as e where e." + qDeleted + " and " + killedAt + " > " + at + " and (" + born + " < " + at + " or " + phantom + ")" +
+		" and e." + qRowHash + " in (select " + qRowHash + " from " + stage + ")),\n" +
+		"fresh as (select s.*, row_number() over (partition by s." + qRowHash + " order by s." + qOccurrence + ") as _cdc_debt_n from " + stage + " as s" +
+		" where not exists (select 1 from " + q + " as e where e." + qRowHash + " = s." + qRowHash + " and " + born + " = " + at +
+		" and e." + qOccurrence + " = s." + qOccurrence + ")),\n" +
+		"paired as (select f.*, d._cdc_debt_id, d._cdc_debt_lsn, d._cdc_debt_seq, d._cdc_debt_phantom from fresh as f" +
+		" left join debts as d on d._cdc_debt_hash = f." + qRowHash + " and d._cdc_debt_n = f._cdc_debt_n),\n" +
+		"added as (insert into " + q + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ", " +
+		qDeleted + ", " + qDeletedLSN + ", " + qDeletedSeq + ") select " + dataColumns(t, "p") + ", p." + qRowHash + ", p." + qOccurrence +
+		", $1::pg_lsn, 0, p._cdc_debt_id is not null, p._cdc_debt_lsn, p._cdc_debt_seq from paired as p returning 1),\n" +
+		"gone as (delete from " + q + " as e using paired as p where p._cdc_debt_phantom and e.ctid = p._cdc_debt_id),\n" +
+		"replaced as (update " + q + " as e set " + qDeletedLSN + " = $1::pg_lsn, " + qDeletedSeq + " = 0 from paired as p" +
+		" where not p._cdc_debt_phantom and e.ctid = p._cdc_debt_id)\n" +
+		"select count(*) from added"
+}
+
+// keylessFenceSQL returns the statement that marks every live entry of keyless table t older
+// than ($1, $2) deleted at that version and removes the phantoms at or below it, which only a
+// replay could still meet and the fence refuses.
+func keylessFenceSQL(t changebatch.Table) []string {
+	q := t.Quoted()
+	return []string{
+		"update " + q + " set " + qDeleted + " = true, " + qDeletedLSN + " = $1::pg_lsn, " + qDeletedSeq + " = $2" +
+			" where not " + qDeleted + " and (" + qLSN + ", " + qSeq + ") < ($1::pg_lsn, $2)",
+		"delete from " + q + " where " + qDeleted + " and " + qOccurrence + " = 0 and " + qSeq + " > 0 and (" + qDeletedLSN + ", " + qDeletedSeq + ") <= ($1::pg_lsn, $2)",
+	}
+}
+
+// rehashSQL returns the statement that computes every entry's row hash of keyless table t again,
+// after its columns changed.
+func rehashSQL(t changebatch.Table) string {
+	return "update " + t.Quoted() + " as r set " + qRowHash + " = " + RowHashSQL(t, "r") + " where " + qRowHash + " <> " + RowHashSQL(t, "r")
+}
+
+// keylessColumns are the metadata columns a keyless table's target table has beyond the others.
+var keylessColumns = []string{changebatch.ColRowHash, changebatch.ColOccurrence, changebatch.ColDeletedLSN, changebatch.ColDeletedSeq}
+
+// SupersedeKeyless marks the live entries of keyless table tab older than ver = (S, 0) whose row
+// satisfies cond (SQL over the target table's columns, aliased e; its arguments numbered from $2)
+// deleted at ver: a snapshot at S that shows none of those rows holds their state. It first locks
+// the table's fence and does nothing when the fence is at or above ver. It returns how many
+// entries it marked.
+func (t *Tx) SupersedeKeyless(ctx context.Context, tab changebatch.Table, ver changebatch.Version, cond string, args ...any) (int64, error) {
+	fence, err := t.lockFence(ctx, tab)
+	if err != nil || fence.Compare(ver) >= 0 {
+		return 0, err
+	}
+	tag, err := t.tx.Exec(ctx, "update "+tab.Quoted()+" as e set "+qDeleted+" = true, "+qDeletedLSN+" = $1::pg_lsn, "+qDeletedSeq+" = 0"+
+		" where not e."+qDeleted+" and (e."+qLSN+", e."+qSeq+") < ($1::pg_lsn, 0) and ("+cond+")", append([]any{ver.LSN.String()}, args...)...)
+	if err != nil {
+		return 0, fmt.Errorf("replace the entries of %s at %s: %w", tab, ver, err)
+	}
+	return tag.RowsAffected(), nil
+}
