@@ -264,8 +264,8 @@ func keylessSnapshotSQL(t changebatch.Table, stage string) string {
 	born := "(e." + qLSN + ", e." + qSeq + ")"
 	killedAt := "(e." + qDeletedLSN + ", e." + qDeletedSeq + ")"
 	phantom := "(e." + qOccurrence + " = 0 and e." + qSeq + " > 0)"
-	// The aliases carry a prefix no source column has (columns named _cdc_* are refused but for
-	// these, which are not pgconverge's).
+	// The aliases begin with _cdc_, which no column of a keyless table does
+	// (changebatch.Table.Validate).
 	return "with debts as (select e.ctid as _cdc_debt_id, e." + qRowHash + " as _cdc_debt_hash, e." + qDeletedLSN + " as _cdc_debt_lsn, e." + qDeletedSeq +
 		" as _cdc_debt_seq, " + phantom + " as _cdc_debt_phantom, row_number() over (partition by e." + qRowHash + " order by " + killedAt + ") as _cdc_debt_n" +
 		" from " + q + " as e where e." + qDeleted + " and " + killedAt + " > " + at + " and (" + born + " < " + at + " or " + phantom + ")" +

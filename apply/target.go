@@ -24,7 +24,9 @@ import (
 // changes), so the table's schema_changed_lsn becomes changedAt, a source position read after t was
 // described: backfills read at or before it stop counting as coverage and the table is loaded
 // again.
-// Target columns t lacks are kept and no longer written. It returns what it changed, and an error
+// Target columns t lacks are kept and no longer written. A table made for the other kind of
+// identity (a key, or whole rows for a keyless table) is replaced by a new one, in one
+// transaction, and loaded again (rebuildForIdentity). It returns what it changed, and an error
 // naming the fix when the key differs or a column's values do not convert.
 //
 // onReload (nil: nothing) is called on conn whenever the table's rows stop counting as loaded: a
@@ -46,7 +48,7 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, chang
 		if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
 			return Reshape{}, fmt.Errorf("create target schema %q (the target role needs CREATE on the database): %w", t.Schema, err)
 		}
-		if err := createTable(ctx, conn, t); err != nil {
+		if err := createTable(ctx, conn, t, rebuilt != ""); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedObject || pgErr.Code == pgerrcode.InvalidSchemaName) {
 				return Reshape{}, fmt.Errorf("create target table %s: a column's type (or its schema) does not exist on the target: create it there first, as on the source (pgconverge creates user-defined enums, domains and composite types, not other kinds): %w", t, err)
@@ -65,11 +67,11 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, chang
 	return r, err
 }
 
-// rebuildForIdentity drops existing target table t when it was made for the other kind of
+// rebuildForIdentity reports whether existing target table t was made for the other kind of
 // identity (a key, or whole rows: changebatch.Table.Keyless): the source table gained or lost its
-// key. Its rows are not kept: they are identified otherwise, and the table is created again and
-// loaded again as a new generation. It returns the change, "(key) -> (whole row)" or back, or ""
-// when the table fits.
+// key. EnsureTable then replaces it (its rows are identified otherwise) and it is loaded again as
+// a new generation. It returns the change, "(key) -> (whole row)" or back, or "" when the table
+// fits.
 func rebuildForIdentity(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (string, error) {
 	var keyless bool
 	err := conn.QueryRow(ctx, `select exists (select 1 from pg_attribute where attrelid = $1::regclass and attname = $2 and not attisdropped)`,
@@ -88,18 +90,19 @@ func rebuildForIdentity(ctx context.Context, conn *pgx.Conn, t changebatch.Table
 	if t.Keyless {
 		change = "(key) -> (whole row)"
 	}
-	if _, err := conn.Exec(ctx, "drop table "+t.Quoted()); err != nil {
-		return "", fmt.Errorf("drop target table %s, made for another identity (%s): %w", t, change, err)
-	}
 	return change, nil
 }
 
 // createTable creates the target table for t (createTableSQL, or keylessTableSQL for a keyless
-// table) with its indexes, in one transaction.
-func createTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table) error {
+// table) with its indexes, in one transaction that first drops the existing one when replace is
+// set.
+func createTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, replace bool) error {
 	stmts := []string{createTableSQL(t)}
 	if t.Keyless {
 		stmts = keylessTableSQL(t)
+	}
+	if replace {
+		stmts = append([]string{"drop table " + t.Quoted()}, stmts...)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		for _, s := range stmts {

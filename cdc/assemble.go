@@ -227,6 +227,9 @@ func (a *assembler) insert(m *pglogrepl.InsertMessage) error {
 	if err != nil {
 		return err
 	}
+	if r.table.Keyless && r.superseded {
+		return nil // a reload's snapshot replaces what it would write
+	}
 	ver := a.version()
 	if slices.ContainsFunc(m.Tuple.Columns, func(c *pglogrepl.TupleDataColumn) bool { return c.DataType == pglogrepl.TupleDataTypeToast }) {
 		if r.table.Keyless {
@@ -270,6 +273,9 @@ func (a *assembler) update(m *pglogrepl.UpdateMessage) error {
 			return err
 		}
 		if r.table.Keyless {
+			if r.superseded {
+				return nil // a reload's snapshot replaces what it would write
+			}
 			return a.updateKeyless(r, old, vals)
 		}
 		if r.superseded && !hasKey(r.table, old) {
@@ -316,10 +322,10 @@ func (a *assembler) delete(m *pglogrepl.DeleteMessage) error {
 		return err
 	}
 	if r.table.Keyless {
-		if m.OldTupleType != pglogrepl.UpdateMessageTupleTypeOld {
-			if r.superseded {
-				return nil
-			}
+		if r.superseded {
+			return nil // a reload's snapshot replaces what it would write
+		}
+		if m.OldTupleType != pglogrepl.UpdateMessageTupleTypeOld || slices.ContainsFunc(old, func(v changebatch.Value) bool { return v.Unchanged }) {
 			return fmt.Errorf("pgoutput: delete from keyless table %s at %s did not send the whole old row; its REPLICA IDENTITY is no longer FULL: run ALTER TABLE %s REPLICA IDENTITY FULL on the source", r.table, a.finalLSN, r.table.Quoted())
 		}
 		a.add(r, changebatch.Change{Op: changebatch.OpDelete, Version: a.version(), Values: old})

@@ -192,8 +192,8 @@ func (t Table) Validate() error {
 			errs = append(errs, fmt.Errorf("table %s: a column has no name", t))
 		case seen[c.Name]:
 			errs = append(errs, fmt.Errorf("table %s: column %q appears twice", t, c.Name))
-		case IsReserved(c.Name):
-			errs = append(errs, fmt.Errorf("table %s: column %q uses a name pgconverge reserves for its metadata; rename it", t, c.Name))
+		case IsReserved(c.Name), t.Keyless && strings.HasPrefix(c.Name, "_cdc_"):
+			errs = append(errs, fmt.Errorf("table %s: column %q uses a name pgconverge reserves for its metadata (for a table without a key, every name beginning with _cdc_); rename it", t, c.Name))
 		}
 		seen[c.Name] = true
 	}

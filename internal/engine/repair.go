@@ -119,16 +119,33 @@ func (v *verifyRun) repairValues(ctx context.Context, tx *apply.Tx, snap backfil
 	for i, k := range keys {
 		vals[i] = k[0]
 	}
+	// The source's rows are read first (a scan of the whole table): the target table's writers
+	// take turns, and the stream must not wait for the scan.
+	var recs []arrow.RecordBatch
+	defer func() {
+		for _, rec := range recs {
+			rec.Release()
+		}
+	}()
+	_, err := backfill.ReadValues(ctx, v.src, snap, t.Table, reconcile.ValueKeySQL(v.mode, t.Table, "")+" = any($1::text[])", []any{vals},
+		func(ctx context.Context, rec arrow.RecordBatch) error {
+			rec.Retain()
+			recs = append(recs, rec)
+			return nil
+		})
+	if err != nil {
+		return err
+	}
 	ver := changebatch.Version{LSN: snap.LSN}
 	if _, err := tx.SupersedeKeyless(ctx, t.Table, ver, reconcile.ValueKeySQL(v.mode, t.Table, "e.")+" = any($2::text[])", vals); err != nil {
 		return err
 	}
-	_, err := backfill.ReadValues(ctx, v.src, snap, t.Table, reconcile.ValueKeySQL(v.mode, t.Table, "")+" = any($1::text[])", []any{vals},
-		func(ctx context.Context, rec arrow.RecordBatch) error {
-			_, err := tx.ApplySnapshot(ctx, rec)
+	for _, rec := range recs {
+		if _, err := tx.ApplySnapshot(ctx, rec); err != nil {
 			return err
-		})
-	return err
+		}
+	}
+	return nil
 }
 
 // tombstones returns a batch of deletes at (S', 0) for the keys snap has no row for, nil when

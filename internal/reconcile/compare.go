@@ -92,7 +92,9 @@ type comparison struct {
 	// current is the target's filter for the rows compared (current, or keylessCurrent).
 	current string
 	moved   []pair // source rows of keys the target moved past S
-	stats   Stats
+	// movedValues are a keyless table's values the target moved past S (loadMovedValues).
+	movedValues map[[2]int64]bool
+	stats       Stats
 	// rows and bytes fetched, from both sides' goroutines at once
 	rows, bytes atomic.Int64
 }
@@ -141,6 +143,11 @@ func (c *comparison) run(ctx context.Context) error {
 	c.stats.SourceRows, c.stats.Moved = srcAll.rows, moved
 	if moved > 0 {
 		if err := c.loadMoved(ctx); err != nil {
+			return err
+		}
+	}
+	if c.cfg.Table.Keyless {
+		if err := c.loadMovedValues(ctx, &tgtAll); err != nil {
 			return err
 		}
 	}

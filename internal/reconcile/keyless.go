@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"golang.org/x/sync/errgroup"
@@ -14,9 +15,11 @@ import (
 // of a value share a group and a group's checksum (rows and sum of row hashes) counts copies. At
 // the leaf, each distinct value's copies are counted on both sides (leafKeyless).
 //
-// The target's entries show the table at S exactly (apply's keyless rule): an entry was there at
-// S when it was brought at or below (S, 0) and not deleted at or below it, whatever later
-// changes and snapshots did; so no row is left out as moved on.
+// The target's entries show the table at S (apply's keyless rule): an entry was there at S when
+// it was brought at or below (S, 0) and not deleted at or below it, whatever later changes did.
+// Not so for a value that a snapshot newer than S replaced (a reload's or a repair's, or a fence
+// above S) before the stream passed S: changes below that snapshot were refused, so the entries
+// show the value as of an older point. Such values have moved on, as keys do (loadMovedValues).
 
 // keylessCurrent is the target's filter for a keyless table's entries at S.
 const keylessCurrent = `("_cdc_lsn", "_cdc_seq") <= ($1::pg_lsn, 0) and not ("_cdc_deleted" and ("_cdc_deleted_lsn", "_cdc_deleted_seq") <= ($1::pg_lsn, 0))`
@@ -75,7 +78,9 @@ func (c *comparison) leafKeyless(ctx context.Context, l levelState) error {
 		diffs = append(diffs, d)
 	}
 	for v, n := range src {
-		add(v, n, tgt[v])
+		if !c.movedValues[v] {
+			add(v, n, tgt[v])
+		}
 	}
 	for v, n := range tgt {
 		if _, ok := src[v]; !ok {
@@ -118,4 +123,56 @@ func ValueKeySQL(mode HashMode, t changebatch.Table, qual string) string {
 		idx[i] = i
 	}
 	return "lpad(to_hex(" + combine(mode, t, idx, keySeed, qual) + "), 16, '0') || lpad(to_hex(" + combine(mode, t, idx, rowSeed, qual) + "), 16, '0')"
+}
+
+// loadMovedValues finds the values of a keyless table whose entries a snapshot or fence newer
+// than S replaced, takes them out of the comparison on the target (c.current, and *tgtAll read
+// again) and counts the source's copies of them into c.moved, which the source's checksums then
+// leave out.
+func (c *comparison) loadMovedValues(ctx context.Context, tgtAll *group) error {
+	t := c.cfg.Table
+	rows, err := c.tgt.Query(ctx, `select distinct encode("_cdc_row_hash", 'hex'), `+c.keyH+`, `+c.rowH+` from `+t.Quoted()+
+		` where ("_cdc_seq" = 0 and "_cdc_lsn" > $1::pg_lsn) or ("_cdc_deleted" and "_cdc_deleted_seq" = 0 and "_cdc_deleted_lsn" > $1::pg_lsn)`,
+		c.cfg.Snapshot.String())
+	if err != nil {
+		return fmt.Errorf("find the values of %s replaced after the snapshot: %w", t, err)
+	}
+	var hashes, pairs []string
+	c.movedValues = map[[2]int64]bool{}
+	for rows.Next() {
+		var hash string
+		var hk, h int64
+		if err := rows.Scan(&hash, &hk, &h); err != nil {
+			rows.Close()
+			return err
+		}
+		c.count(1, int64(len(hash))+16)
+		hashes = append(hashes, hash)
+		if !c.movedValues[[2]int64{hk, h}] {
+			c.movedValues[[2]int64{hk, h}] = true
+			pairs = append(pairs, strconv.FormatInt(hk, 10)+":"+strconv.FormatInt(h, 10))
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(hashes) == 0 {
+		return err
+	}
+	// Hex digits and integers only: safe as literals.
+	c.current += ` and encode("_cdc_row_hash", 'hex') <> all('{` + strings.Join(hashes, ",") + `}'::text[])`
+	if err := c.scanOne(ctx, c.tgt, "select count(*), coalesce(sum(h), 0)::text from (select "+c.rowH+" as h from "+t.Quoted()+" where "+c.current+") s",
+		tgtAll, nil, c.cfg.Snapshot.String()); err != nil {
+		return err
+	}
+	src, err := c.counts(ctx, c.src, "select hk, h, count(*) from (select "+c.keyH+" as hk, "+c.rowH+" as h from "+t.SourceRelation("t")+
+		") s where hk::text || ':' || h::text = any('{"+strings.Join(pairs, ",")+"}'::text[]) group by hk, h")
+	if err != nil {
+		return err
+	}
+	for v, n := range src {
+		for range n {
+			c.moved = append(c.moved, pair{key: v[0], row: v[1]})
+		}
+	}
+	c.stats.Moved = int64(len(c.moved))
+	return nil
 }
