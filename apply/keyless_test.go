@@ -56,16 +56,6 @@ func keylessSetup(t *testing.T) fixture {
 	return fixture{env: env, ap: apply.New(env.Target)}
 }
 
-func (f fixture) snapshot(t *testing.T, rec arrow.RecordBatch) (res apply.Result) {
-	t.Helper()
-	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
-		var err error
-		res, err = tx.ApplySnapshot(ctx, rec)
-		return true, err
-	})
-	return res
-}
-
 // live returns the live copies of each value, as "value xN", in value order.
 func (f fixture) live(t *testing.T) []string {
 	return pgtest.Rows(t, f.env.Target, `select v || ' x' || count(*) from log where not _cdc_deleted group by v order by v`)
@@ -116,19 +106,19 @@ func TestKeylessStreamReplay(t *testing.T) {
 // (a chunk retried) add nothing.
 func TestKeylessSnapshotMeetsTheStream(t *testing.T) {
 	f := keylessSetup(t)
-	f.snapshot(t, logBatch(t, change{v: "d", lsn: 500, occ: 1}))
+	f.applySnapshot(t, logBatch(t, change{v: "d", lsn: 500, occ: 1}))
 	f.apply(t, logBatch(t, change{I, 900, 1, "a", 0}))
 	f.apply(t, logBatch(t, change{D, 1100, 1, "a", 0}))
 	f.apply(t, logBatch(t, change{D, 1200, 1, "c", 0}))
 	requireLive(t, f, "d x1")
 	first := logBatch(t, change{v: "a", lsn: 1000, occ: 1}, change{v: "a", lsn: 1000, occ: 2})
 	rest := logBatch(t, change{v: "a", lsn: 1000, occ: 7}, change{v: "c", lsn: 1000, occ: 9})
-	if got := f.snapshot(t, first); got.Applied != 2 {
+	if got := f.applySnapshot(t, first); got.Applied != 2 {
 		t.Fatalf("first snapshot batch = %+v, want 2 applied", got)
 	}
-	f.snapshot(t, rest)
+	f.applySnapshot(t, rest)
 	requireLive(t, f, "a x2", "d x1")
-	if got := f.snapshot(t, rest); got.Applied != 0 {
+	if got := f.applySnapshot(t, rest); got.Applied != 0 {
 		t.Fatalf("snapshot batch read again = %+v, want nothing applied", got)
 	}
 	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
@@ -141,9 +131,9 @@ func TestKeylessSnapshotMeetsTheStream(t *testing.T) {
 	}
 	requireLive(t, f, "a x2")
 	// A newer snapshot replaces the value's copies; an older one arriving late changes nothing.
-	f.snapshot(t, logBatch(t, change{v: "a", lsn: 3000, occ: 1}))
+	f.applySnapshot(t, logBatch(t, change{v: "a", lsn: 3000, occ: 1}))
 	requireLive(t, f, "a x1")
-	if got := f.snapshot(t, logBatch(t, change{v: "a", lsn: 2000, occ: 1}, change{v: "a", lsn: 2000, occ: 2})); got.Applied != 0 {
+	if got := f.applySnapshot(t, logBatch(t, change{v: "a", lsn: 2000, occ: 1}, change{v: "a", lsn: 2000, occ: 2})); got.Applied != 0 {
 		t.Fatalf("an older snapshot after a newer one = %+v, want nothing applied", got)
 	}
 	requireLive(t, f, "a x1")

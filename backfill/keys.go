@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
@@ -58,14 +57,8 @@ func ReadKeys(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.
 		return nil, fmt.Errorf("read keys of %s at snapshot %s: %w", t, snap.LSN, err)
 	}
 	defer rows.Close()
-	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
-	defer b.Release()
-	version := changebatch.Version{LSN: snap.LSN}
-	flush := func() error {
-		rec := b.NewBatch()
-		defer rec.Release()
-		return emit(ctx, rec)
-	}
+	w := newBatcher(t, snap, 1000, emit)
+	defer w.release()
 	for rows.Next() {
 		raw := rows.RawValues()
 		ord, err := strconv.Atoi(string(raw[0]))
@@ -73,20 +66,15 @@ func ReadKeys(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.
 			return nil, fmt.Errorf("read keys of %s: ordinal %q", t, raw[0])
 		}
 		found[ord-1] = true
-		b.AppendSnapshotRow(version, raw[1:])
-		if b.Rows() >= 1000 || b.Bytes() >= MaxBatchBytes {
-			if err := flush(); err != nil {
-				return nil, err
-			}
+		if err := w.add(ctx, raw[1:]); err != nil {
+			return nil, err
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read keys of %s at snapshot %s: %w", t, snap.LSN, err)
 	}
-	if b.Rows() > 0 {
-		if err := flush(); err != nil {
-			return nil, err
-		}
+	if err := w.flush(ctx); err != nil {
+		return nil, err
 	}
 	return found, nil
 }

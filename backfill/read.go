@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
@@ -128,32 +127,14 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		return 0, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
 	}
 	defer rows.Close()
-	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
-	defer b.Release()
-	version := changebatch.Version{LSN: snap.LSN}
+	w := newBatcher(t, snap, batchRows, emit)
+	defer w.release()
 	var n int64
-	flush := func() error {
-		rec := b.NewBatch()
-		defer rec.Release()
-		return emit(ctx, rec)
-	}
 	for rows.Next() {
-		if t.Keyless {
-			raw := rows.RawValues()
-			occ, err := parseCTID(raw[0])
-			if err != nil {
-				return n, fmt.Errorf("read %s at snapshot %s: %w", t, snap.LSN, err)
-			}
-			b.AppendSnapshotOccurrence(version, occ, raw[1:])
-		} else {
-			b.AppendSnapshotRow(version, rows.RawValues())
+		if err := w.add(ctx, rows.RawValues()); err != nil {
+			return n, err
 		}
 		n++
-		if b.Rows() >= batchRows || b.Bytes() >= MaxBatchBytes {
-			if err := flush(); err != nil {
-				return n, err
-			}
-		}
 	}
 	if err := rows.Err(); err != nil {
 		return n, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
@@ -164,12 +145,7 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 			return n, err
 		}
 	}
-	if b.Rows() > 0 {
-		if err := flush(); err != nil {
-			return n, err
-		}
-	}
-	return n, nil
+	return n, w.flush(ctx)
 }
 
 // ReadValues reads the rows of keyless table t (changebatch.Table.Keyless) that satisfy cond (SQL
@@ -196,36 +172,19 @@ func ReadValues(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatc
 		return 0, fmt.Errorf("read values of %s at snapshot %s: %w", t, snap.LSN, err)
 	}
 	defer rows.Close()
-	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
-	defer b.Release()
-	version := changebatch.Version{LSN: snap.LSN}
+	w := newBatcher(t, snap, 1000, emit)
+	defer w.release()
 	var n int64
-	flush := func() error {
-		rec := b.NewBatch()
-		defer rec.Release()
-		return emit(ctx, rec)
-	}
 	for rows.Next() {
-		raw := rows.RawValues()
-		occ, err := parseCTID(raw[0])
-		if err != nil {
-			return n, fmt.Errorf("read values of %s: %w", t, err)
+		if err := w.add(ctx, rows.RawValues()); err != nil {
+			return n, err
 		}
-		b.AppendSnapshotOccurrence(version, occ, raw[1:])
 		n++
-		if b.Rows() >= 1000 || b.Bytes() >= MaxBatchBytes {
-			if err := flush(); err != nil {
-				return n, err
-			}
-		}
 	}
 	if err := rows.Err(); err != nil {
 		return n, fmt.Errorf("read values of %s at snapshot %s: %w", t, snap.LSN, err)
 	}
-	if b.Rows() > 0 {
-		return n, flush()
-	}
-	return n, nil
+	return n, w.flush(ctx)
 }
 
 // keylessQuery returns the read of a keyless table (changebatch.Table.Keyless), one chunk of the
