@@ -36,6 +36,13 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 	return errors.Join(errs...)
 }
 
+// Why a table is kept by snapshots only (changebatch.Table.SnapshotOnly).
+const (
+	SnapshotOnlyUnlogged = "UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED makes it streamable)"
+	SnapshotOnlyNothing  = "REPLICA IDENTITY NOTHING: a publication carrying its UPDATEs and DELETEs would make the source refuse them (ALTER TABLE … REPLICA IDENTITY DEFAULT makes it streamable)"
+	SnapshotOnlyNoKey    = "no primary key or replica identity index, and REPLICA IDENTITY is not FULL: a publication carrying its UPDATEs and DELETEs would make the source refuse them (ALTER TABLE … ADD PRIMARY KEY, or REPLICA IDENTITY FULL, makes it streamable)"
+)
+
 // DescribeTable reads table schema.name from the source catalog: its columns in attribute order
 // (without generated columns, which pgoutput in PostgreSQL 15 does not send: they are described
 // apart, in Generated) and its replica identity key; a table without a key whose replica identity
@@ -63,8 +70,7 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 	}
 	switch persistence {
 	case "u":
-		return t, fmt.Errorf("source table %s is UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes: run ALTER TABLE %s SET LOGGED on the source, or leave the table out",
-			t, t.Quoted())
+		t.SnapshotOnly = SnapshotOnlyUnlogged
 	case "t":
 		return t, fmt.Errorf("source table %s is a temporary table: it exists only in the session that created it and cannot be published; leave it out", t)
 	}
@@ -78,8 +84,8 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 		return t, fmt.Errorf("source role may not read table %s: run GRANT USAGE ON SCHEMA %s TO <role>; GRANT SELECT ON %s TO <role> on the source",
 			t, pgx.Identifier{schema}.Sanitize(), t.Quoted())
 	}
-	if ident == "n" {
-		return t, fmt.Errorf("source table %s has REPLICA IDENTITY NOTHING: updates and deletes cannot be matched; run ALTER TABLE %s REPLICA IDENTITY DEFAULT and give it a primary key", t, t.Quoted())
+	if ident == "n" && t.SnapshotOnly == "" {
+		t.SnapshotOnly = SnapshotOnlyNothing
 	}
 	t.SourceOID = oid
 	if err := checkImmediateKey(ctx, conn, t, oid, ident); err != nil {
@@ -136,8 +142,11 @@ where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated
 		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
 	}
 	// REPLICA IDENTITY FULL without a primary key: pgoutput sends whole old rows, which identify
-	// the row by its value.
-	t.Keyless = ident == "f" && len(keys) == 0
+	// the row by its value. A table kept by snapshots alone is identified alike when it has no key.
+	t.Keyless = len(keys) == 0 && (ident == "f" || t.SnapshotOnly != "")
+	if len(keys) == 0 && !t.Keyless && !t.Partitioned {
+		t.Keyless, t.SnapshotOnly = true, SnapshotOnlyNoKey
+	}
 	if t.Keyless && t.Partitioned {
 		return t, fmt.Errorf("source table %s is partitioned and has no primary key: pgconverge replicates a table without a key by whole rows only when it is not partitioned; add a primary key (ALTER TABLE %s ADD PRIMARY KEY (...), with the partition key's columns), or leave the table out: %w",
 			t, t.Quoted(), changebatch.ErrNoKey)
@@ -256,14 +265,14 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]c
 		return names, nil, err
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
-  case when c.relpersistence = 'u' then 'UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED replicates it)'
-    when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING'
+  case when c.relpersistence = 'u' then 'UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED replicates it; named with --tables it is kept by snapshots)'
+    when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING (named with --tables it is kept by snapshots)'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisreplident and c.relreplident = 'i') then ''
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate)
       then 'its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: make it NOT DEFERRABLE to replicate the table'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) then ''
     when c.relreplident = 'f' then ''
-    else 'no primary key or replica identity index, and REPLICA IDENTITY is not FULL' end
+    else 'no primary key or replica identity index, and REPLICA IDENTITY is not FULL (named with --tables it is kept by snapshots)' end
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't' and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
   and n.nspname not like 'pg\_%'

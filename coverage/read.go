@@ -42,6 +42,11 @@ type TableState struct {
 	// SchemaChanged is the table's schema_changed_lsn (apply.EnsureTable), 0 when none: backfill
 	// chunks read at or before it do not count.
 	SchemaChanged pglogrepl.LSN
+	// SnapshotOnly is why no publication can carry the table's changes ("" for a streamed table):
+	// backfills alone keep it (MarkSnapshotOnly). LoadedAge is how long ago its last load completed
+	// (the target's clock), 0 when it never completed one.
+	SnapshotOnly string
+	LoadedAge    time.Duration
 }
 
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
@@ -49,7 +54,8 @@ func ReadTables(ctx context.Context, db DB) (map[changebatch.TableName]*TableSta
 	out := map[changebatch.TableName]*TableState{}
 	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(schema_changed_lsn, '0/0')::text, coalesce(membership, ''),
   to_regclass(format('%I.%I', schema_name, table_name)) is null
-    or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false)
+    or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false),
+  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0)
 from pgconverge.tables`)
 	if err != nil {
 		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
@@ -57,7 +63,8 @@ from pgconverge.tables`)
 	for rows.Next() {
 		st := &TableState{}
 		var truncated, changed string
-		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced); err != nil {
+		var age float64
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}
@@ -65,6 +72,7 @@ from pgconverge.tables`)
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}
+		st.LoadedAge = time.Duration(age * float64(time.Second))
 		out[st.Table] = st
 	}
 	rows.Close()

@@ -16,7 +16,7 @@ import (
 // Status is a table's coverage status in a Report.
 type Status string
 
-// Table statuses. Every status but Covered and NotStreamed means a gap exists.
+// Table statuses. Every status but Covered, NotStreamed and SnapshotOnly means a gap exists.
 const (
 	// Covered: every change below the watermark was delivered by a backfill or the stream.
 	Covered Status = "covered"
@@ -33,6 +33,10 @@ const (
 	// NotStreamed: no stream follows the table now (it left the daemon's selection); its target
 	// copy stopped following the source, and it is not counted as a gap.
 	NotStreamed Status = "not-streamed"
+	// SnapshotOnly: no publication can carry the table's changes (it is UNLOGGED, or has no key
+	// and no REPLICA IDENTITY FULL); backfills keep it, and the target holds it as of the last
+	// one's snapshot (last_backfill_lsn, snapshot_age_seconds). It is not counted as a gap.
+	SnapshotOnly Status = "snapshot-only"
 )
 
 // LSN is an LSN printed X/Y in reports, JSON included.
@@ -102,6 +106,8 @@ type TableReport struct {
 	// ColumnList names the columns the table's publication lists (nil: every column): only
 	// those are replicated.
 	ColumnList []string `json:"column_list,omitempty"`
+	// SnapshotAgeSeconds is, for a snapshot-only table, how long ago its last backfill completed.
+	SnapshotAgeSeconds float64 `json:"snapshot_age_seconds,omitempty"`
 	// Note explains a status: why the stream stopped or broke.
 	Note string `json:"note,omitempty"`
 }
@@ -175,7 +181,7 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 	rep.Covered = true
 	for _, st := range states {
 		tr := tableReport(st, slots[st.Slot], f)
-		if r := f.SourceChanges[st.Table]; len(r) > 0 && tr.Status != NotStreamed {
+		if r := f.SourceChanges[st.Table]; len(r) > 0 && tr.Status != NotStreamed && tr.Status != SnapshotOnly {
 			tr.Status = SchemaChanged
 			tr.Note = strings.TrimPrefix(tr.Note+"; the source table changed since the stream last followed it, in a way no streamed change shows ("+
 				strings.Join(r, "; ")+"): its rows are loaded again once the daemon notices (within 5 s)", "; ")
@@ -187,7 +193,7 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 		if tr.ColumnList = f.ColumnLists[st.Table]; tr.ColumnList != nil && tr.Status != NotStreamed {
 			tr.Note = strings.TrimPrefix(tr.Note+"; as listed by the publication: only columns "+strings.Join(tr.ColumnList, ", ")+" are replicated", "; ")
 		}
-		if tr.Status != Covered && tr.Status != NotStreamed {
+		if tr.Status != Covered && tr.Status != NotStreamed && tr.Status != SnapshotOnly {
 			rep.Covered = false
 		}
 		rep.Tables = append(rep.Tables, tr)
@@ -243,6 +249,9 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	if st.Backfilled != 0 {
 		b := LSN(st.Backfilled)
 		tr.BackfillLSN = &b
+	}
+	if st.SnapshotOnly != "" && !st.Streaming {
+		return snapshotOnlyReport(st, tr)
 	}
 	if !st.Streaming {
 		tr.Status, tr.Note = NotStreamed, "no stream follows this table"
@@ -359,4 +368,20 @@ func FormatKeyRanges(ranges []KeyRange) string {
 		parts[i] = "(" + bound(r.Lower, "-inf") + ", " + bound(r.Upper, "+inf") + "]"
 	}
 	return strings.Join(parts, " ")
+}
+
+// snapshotOnlyReport completes tr for a table kept by snapshots only: snapshot-only as of its last
+// backfill, or never-loaded (a gap) until one completed.
+func snapshotOnlyReport(st *TableState, tr TableReport) TableReport {
+	tr.WatermarkLSN, tr.LagBytes = 0, 0
+	if st.Backfilled == 0 || st.TargetReplaced {
+		tr.Status, tr.BackfillLSN = NeverLoaded, nil
+		tr.Note = "snapshot-only (" + st.SnapshotOnly + "): no backfill of it completed yet"
+		return tr
+	}
+	tr.Status = SnapshotOnly
+	tr.SnapshotAgeSeconds = st.LoadedAge.Round(time.Second).Seconds()
+	tr.Note = fmt.Sprintf("snapshot-only (%s): the target holds it as of snapshot %s, taken %s ago; backfills keep it (run --snapshot-schedule, or pgconverge backfill)",
+		st.SnapshotOnly, st.Backfilled, st.LoadedAge.Round(time.Second))
+	return tr
 }

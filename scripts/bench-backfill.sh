@@ -35,15 +35,7 @@ TGT_PORT=$((SRC_PORT + 1))
 TABLE=pgbench_accounts
 
 
-cleanup() {
-	local rc=$?
-	set +e
-	"$PGCLUSTER" stop target "$ROOT"
-	"$PGCLUSTER" stop source "$ROOT"
-	[ "${PGCONVERGE_KEEP:-}" = 1 ] || rm -rf "$ROOT"
-	exit "$rc"
-}
-trap cleanup EXIT
+trap stop_on_exit EXIT
 
 die() {
 	echo "bench-backfill: $*" >&2

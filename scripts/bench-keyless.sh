@@ -22,16 +22,7 @@ ROWS=${BENCH_ROWS:-200000}
 STEP=$((ROWS / 10))
 DAEMON_PID=
 
-cleanup() {
-	local rc=$?
-	set +e
-	[ -n "$DAEMON_PID" ] && kill -TERM "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null
-	"$PGCLUSTER" stop source "$ROOT"
-	"$PGCLUSTER" stop target "$ROOT"
-	[ "${PGCONVERGE_KEEP:-}" = 1 ] || rm -rf "$ROOT"
-	exit "$rc"
-}
-trap cleanup EXIT
+trap stop_on_exit EXIT
 
 # wait_for URL SQL WANT: poll every 0.02 s until SQL returns WANT (at most 600 s); an error (the
 # table not created yet) counts as not yet.

@@ -25,16 +25,7 @@ SECS=${BENCH_SECONDS:-30}
 DAEMON_PID=
 
 
-cleanup() {
-	local rc=$?
-	set +e
-	[ -n "$DAEMON_PID" ] && kill -TERM "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null
-	"$PGCLUSTER" stop source "$ROOT"
-	"$PGCLUSTER" stop target "$ROOT"
-	[ "${PGCONVERGE_KEEP:-}" = 1 ] || rm -rf "$ROOT"
-	exit "$rc"
-}
-trap cleanup EXIT
+trap stop_on_exit EXIT
 
 # wait_slot SLOT LSN: poll every 0.1 s until SLOT confirmed LSN (at most 600 s).
 wait_slot() {

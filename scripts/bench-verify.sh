@@ -37,17 +37,8 @@ die() {
 	exit 1
 }
 
-DAEMON=
-cleanup() {
-	local rc=$?
-	set +e
-	[ -n "$DAEMON" ] && kill "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null
-	"$PGCLUSTER" stop target "$ROOT"
-	"$PGCLUSTER" stop source "$ROOT"
-	[ "${PGCONVERGE_KEEP:-}" = 1 ] || rm -rf "$ROOT"
-	exit "$rc"
-}
-trap cleanup EXIT
+DAEMON_PID=
+trap stop_on_exit EXIT
 
 command -v bc >/dev/null || apt-get install -y bc >/dev/null
 command -v jq >/dev/null || apt-get install -y jq >/dev/null
@@ -62,10 +53,10 @@ N=$((SCALE * 100000))
 echo "== pgbench -i -s $SCALE on the source ($N rows in $TABLE), pgconverge run"
 PGOPTIONS='-c client_min_messages=warning' "$PGBIN/pgbench" -i -s "$SCALE" -q "$SRC" 2>"$ROOT/pgbench.log"
 "$BIN" run --source "$SRC" --target "$TGT" --tables "public.$TABLE" --log-format json >"$ROOT/run.log" 2>&1 &
-DAEMON=$!
+DAEMON_PID=$!
 for _ in $(seq 600); do
 	"$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap >/dev/null 2>&1 && break
-	kill -0 "$DAEMON" 2>/dev/null || { tail -n 20 "$ROOT/run.log" >&2; die "pgconverge run exited"; }
+	kill -0 "$DAEMON_PID" 2>/dev/null || { tail -n 20 "$ROOT/run.log" >&2; die "pgconverge run exited"; }
 	sleep 0.5
 done
 "$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap >/dev/null || die "pgbench_accounts is not covered after 5 min"

@@ -4,8 +4,10 @@
 #   PGBIN      PostgreSQL 15's binaries (default /usr/lib/postgresql/15/bin), exported;
 #   PGCLUSTER  scripts/pgcluster.sh, which starts and stops the private clusters;
 # and the helpers q URL SQL (one psql statement, unaligned tuples only, notices off, stops on an
-# error), now (seconds since the epoch, with nanoseconds), since T (seconds from T to now) and
-# median X... (of numbers).
+# error), now (seconds since the epoch, with nanoseconds), since T (seconds from T to now),
+# median X... (of numbers) and stop_on_exit (a benchmark's EXIT trap: stops the daemon whose pid
+# is in DAEMON_PID, if any, and the clusters `source` and `target` under ROOT, and removes ROOT
+# unless PGCONVERGE_KEEP=1).
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
@@ -19,3 +21,13 @@ q() { PGOPTIONS='-c client_min_messages=warning' "$PGBIN/psql" -X -q -A -t -v ON
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc -l; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+stop_on_exit() {
+	local rc=$?
+	set +e
+	[ -n "${DAEMON_PID:-}" ] && kill -TERM "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null
+	"$PGCLUSTER" stop source "$ROOT"
+	"$PGCLUSTER" stop target "$ROOT"
+	[ "${PGCONVERGE_KEEP:-}" = 1 ] || rm -rf "$ROOT"
+	exit "$rc"
+}

@@ -73,6 +73,11 @@ type Table struct {
 	// UPDATE or DELETE, so a row is identified by its whole value. The target holds one entry per
 	// occurrence of a row value (docs/design.md, "Tables without a key"); Columns has no Key.
 	Keyless bool
+	// SnapshotOnly is why no publication can carry the table's changes, "" when one can: it is
+	// UNLOGGED (PostgreSQL writes no WAL for it), or it has no key and its replica identity is not
+	// FULL (published, its UPDATEs and DELETEs would fail on the source). Such a table is kept by
+	// backfills only, each a complete snapshot of it.
+	SnapshotOnly string
 }
 
 // Shape returns what of the source table t stands for, as text: "" for the whole table, else

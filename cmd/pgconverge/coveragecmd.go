@@ -49,15 +49,17 @@ func newCoverageCmd(stdout io.Writer) *cobra.Command {
 		Use:   "coverage --source URL --target URL [--format table|json] [--fail-on-gap]",
 		Short: "Report, per table, which LSN ranges no backfill and no stream delivered (coverage gaps)",
 		Long: `coverage reads the coverage ledger in the target (pgconverge schema) and the source's slots and
-publication, and reports per table: its status (covered, gap, loading, never-loaded, or not-streamed
-for a table no stream follows any more), the LSN of its last completed backfill, where its continuous
+publication, and reports per table: its status (covered, gap, loading, never-loaded, schema-changed,
+not-streamed for a table no stream follows any more, or snapshot-only for a table no publication can
+carry, kept by backfills: as of its last backfill's snapshot, with its age), the LSN of its last
+completed backfill, where its continuous
 stream coverage starts, its watermark and lag in bytes, and each gap as an LSN range [from, to) with
 its size in bytes and the key ranges it misses. It also reports each slot's health: wal_status,
 safe_wal_size, restart_lsn lag, and a warning when the slot is lost, missing or at risk of losing WAL
 (max_slot_wal_keep_size). A lost or missing slot makes everything after the watermark a gap at once.
 
 Exit status: 0 when the report was made (and, with --fail-on-gap, every streamed table is
-covered), 3 with --fail-on-gap when a table is gap, loading or never-loaded, 1 on an error (also
+covered), 3 with --fail-on-gap when a table is gap, loading, never-loaded or schema-changed, 1 on an error (also
 when the source URL is not the database the ledger's stream reads). URLs default to $PGCONVERGE_SOURCE and
 $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.`,
 		Args: cobra.NoArgs,
@@ -95,7 +97,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 func uncovered(rep engine.Report) []string {
 	var out []string
 	for _, t := range rep.Tables {
-		if t.Status != engine.Covered && t.Status != engine.NotStreamed {
+		if t.Status != engine.Covered && t.Status != engine.NotStreamed && t.Status != engine.SnapshotOnly {
 			out = append(out, t.Table+" ("+string(t.Status)+")")
 		}
 	}
@@ -175,7 +177,7 @@ func printCoverage(w io.Writer, rep engine.Report) {
 
 // stopped reports whether t is streamed but no daemon follows it now (its slot has no walsender).
 func stopped(t engine.TableReport) bool {
-	return t.Status != engine.NotStreamed && t.Slot != "" && !t.Following
+	return t.Status != engine.NotStreamed && t.Status != engine.SnapshotOnly && t.Slot != "" && !t.Following
 }
 
 func keysText(keys []engine.KeyRange) string {

@@ -11,7 +11,7 @@ import (
 
 func newRunCmd(stderr io.Writer) *cobra.Command {
 	cfg := engine.Config{}
-	var logFormat, logLevel, scheduleSpec, verifySpec, metricsAddr string
+	var logFormat, logLevel, scheduleSpec, verifySpec, snapshotSpec, metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "run --source URL --target URL [--tables s.t,s.u] [--slot pgconverge] [--publication pgconverge]",
 		Short: "Stream changes from the source into the target continuously (loads tables first when needed)",
@@ -37,8 +37,12 @@ published tables that are not selected are skipped: such a table is loaded again
 			if vschedErr != nil {
 				vschedErr = fmt.Errorf("--verify-schedule: %w", vschedErr)
 			}
-			cfg.BackfillSchedule, cfg.VerifySchedule = sched, vsched
-			if err := errors.Join(cfg.Validate(), schedErr, vschedErr); err != nil {
+			ssched, sschedErr := engine.ParseSchedule(snapshotSpec)
+			if sschedErr != nil {
+				sschedErr = fmt.Errorf("--snapshot-schedule: %w", sschedErr)
+			}
+			cfg.BackfillSchedule, cfg.VerifySchedule, cfg.SnapshotSchedule = sched, vsched, ssched
+			if err := errors.Join(cfg.Validate(), schedErr, vschedErr, sschedErr); err != nil {
 				return err
 			}
 			if metricsAddr != "" {
@@ -58,6 +62,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
+	f.StringVar(&snapshotSpec, "snapshot-schedule", "@hourly", `backfill the tables no publication can carry (UNLOGGED, or without a key and REPLICA IDENTITY FULL: kept by snapshots only) again on this cron schedule; "" loads them only when they were never loaded`)
 	f.StringVar(&verifySpec, "verify-schedule", "", `verify every selected table on this cron schedule while streaming (as pgconverge verify does), for example "@every 6h"; a tick while the previous verify runs is skipped`)
 	f.BoolVar(&cfg.VerifyRepair, "verify-repair", false, "repair what a scheduled verify finds (as verify --repair)")
 	addAuditRetentionFlag(f, &cfg.AuditRetention)

@@ -26,6 +26,11 @@ type Config struct {
 	// BackfillSchedule, when set, backfills every selected table again at its ticks while
 	// streaming (ParseSchedule).
 	BackfillSchedule cron.Schedule
+	// SnapshotSchedule, when set, backfills the tables kept by snapshots only
+	// (changebatch.Table.SnapshotOnly) again at its ticks, each read whole at one snapshot;
+	// `run --snapshot-schedule` defaults to @hourly. They are loaded when a session starts
+	// and they never completed a load, whatever the schedule.
+	SnapshotSchedule cron.Schedule
 	// VerifySchedule, when set, verifies every selected table at its ticks while streaming
 	// (Verify, trigger "schedule"), and with VerifyRepair repairs what it finds.
 	VerifySchedule cron.Schedule

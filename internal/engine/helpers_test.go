@@ -28,12 +28,6 @@ func startDaemon(t *testing.T, cfg Config) *pgtest.Running {
 // that mentions every string of want.
 func requireRefusal(t *testing.T, cfg Config, want ...string) {
 	t.Helper()
-	requireRefusalErr(t, cfg, want...)
-}
-
-// requireRefusalErr is requireRefusal returning the error.
-func requireRefusalErr(t *testing.T, cfg Config, want ...string) error {
-	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := Run(ctx, cfg)
@@ -45,5 +39,4 @@ func requireRefusalErr(t *testing.T, cfg Config, want ...string) error {
 			t.Errorf("error %q does not mention %q", err, w)
 		}
 	}
-	return err
 }

@@ -113,7 +113,7 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 	trigger := coverage.TriggerInitial
 	for _, t := range s.tables {
 		st := states[t.TableName]
-		if st == nil || st.Backfilled == 0 {
+		if st == nil || st.Backfilled == 0 || s.joined[t.TableName] {
 			if st != nil {
 				s.mon.CoverageGap(t.String(), coverage.Total(coverage.Gaps(st.Ledger)))
 			}

@@ -26,8 +26,9 @@ type (
 
 // Table statuses of a report that do not mean a gap (coverage.Status).
 const (
-	Covered     = coverage.Covered
-	NotStreamed = coverage.NotStreamed
+	Covered      = coverage.Covered
+	NotStreamed  = coverage.NotStreamed
+	SnapshotOnly = coverage.SnapshotOnly
 )
 
 // HumanBytes prints a size in bytes with a binary unit (coverage.HumanBytes).

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/robfig/cron/v3"
 )
@@ -39,17 +40,42 @@ const (
 	ScheduleFailed    ScheduleEvent = "failed"
 )
 
-// startSchedule runs a backfill of every selected table at each tick of the session's schedule
-// while the session streams; start is where the stream began, so chunks an interrupted scheduled
-// run completed at or above it are kept. A tick while the previous scheduled backfill still runs
-// is skipped, as is a table another process is backfilling; both are logged and counted. When ctx
-// ends it stops the schedule, waits for a running backfill to end (it is cancelled with ctx) and
-// returns nil: a failed scheduled backfill is logged and resumed at the next tick, it never ends
-// the session.
+// runSchedule runs the session's backfill schedules while it streams: --backfill-schedule over
+// the streamed tables and --snapshot-schedule over the tables kept by snapshots only
+// (backfillSchedule each). It returns nil when ctx ends.
 func (s *session) runSchedule(ctx context.Context, start pglogrepl.LSN) error {
 	cfg := s.cfg
-	if cfg.BackfillSchedule == nil {
-		return nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.backfillSchedule(ctx, cfg.SnapshotSchedule, scheduledJob{tables: s.snapshotOnly, what: "snapshot refresh"})
+	}()
+	s.backfillSchedule(ctx, cfg.BackfillSchedule, scheduledJob{tables: s.tables, slot: cfg.Slot, keepFrom: start, resume: true, what: "scheduled backfill"})
+	<-done
+	return nil
+}
+
+// scheduledJob is what a backfill schedule backfills: tables, followed by slot ("" for tables
+// kept by snapshots only, which are read whole at each tick: resume false), keeping chunks of an
+// interrupted run completed at or above keepFrom when resume is set; what names it in logs.
+type scheduledJob struct {
+	tables   []changebatch.Table
+	slot     string
+	keepFrom pglogrepl.LSN
+	resume   bool
+	what     string
+}
+
+// backfillSchedule runs a backfill of job's tables at each tick of sched (nothing when sched is
+// nil or there is no table) while the session streams. A tick while the previous backfill still
+// runs is skipped, as is a table another process is backfilling; both are logged and counted.
+// When ctx ends it stops the schedule and waits for a running backfill to end (it is cancelled
+// with ctx): a failed scheduled backfill is logged and resumed at the next tick, it never ends
+// the session.
+func (s *session) backfillSchedule(ctx context.Context, sched cron.Schedule, job scheduledJob) {
+	cfg := s.cfg
+	if sched == nil || len(job.tables) == 0 {
+		return
 	}
 	var running atomic.Bool
 	var skipped atomic.Int64
@@ -59,42 +85,41 @@ func (s *session) runSchedule(ctx context.Context, start pglogrepl.LSN) error {
 		}
 	}
 	c := cron.New()
-	c.Schedule(cfg.BackfillSchedule, cron.FuncJob(func() {
+	c.Schedule(sched, cron.FuncJob(func() {
 		if !running.CompareAndSwap(false, true) {
 			n := skipped.Add(1)
-			cfg.Logger.Warn("scheduled backfill skipped: the previous one is still running", "skipped_total", n)
+			cfg.Logger.Warn(job.what+" skipped: the previous one is still running", "skipped_total", n)
 			hook(ScheduleSkipped)
 			return
 		}
 		defer running.Store(false)
 		hook(ScheduleStarted)
-		cfg.Logger.Info("scheduled backfill starting", "tables", len(s.tables), "next", cfg.BackfillSchedule.Next(time.Now()).Format(time.RFC3339))
+		cfg.Logger.Info(job.what+" starting", "tables", len(job.tables), "next", sched.Next(time.Now()).Format(time.RFC3339))
 		rep, err := runBackfill(ctx, backfillJob{
-			Source: cfg.Source, Target: cfg.Target, Tables: s.tables, Trigger: coverage.TriggerSchedule, Slot: cfg.Slot,
+			Source: cfg.Source, Target: cfg.Target, Tables: job.tables, Trigger: coverage.TriggerSchedule, Slot: job.slot,
 			Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
-			Resume: true, KeepFrom: start, Busy: busySkip, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-			Progress:   s.mon.BackfillProgress(coverage.TriggerSchedule, NewLogProgress(cfg.Logger, "scheduled backfill", 10*time.Second)),
+			Resume: job.resume, KeepFrom: job.keepFrom, Busy: busySkip, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
+			Progress:   s.mon.BackfillProgress(coverage.TriggerSchedule, NewLogProgress(cfg.Logger, job.what, 10*time.Second)),
 			AfterChunk: cfg.Knobs.AfterScheduledChunk, Monitor: s.mon,
 		})
 		for _, t := range rep.Skipped {
 			n := skipped.Add(1)
-			cfg.Logger.Warn("scheduled backfill skipped a table: another backfill of it is running", "table", t, "skipped_total", n)
+			cfg.Logger.Warn(job.what+" skipped a table: another backfill of it is running", "table", t, "skipped_total", n)
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				cfg.Logger.Error("scheduled backfill failed: the next tick resumes it", "run", rep.RunID, "err", err)
+				cfg.Logger.Error(job.what+" failed: the next tick runs it again", "run", rep.RunID, "err", err)
 			} else {
-				cfg.Logger.Warn("scheduled backfill interrupted by the session's end: the next tick resumes it", "run", rep.RunID)
+				cfg.Logger.Warn(job.what+" interrupted by the session's end: the next tick runs it again", "run", rep.RunID)
 			}
 			hook(ScheduleFailed)
 			return
 		}
-		logSequenceSync(ctx, cfg, s.tables, rep)
+		logSequenceSync(ctx, cfg, job.tables, rep)
 		hook(ScheduleCompleted)
 	}))
 	c.Start()
-	cfg.Logger.Info("scheduled backfills on", "tables", len(s.tables), "next", cfg.BackfillSchedule.Next(time.Now()).Format(time.RFC3339))
+	cfg.Logger.Info("backfill schedule on", "what", job.what, "tables", len(job.tables), "next", sched.Next(time.Now()).Format(time.RFC3339))
 	<-ctx.Done()
 	<-c.Stop().Done() // done when a running backfill returned
-	return nil
 }

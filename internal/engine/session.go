@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -29,8 +30,13 @@ type session struct {
 	tgt         *pgx.Conn
 	repl        *pgconn.PgConn
 	ap          *apply.Applier
-	tables      []changebatch.Table
-	sourceID    string // cdc.SourceID of the source
+	// tables are the streamed tables; snapshotOnly those no publication can carry
+	// (changebatch.Table.SnapshotOnly), kept by backfills alone.
+	tables       []changebatch.Table
+	snapshotOnly []changebatch.Table
+	// joined are the streamed tables that were kept by snapshots only until this session.
+	joined   map[changebatch.TableName]bool
+	sourceID string // cdc.SourceID of the source
 	// enums are the source's enums the tables use, with their labels at the start (ensureTypes).
 	enums map[string][]string
 	// memberBefore and memberAfter are source positions read before and after the memberships
@@ -116,6 +122,9 @@ func (s *session) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.loadSnapshotOnly(ctx); err != nil {
+		return err
+	}
 	return s.stream(ctx, start, describedAt)
 }
 
@@ -154,10 +163,11 @@ func (s *session) prepareTarget(ctx context.Context) error {
 		return permanent(err)
 	}
 	var err error
-	if s.enums, err = ensureTables(ctx, s.src, s.tgt, s.tables, cfg.Logger); err != nil {
+	all := append(slices.Clone(s.tables), s.snapshotOnly...)
+	if s.enums, err = ensureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
 		return err
 	}
-	for _, t := range s.tables {
+	for _, t := range all {
 		if err := coverage.CheckTableSource(ctx, s.tgt, t.TableName, s.sourceID); err != nil {
 			return permanent(err)
 		}
@@ -165,6 +175,15 @@ func (s *session) prepareTarget(ctx context.Context) error {
 	forgotten, err := coverage.ForgetTables(ctx, s.tgt, cfg.Slot, s.tables)
 	if err != nil {
 		return err
+	}
+	joined, err := coverage.MarkSnapshotOnly(ctx, s.tgt, all)
+	if err != nil {
+		return err
+	}
+	s.joined = map[changebatch.TableName]bool{}
+	for _, n := range joined {
+		s.joined[n] = true
+		cfg.Logger.Info("table kept by snapshots only until now can be streamed: it joins the stream and is loaded from a snapshot while the slot keeps its later changes", "table", n.String())
 	}
 	for _, t := range forgotten {
 		cfg.Logger.Warn("table no longer replicated: its target copy stops following the source and is loaded again if it is selected again",
@@ -240,26 +259,51 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 			}
 			continue
 		}
+		if t.SnapshotOnly != "" {
+			if t.SnapshotOnly == cdc.SnapshotOnlyNoKey {
+				noKey = append(noKey, n) // waited for if it was streamed: see below
+			}
+			s.snapshotOnly = append(s.snapshotOnly, t)
+			continue
+		}
 		s.tables = append(s.tables, t)
 	}
+	if err := s.waitForLostKeys(ctx, noKey, errs); err != nil {
+		return nil, err
+	}
 	if len(errs) == 0 {
-		return names, nil
-	}
-	err := errors.Join(errs...)
-	if len(noKey) > 0 {
-		// A table the target already follows that lost its key (a primary key dropped to be added
-		// on other columns) is waited for: the DBA is usually about to add the new one.
-		registered, rerr := s.registered(ctx)
-		if rerr != nil {
-			return nil, rerr
+		var streamed []changebatch.TableName
+		for _, t := range s.tables {
+			streamed = append(streamed, t.TableName)
 		}
-		for _, n := range noKey {
-			if registered[n] {
-				return nil, keyLostError{err}
-			}
+		for _, t := range s.snapshotOnly {
+			s.cfg.Logger.Warn("table kept by snapshots only: no publication can carry its changes; it is loaded, then backfilled again at each --snapshot-schedule tick",
+				"table", t.String(), "reason", t.SnapshotOnly)
+		}
+		return streamed, nil
+	}
+	return nil, permanent(errors.Join(errs...))
+}
+
+// waitForLostKeys returns a keyLostError when a table of noKey (described without a key) is one a
+// stream follows already: it lost its key (a primary key dropped to be added on other columns),
+// and the daemon waits, as the DBA is usually about to add the new one; errs are the other
+// problems found, reported with it.
+func (s *session) waitForLostKeys(ctx context.Context, noKey []changebatch.TableName, errs []error) error {
+	if len(noKey) == 0 {
+		return nil
+	}
+	streamed, err := s.streamedTables(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range noKey {
+		if streamed[n] {
+			return keyLostError{errors.Join(append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or replicate it by its whole rows (ALTER TABLE %s REPLICA IDENTITY FULL): %w",
+				n, n.Quoted(), n.Quoted(), changebatch.ErrNoKey))...)}
 		}
 	}
-	return nil, permanent(err)
+	return nil
 }
 
 // keyLostError is a description refused because a table the target already follows has no key
@@ -274,16 +318,20 @@ func (e keyLostError) Error() string {
 // Unwrap returns the refusal.
 func (e keyLostError) Unwrap() error { return e.err }
 
-// registered returns the tables the target's pgconverge.tables registers, none when the target
-// has no metadata schema yet.
-func (s *session) registered(ctx context.Context) (map[changebatch.TableName]bool, error) {
+// streamedTables returns the tables the target's pgconverge.tables registers as streamed (not
+// kept by snapshots only), none when the target has no metadata schema yet.
+func (s *session) streamedTables(ctx context.Context) (map[changebatch.TableName]bool, error) {
 	out := map[changebatch.TableName]bool{}
 	if ok, err := apply.HasMetadata(ctx, s.tgt); err != nil || !ok {
 		return out, err
 	}
-	tables, err := apply.RegisteredTables(ctx, s.tgt)
-	for _, t := range tables {
-		out[t.TableName] = true
+	rows, err := s.tgt.Query(ctx, `select schema_name, table_name from pgconverge.tables where snapshot_only is null`)
+	if err != nil {
+		return nil, fmt.Errorf("read the streamed tables: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
+	for _, n := range names {
+		out[n] = true
 	}
 	return out, err
 }

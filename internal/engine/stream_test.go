@@ -99,14 +99,14 @@ func TestUnchangedToastColumnKeepsItsValue(t *testing.T) {
 
 func TestRefusesBadSourceWithClearError(t *testing.T) {
 	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table no_key (x int)`, `create table ok (id int primary key)`)
+	pgtest.Exec(t, env.Source, `create table parted (x int) partition by range (x)`, `create table ok (id int primary key)`)
 	cases := []struct {
 		name   string
 		mutate func(*Config)
 		want   []string
 	}{
-		{"table without primary key", func(c *Config) { c.Tables = []string{"public.no_key", "ok"} },
-			[]string{"public.no_key", "no primary key", "ADD PRIMARY KEY"}},
+		{"partitioned table without primary key", func(c *Config) { c.Tables = []string{"public.parted", "ok"} },
+			[]string{"public.parted", "no primary key", "ADD PRIMARY KEY"}},
 		{"missing table", func(c *Config) { c.Tables = []string{"public.nope"} },
 			[]string{"public.nope does not exist"}},
 		{"wal_level not logical", func(c *Config) { c.Source = env.TargetURL; c.Target = env.SourceURL },

@@ -221,6 +221,10 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 			vt.fail(err)
 			continue
 		}
+		if vt.SnapshotOnly != "" {
+			vt.fail(errSkip("kept by snapshots only (" + vt.SnapshotOnly + "): the target holds it as of its last backfill, not as of a new snapshot"))
+			continue
+		}
 		vt.slot, err = v.followedBy(ctx, n)
 		if err == nil {
 			err = readLedgerPublicationShape(ctx, v.src, v.tgt, &vt.Table)

@@ -82,6 +82,9 @@ func (s *session) checkMemberships(ctx context.Context) error {
 	if changed, err := s.labelsChanged(ctx, s.src); changed != nil || err != nil {
 		return errors.Join(changed, err)
 	}
+	if err := s.checkStreamable(ctx, before); err != nil {
+		return err
+	}
 	for n, tok := range s.memberships {
 		if tokens[n] != tok {
 			return fmt.Errorf("%w for table %s (ALTER PUBLICATION … DROP/ADD TABLE, the table was recreated, or a partition was attached, detached, created, dropped or truncated): restarting the session to load it again",

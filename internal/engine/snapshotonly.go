@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+)
+
+// Tables no publication can carry (changebatch.Table.SnapshotOnly: UNLOGGED, or without a key and
+// REPLICA IDENTITY FULL) are kept by backfills alone: each reads the whole table at one exact
+// snapshot S and, through the apply step, leaves the target holding it as of S (its fence
+// tombstones the rows S does not show). They follow no slot, are never published, and the
+// coverage report calls them snapshot-only, as of S. A session loads those that never completed a
+// load; --snapshot-schedule backfills them again (runSchedule). One that can be streamed now
+// (SET LOGGED, a key or REPLICA IDENTITY FULL added) ends the session (checkStreamable): the next
+// one publishes it, and the table, marked for loading as it joins the publication, is loaded from
+// a snapshot while the slot keeps its later changes, the seam of any table that joins.
+
+// loadSnapshotOnly backfills the session's snapshot-only tables that never completed a load into
+// their current target table, or whose load a schema change voided, before streaming starts.
+func (s *session) loadSnapshotOnly(ctx context.Context) error {
+	if len(s.snapshotOnly) == 0 {
+		return nil
+	}
+	states, err := coverage.ReadTables(ctx, s.tgt)
+	if err != nil {
+		return err
+	}
+	var need []changebatch.Table
+	for _, t := range s.snapshotOnly {
+		if st := states[t.TableName]; st == nil || st.Backfilled == 0 || st.TargetReplaced {
+			need = append(need, t)
+		}
+	}
+	if len(need) == 0 {
+		return nil
+	}
+	cfg := s.cfg
+	_, err = runBackfill(ctx, backfillJob{
+		Source: cfg.Source, Target: cfg.Target, Tables: need, Trigger: coverage.TriggerInitial,
+		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
+		Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
+		Progress:   s.mon.BackfillProgress(coverage.TriggerInitial, NewLogProgress(cfg.Logger, "snapshot-only load", 10*time.Second)),
+		AfterChunk: cfg.Knobs.AfterLoadChunk, Monitor: s.mon,
+	})
+	return err
+}
+
+// checkStreamable returns an error wrapping errMembershipChanged when a snapshot-only table of the
+// session can be streamed now, so that the next session publishes it and loads it at the seam,
+// and a *cdc.SchemaChangeError when one's columns changed (the next session describes it again,
+// which its next backfill needs). A rewrite is no concern of a table that is read whole each
+// time (an UNLOGGED staging table truncated at every batch of its ETL ends nothing). A table it
+// cannot describe is left to the next session's start; at is a source position read before.
+func (s *session) checkStreamable(ctx context.Context, at pglogrepl.LSN) error {
+	if len(s.snapshotOnly) == 0 {
+		return nil
+	}
+	columnsOnly := make([]changebatch.Table, len(s.snapshotOnly))
+	for i, t := range s.snapshotOnly {
+		t.Filenode = 0
+		columnsOnly[i] = t
+	}
+	if changed, err := cdc.ChangedColumns(ctx, s.src, columnsOnly, at); changed != nil || err != nil {
+		if changed != nil {
+			return changed
+		}
+		return err
+	}
+	for _, t := range s.snapshotOnly {
+		now, err := cdc.DescribeTable(ctx, s.src, t.Schema, t.Name)
+		if err != nil || now.SnapshotOnly != "" {
+			continue
+		}
+		return fmt.Errorf("%w: table %s can be streamed now (it was kept by snapshots only: %s): restarting the session to publish it and load it from a snapshot while the slot keeps its later changes",
+			errMembershipChanged, t, t.SnapshotOnly)
+	}
+	return nil
+}
