@@ -229,8 +229,12 @@ func TestKeylessKilledWhileStreamingAndGapBackfilled(t *testing.T) {
 	d.Stop(t)
 
 	dropSlot(t, env)
+	before := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
 	stop = keylessWorkload(t, env)
-	time.Sleep(500 * time.Millisecond) // changes no slot keeps: the gap
+	pgtest.Eventually(t, 30*time.Second, "the workload wrote while no slot kept its changes", func() (bool, string) {
+		now := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+		return now > before+64<<10, now.String()
+	})
 	d = startDaemon(t, testConfig(t, env))
 	pgtest.WaitStreaming(t, env)
 	stop()
