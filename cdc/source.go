@@ -266,13 +266,13 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]c
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
   case when c.relpersistence = 'u' then 'UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED replicates it; named with --tables it is kept by snapshots)'
-    when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING (named with --tables it is kept by snapshots)'
+    when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING (ALTER TABLE … REPLICA IDENTITY DEFAULT replicates it; named with --tables it is kept by snapshots)'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisreplident and c.relreplident = 'i') then ''
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate)
       then 'its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: make it NOT DEFERRABLE to replicate the table'
     when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) then ''
     when c.relreplident = 'f' then ''
-    else 'no primary key or replica identity index, and REPLICA IDENTITY is not FULL (named with --tables it is kept by snapshots)' end
+    else 'no primary key or replica identity index, and REPLICA IDENTITY is not FULL (ALTER TABLE … ADD PRIMARY KEY, or REPLICA IDENTITY FULL, replicates it; named with --tables it is kept by snapshots)' end
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't' and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
   and n.nspname not like 'pg\_%'
