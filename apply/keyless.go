@@ -56,12 +56,7 @@ func RowHashSQL(t changebatch.Table, rel string) string {
 func keylessTableSQL(t changebatch.Table) []string {
 	var b strings.Builder
 	b.WriteString("create table " + t.Quoted() + " (")
-	for _, c := range t.Columns {
-		b.WriteString(pgx.Identifier{c.Name}.Sanitize() + " " + c.Type + ", ")
-	}
-	for _, g := range t.Generated {
-		fmt.Fprintf(&b, "%s %s generated always as (%s) stored, ", pgx.Identifier{g.Name}.Sanitize(), g.Type, g.Expr)
-	}
+	writeColumnsDDL(&b, t)
 	b.WriteString(qRowHash + " bytea not null, " + qOccurrence + " bigint not null, ")
 	b.WriteString(qLSN + " pg_lsn not null, " + qSeq + " bigint not null, ")
 	b.WriteString(qDeleted + " boolean not null default false, " + qUnknown + " text[], ")
@@ -104,17 +99,8 @@ func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int
 		return "", err
 	}
 	t.buf.Reset()
-	n := len(v.Table.Columns)
 	for i := from; i < to; i++ {
-		for c := 0; c < n; c++ {
-			val := v.Value(i, c)
-			if val.Null {
-				t.buf.WriteString(`\N`)
-			} else {
-				writeCopyEscaped(&t.buf, val.Text)
-			}
-			t.buf.WriteByte('\t')
-		}
+		writeCopyValues(&t.buf, v, i)
 		ver := v.Version(i)
 		deleted := "f"
 		if v.Op(i) == changebatch.OpDelete {
@@ -134,14 +120,14 @@ func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int
 }
 
 // keylessReplay returns the condition under which staged change s of keyless table t is a
-// replay: at or below the table's fence, or at or below a snapshot of its value (a streamed
-// change (L, i), i >= 1, is below (S, 0) exactly when L < S), or meets one of the conditions more.
+// replay: at or below the table's fence, or below a snapshot of its value (an entry at (S, 0)),
+// or meets one of the conditions more.
 // $1 and $2 are the table's schema and name.
 func keylessReplay(t changebatch.Table, more ...string) string {
 	conds := append([]string{"exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
 		" and (f.fence_lsn, f.fence_seq) >= (s." + qLSN + ", s." + qSeq + "))",
 		"exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
-			" and e." + qLSN + " > s." + qLSN + " and e." + qSeq + " = 0)"}, more...)
+			" and e." + qSeq + " = 0 and (e." + qLSN + ", e." + qSeq + ") > (s." + qLSN + ", s." + qSeq + "))"}, more...)
 	return "(" + strings.Join(conds, " or ") + ")"
 }
 
@@ -236,13 +222,11 @@ func (t *Tx) mergeKeylessSnapshot(ctx context.Context, v *changebatch.View, ver 
 	s := ver.LSN.String()
 	// Values a newer snapshot brought are no concern of this one.
 	if _, err := t.tx.Exec(ctx, "delete from "+stage+" as s where exists (select 1 from "+q+" as e where e."+qRowHash+" = s."+qRowHash+
-		" and e."+qSeq+" = 0 and e."+qLSN+" > $1::pg_lsn)", s); err != nil {
+		" and e."+qSeq+" = 0 and (e."+qLSN+", e."+qSeq+") > ($1::pg_lsn, 0))", s); err != nil {
 		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, err)
 	}
 	// Entries older than S of the snapshot's values: the snapshot holds their state.
-	if _, err := t.tx.Exec(ctx, "update "+q+" as e set "+qDeleted+" = true, "+qDeletedLSN+" = $1::pg_lsn, "+qDeletedSeq+" = 0"+
-		" where not e."+qDeleted+" and (e."+qLSN+", e."+qSeq+") < ($1::pg_lsn, 0)"+
-		" and e."+qRowHash+" in (select "+qRowHash+" from "+stage+")", s); err != nil {
+	if _, err := t.tx.Exec(ctx, supersedeSQL(tab, "e."+qRowHash+" in (select "+qRowHash+" from "+stage+")"), s); err != nil {
 		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, err)
 	}
 	var inserted int64
@@ -302,6 +286,13 @@ func rehashSQL(t changebatch.Table) string {
 	return "update " + t.Quoted() + " as r set " + qRowHash + " = " + RowHashSQL(t, "r") + " where " + qRowHash + " <> " + RowHashSQL(t, "r")
 }
 
+// supersedeSQL returns the statement that marks the live entries of keyless table t (aliased e)
+// older than a snapshot ($1, 0) whose row satisfies cond deleted at ($1, 0).
+func supersedeSQL(t changebatch.Table, cond string) string {
+	return "update " + t.Quoted() + " as e set " + qDeleted + " = true, " + qDeletedLSN + " = $1::pg_lsn, " + qDeletedSeq + " = 0" +
+		" where not e." + qDeleted + " and (e." + qLSN + ", e." + qSeq + ") < ($1::pg_lsn, 0) and (" + cond + ")"
+}
+
 // keylessColumns are the metadata columns a keyless table's target table has beyond the others.
 var keylessColumns = []string{changebatch.ColRowHash, changebatch.ColOccurrence, changebatch.ColDeletedLSN, changebatch.ColDeletedSeq}
 
@@ -315,8 +306,7 @@ func (t *Tx) SupersedeKeyless(ctx context.Context, tab changebatch.Table, ver ch
 	if err != nil || fence.Compare(ver) >= 0 {
 		return 0, err
 	}
-	tag, err := t.tx.Exec(ctx, "update "+tab.Quoted()+" as e set "+qDeleted+" = true, "+qDeletedLSN+" = $1::pg_lsn, "+qDeletedSeq+" = 0"+
-		" where not e."+qDeleted+" and (e."+qLSN+", e."+qSeq+") < ($1::pg_lsn, 0) and ("+cond+")", append([]any{ver.LSN.String()}, args...)...)
+	tag, err := t.tx.Exec(ctx, supersedeSQL(tab, cond), append([]any{ver.LSN.String()}, args...)...)
 	if err != nil {
 		return 0, fmt.Errorf("replace the entries of %s at %s: %w", tab, ver, err)
 	}

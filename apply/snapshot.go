@@ -178,21 +178,25 @@ where schema_name = $1 and table_name = $2 for `+lock, tab.Schema, tab.Name).Sca
 // encodeSnapshotCopy writes v's rows in COPY text format for the target table's columns (the data
 // columns, then _cdc_lsn, _cdc_seq, _cdc_deleted false, _cdc_unknown NULL).
 func encodeSnapshotCopy(buf *bytes.Buffer, v *changebatch.View) {
-	n := len(v.Table.Columns)
 	meta := "\t0\tf\t\\N\n"
 	if v.Len() > 0 {
 		meta = v.Version(0).LSN.String() + meta // one version per snapshot batch (snapshotVersion)
 	}
 	for i := 0; i < v.Len(); i++ {
-		for c := 0; c < n; c++ {
-			val := v.Value(i, c)
-			if val.Null {
-				buf.WriteString(`\N`)
-			} else {
-				writeCopyEscaped(buf, val.Text)
-			}
-			buf.WriteByte('\t')
-		}
+		writeCopyValues(buf, v, i)
 		buf.WriteString(meta)
+	}
+}
+
+// writeCopyValues writes row i of v's data columns in COPY text format, each followed by a tab.
+func writeCopyValues(buf *bytes.Buffer, v *changebatch.View, i int) {
+	for c := range v.Table.Columns {
+		val := v.Value(i, c)
+		if val.Null {
+			buf.WriteString(`\N`)
+		} else {
+			writeCopyEscaped(buf, val.Text)
+		}
+		buf.WriteByte('\t')
 	}
 }

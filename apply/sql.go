@@ -25,18 +25,7 @@ func createTableSQL(t changebatch.Table) string {
 	b.WriteString("create table if not exists ")
 	b.WriteString(t.Quoted())
 	b.WriteString(" (")
-	for _, c := range t.Columns {
-		b.WriteString(pgx.Identifier{c.Name}.Sanitize())
-		b.WriteByte(' ')
-		b.WriteString(c.Type)
-		if c.Key {
-			b.WriteString(" not null")
-		}
-		b.WriteString(", ")
-	}
-	for _, g := range t.Generated {
-		fmt.Fprintf(&b, "%s %s generated always as (%s) stored, ", pgx.Identifier{g.Name}.Sanitize(), g.Type, g.Expr)
-	}
+	writeColumnsDDL(&b, t)
 	var keys []string
 	for _, i := range t.KeyOrder() {
 		keys = append(keys, pgx.Identifier{t.Columns[i].Name}.Sanitize())
@@ -47,6 +36,21 @@ func createTableSQL(t changebatch.Table) string {
 	b.WriteString(qUnknown + " text[], ")
 	b.WriteString("primary key (" + strings.Join(keys, ", ") + "))")
 	return b.String()
+}
+
+// writeColumnsDDL writes the column definitions of t's data columns (key columns NOT NULL) and
+// generated columns, each followed by ", ".
+func writeColumnsDDL(b *strings.Builder, t changebatch.Table) {
+	for _, c := range t.Columns {
+		b.WriteString(pgx.Identifier{c.Name}.Sanitize() + " " + c.Type)
+		if c.Key {
+			b.WriteString(" not null")
+		}
+		b.WriteString(", ")
+	}
+	for _, g := range t.Generated {
+		fmt.Fprintf(b, "%s %s generated always as (%s) stored, ", pgx.Identifier{g.Name}.Sanitize(), g.Type, g.Expr)
+	}
 }
 
 // qMoved names the staging-only column that marks a moved row whose unknown columns must not be

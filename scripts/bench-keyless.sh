@@ -24,16 +24,6 @@ DAEMON_PID=
 
 trap stop_on_exit EXIT
 
-# wait_for URL SQL WANT: poll every 0.02 s until SQL returns WANT (at most 600 s); an error (the
-# table not created yet) counts as not yet.
-wait_for() {
-	local start=$SECONDS
-	until [ "$(q "$1" "$2" 2>/dev/null)" = "$3" ]; do
-		((SECONDS - start < 600)) || { echo "timed out waiting for $2 = $3" >&2; exit 1; }
-		sleep 0.02
-	done
-}
-
 # timed TABLE SQL CHECK: runs SQL on TABLE at the source, then waits until CHECK (a count over the
 # table's rows) gives the same on the target's live rows; prints the seconds.
 timed() {

@@ -27,13 +27,9 @@ DAEMON_PID=
 
 trap stop_on_exit EXIT
 
-# wait_slot SLOT LSN: poll every 0.1 s until SLOT confirmed LSN (at most 600 s).
+# wait_slot SLOT LSN: wait (at most 600 s) until SLOT confirmed LSN.
 wait_slot() {
-	local start=$SECONDS
-	until [ "$(q "$SRC" "SELECT confirmed_flush_lsn >= '$2'::pg_lsn FROM pg_replication_slots WHERE slot_name = '$1'")" = t ]; do
-		((SECONDS - start < 600)) || { echo "timed out waiting for slot $1" >&2; exit 1; }
-		sleep 0.1
-	done
+	wait_for "$SRC" "SELECT confirmed_flush_lsn >= '$2'::pg_lsn FROM pg_replication_slots WHERE slot_name = '$1'" t
 }
 
 

@@ -5,7 +5,8 @@
 #   PGCLUSTER  scripts/pgcluster.sh, which starts and stops the private clusters;
 # and the helpers q URL SQL (one psql statement, unaligned tuples only, notices off, stops on an
 # error), now (seconds since the epoch, with nanoseconds), since T (seconds from T to now),
-# median X... (of numbers) and stop_on_exit (a benchmark's EXIT trap: stops the daemon whose pid
+# median X... (of numbers), wait_for URL SQL WANT (polls every 0.02 s until SQL returns WANT, at
+# most 600 s; an error, such as a table not created yet, counts as not yet) and stop_on_exit (a benchmark's EXIT trap: stops the daemon whose pid
 # is in DAEMON_PID, if any, and the clusters `source` and `target` under ROOT, and removes ROOT
 # unless PGCONVERGE_KEEP=1).
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +22,14 @@ q() { PGOPTIONS='-c client_min_messages=warning' "$PGBIN/psql" -X -q -A -t -v ON
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc -l; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+wait_for() {
+	local start=$SECONDS
+	until [ "$(q "$1" "$2" 2>/dev/null)" = "$3" ]; do
+		((SECONDS - start < 600)) || { echo "timed out waiting for $2 = $3" >&2; exit 1; }
+		sleep 0.02
+	done
+}
 
 stop_on_exit() {
 	local rc=$?

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -111,6 +112,28 @@ func crashChild(point string) int {
 // workload runs transactions of several changes on the source until the returned stop function is
 // called: two balance updates, five ledger inserts and one ledger delete each.
 func workload(t *testing.T, env *pgtest.Env) (stop func()) {
+	return sourceLoop(t, env, func(ctx context.Context, tx pgx.Tx, i int) error {
+		for _, st := range []struct {
+			sql  string
+			args []any
+		}{
+			{`update acct set bal = bal + 1 where id = $1`, []any{i*7%2000 + 1}},
+			{`update acct set bal = bal - 1 where id = $1`, []any{i*13%2000 + 1}},
+			{`insert into ledger (txn, k) select $1, g from generate_series(1, 5) g`, []any{i}},
+			{`delete from ledger where id = (select min(id) from ledger where k = 3)`, nil},
+		} {
+			if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// sourceLoop runs txn in a source transaction of its own for i = 1, 2, … until the returned stop
+// function is called (at the test's cleanup at the latest); an error fails the test and ends the
+// loop.
+func sourceLoop(t *testing.T, env *pgtest.Env, txn func(ctx context.Context, tx pgx.Tx, i int) error) (stop func()) {
 	conn := pgtest.Connect(t, env.SourceURL)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -124,23 +147,7 @@ func workload(t *testing.T, env *pgtest.Env) (stop func()) {
 				return
 			default:
 			}
-			tx, err := conn.Begin(ctx)
-			if err == nil {
-				_, err = tx.Exec(ctx, `update acct set bal = bal + 1 where id = $1`, i*7%2000+1)
-			}
-			if err == nil {
-				_, err = tx.Exec(ctx, `update acct set bal = bal - 1 where id = $1`, i*13%2000+1)
-			}
-			if err == nil {
-				_, err = tx.Exec(ctx, `insert into ledger (txn, k) select $1, g from generate_series(1, 5) g`, i)
-			}
-			if err == nil {
-				_, err = tx.Exec(ctx, `delete from ledger where id = (select min(id) from ledger where k = 3)`)
-			}
-			if err == nil {
-				err = tx.Commit(ctx)
-			}
-			if err != nil {
+			if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return txn(ctx, tx, i) }); err != nil {
 				t.Errorf("workload transaction %d: %v", i, err)
 				return
 			}

@@ -162,39 +162,16 @@ func streamPastBatch(env *pgtest.Env) error {
 // keylessWorkload changes the events table until stopped: each transaction inserts two copies of
 // a value, deletes one copy of another and updates one copy of a third, by ctid.
 func keylessWorkload(t *testing.T, env *pgtest.Env) (stop func()) {
-	conn := pgtest.Connect(t, env.SourceURL)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		ctx := context.Background()
-		for i := 0; ; i++ {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `insert into events values ($1, 1, null, null, 'w'), ($1, 1, null, null, 'w')`, fmt.Sprintf("g%d", i%50)); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `delete from events where ctid = (select ctid from events where kind = $1 limit 1)`, fmt.Sprintf("g%d", (i+17)%50)); err != nil {
-					return err
-				}
-				_, err := tx.Exec(ctx, `update events set n = n + 1 where ctid = (select ctid from events where kind = $1 limit 1)`, fmt.Sprintf("g%d", (i+31)%50))
-				return err
-			})
-			if err != nil && !strings.Contains(err.Error(), "closed") {
-				t.Errorf("workload: %v", err)
-				return
-			}
+	return sourceLoop(t, env, func(ctx context.Context, tx pgx.Tx, i int) error {
+		if _, err := tx.Exec(ctx, `insert into events values ($1, 1, null, null, 'w'), ($1, 1, null, null, 'w')`, fmt.Sprintf("g%d", i%50)); err != nil {
+			return err
 		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
-	t.Cleanup(stop)
-	return stop
+		if _, err := tx.Exec(ctx, `delete from events where ctid = (select ctid from events where kind = $1 limit 1)`, fmt.Sprintf("g%d", (i+17)%50)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `update events set n = n + 1 where ctid = (select ctid from events where kind = $1 limit 1)`, fmt.Sprintf("g%d", (i+31)%50))
+		return err
+	})
 }
 
 // A daemon killed with SIGKILL again and again while it streams a keyless table with duplicates

@@ -95,13 +95,9 @@ func (s *session) backfillSchedule(ctx context.Context, sched cron.Schedule, job
 		defer running.Store(false)
 		hook(ScheduleStarted)
 		cfg.Logger.Info(job.what+" starting", "tables", len(job.tables), "next", sched.Next(time.Now()).Format(time.RFC3339))
-		rep, err := runBackfill(ctx, backfillJob{
-			Source: cfg.Source, Target: cfg.Target, Tables: job.tables, Trigger: coverage.TriggerSchedule, Slot: job.slot,
-			Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
-			Resume: job.resume, KeepFrom: job.keepFrom, Busy: busySkip, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-			Progress:   s.mon.BackfillProgress(coverage.TriggerSchedule, NewLogProgress(cfg.Logger, job.what, 10*time.Second)),
-			AfterChunk: cfg.Knobs.AfterScheduledChunk, Monitor: s.mon,
-		})
+		bj := s.backfillJob(job.tables, coverage.TriggerSchedule, job.what)
+		bj.Slot, bj.Resume, bj.KeepFrom, bj.Busy, bj.AfterChunk = job.slot, job.resume, job.keepFrom, busySkip, cfg.Knobs.AfterScheduledChunk
+		rep, err := runBackfill(ctx, bj)
 		for _, t := range rep.Skipped {
 			n := skipped.Add(1)
 			cfg.Logger.Warn(job.what+" skipped a table: another backfill of it is running", "table", t, "skipped_total", n)

@@ -142,17 +142,26 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 	if trigger == coverage.TriggerGap {
 		what = "gap backfill"
 	}
-	rep, err := runBackfill(ctx, backfillJob{
-		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger, Slot: cfg.Slot,
-		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows, Snapshot: snap,
-		Resume: true, KeepFrom: keepFrom, Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-		Progress:   s.mon.BackfillProgress(trigger, NewLogProgress(cfg.Logger, what, 10*time.Second)),
-		AfterChunk: cfg.Knobs.AfterLoadChunk, Monitor: s.mon,
-	})
+	job := s.backfillJob(tables, trigger, what)
+	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk = cfg.Slot, snap, true, keepFrom, busyWait, cfg.Knobs.AfterLoadChunk
+	rep, err := runBackfill(ctx, job)
 	if err == nil {
 		logSequenceSync(ctx, cfg, tables, rep)
 	}
 	return err
+}
+
+// backfillJob returns a backfill of tables by the session's configuration (workers, chunk and
+// batch sizes, logs, progress named what, metrics) with trigger; the caller sets what differs:
+// the slot, a snapshot, resuming, what to do with a busy table, the chunk hook.
+func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) backfillJob {
+	cfg := s.cfg
+	return backfillJob{
+		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
+		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
+		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon,
+		Progress: s.mon.BackfillProgress(trigger, NewLogProgress(cfg.Logger, what, 10*time.Second)),
+	}
 }
 
 // checkSlotStart returns an error wrapping errSlotMoved when the slot, now held by this session's

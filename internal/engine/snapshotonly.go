@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -40,14 +39,9 @@ func (s *session) loadSnapshotOnly(ctx context.Context) error {
 	if len(need) == 0 {
 		return nil
 	}
-	cfg := s.cfg
-	_, err = runBackfill(ctx, backfillJob{
-		Source: cfg.Source, Target: cfg.Target, Tables: need, Trigger: coverage.TriggerInitial,
-		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
-		Busy: busyWait, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
-		Progress:   s.mon.BackfillProgress(coverage.TriggerInitial, NewLogProgress(cfg.Logger, "snapshot-only load", 10*time.Second)),
-		AfterChunk: cfg.Knobs.AfterLoadChunk, Monitor: s.mon,
-	})
+	job := s.backfillJob(need, coverage.TriggerInitial, "snapshot-only load")
+	job.Busy, job.AfterChunk = busyWait, s.cfg.Knobs.AfterLoadChunk
+	_, err = runBackfill(ctx, job)
 	return err
 }
 

@@ -132,7 +132,8 @@ func ValueKeySQL(mode HashMode, t changebatch.Table, qual string) string {
 func (c *comparison) loadMovedValues(ctx context.Context, tgtAll *group) error {
 	t := c.cfg.Table
 	rows, err := c.tgt.Query(ctx, `select distinct encode("_cdc_row_hash", 'hex'), `+c.keyH+`, `+c.rowH+` from `+t.Quoted()+
-		` where ("_cdc_seq" = 0 and "_cdc_lsn" > $1::pg_lsn) or ("_cdc_deleted" and "_cdc_deleted_seq" = 0 and "_cdc_deleted_lsn" > $1::pg_lsn)`,
+		` where ("_cdc_seq" = 0 and ("_cdc_lsn", "_cdc_seq") > ($1::pg_lsn, 0))`+
+		` or ("_cdc_deleted" and "_cdc_deleted_seq" = 0 and ("_cdc_deleted_lsn", "_cdc_deleted_seq") > ($1::pg_lsn, 0))`,
 		c.cfg.Snapshot.String())
 	if err != nil {
 		return fmt.Errorf("find the values of %s replaced after the snapshot: %w", t, err)
