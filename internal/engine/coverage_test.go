@@ -393,6 +393,10 @@ func TestMembershipChangeSurvivesAFailedStart(t *testing.T) {
 		`alter publication `+pub+` add table a`)
 
 	// Someone holds the slot: a daemon starting now records the memberships, then waits for it.
+	// The stopped daemon's walsender lets go of the slot asynchronously.
+	pgtest.Eventually(t, 30*time.Second, "slot released by the stopped daemon", func() (bool, string) {
+		return !pgtest.Scalar[bool](t, env.Source, `select active from pg_replication_slots where slot_name = $1`, env.Name), ""
+	})
 	holder, err := pgsession.ConnectReplication(context.Background(), env.SourceURL)
 	if err != nil {
 		t.Fatal(err)
