@@ -14,15 +14,17 @@ import (
 // to them, so no row is replicated twice.
 
 // partitionSet is SQL for a partitioned table's partitions (recursively, through sub-partitioned
-// ones) as "oid.relfilenode.xmin.inherits-xmin" items in oid order, given the table's oid as c.oid;
-// "" when it has none. It takes no lock. Any ATTACH, DETACH, CREATE or DROP of a partition changes
+// ones) as "oid.relfilenode.inherits-xmin" items in oid order, given the table's oid as c.oid; ""
+// when it has none. It takes no lock. Any ATTACH, DETACH, CREATE or DROP of a partition changes
 // it, also a DETACH and ATTACH again of the same partition (changes made to it while detached
-// are not published via the root): both write new pg_class and pg_inherits row versions. So does
-// a TRUNCATE (or other rewrite) of a partition, which publish_via_partition_root does not publish
-// when it is run on the partition alone.
+// are not published via the root): that writes a new pg_inherits row. So does a TRUNCATE (or
+// other rewrite) of a partition, which publish_via_partition_root does not publish when it is run
+// on the partition alone. A catalog change that keeps both (GRANT, COMMENT, ALTER TABLE … SET
+// (fillfactor …), ANALYZE) leaves it as it was: the partition's rows and their publication did not
+// change.
 const partitionSet = `coalesce((with recursive tree (oid, ix) as (
     select c.oid, '0'::text union all select i.inhrelid, i.xmin::text from pg_inherits i join tree on i.inhparent = tree.oid)
-  select string_agg(l.oid || '.' || l.relfilenode || '.' || l.xmin::text || '.' || tree.ix, ',' order by l.oid)
+  select string_agg(l.oid || '.' || l.relfilenode || '.' || tree.ix, ',' order by l.oid)
   from tree join pg_class l on l.oid = tree.oid where l.oid <> c.oid), '')`
 
 // checkPartitions reports, one error per table, the selected tables that publication name cannot

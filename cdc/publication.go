@@ -131,6 +131,18 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 	return errors.Join(errs...)
 }
 
+// publishedPlace is SQL for what decides, given its pg_class row as c, whether a table of a schema
+// or FOR ALL TABLES publication is published (PostgreSQL 15 pgoutput publishes a permanent table of
+// a published schema): its schema, persistence and whether it is a partition, plus the row version
+// of its row type (pg_type), which ALTER TABLE … SET SCHEMA rewrites, so a move out of the schema
+// and back within one membership check still changes it. SET UNLOGGED and back rewrites the table
+// (a new relfilenode, which ChangedColumns sees). Privileges, comments, statistics and storage
+// options are left out: they change neither rows nor publication. Not seen: an ATTACH PARTITION
+// of the table into a partitioned table published via its root and a DETACH again within one
+// membership check (5 s), which leaves no trace in the catalog rows read here.
+const publishedPlace = `(c.relnamespace::text || '.' || c.relpersistence::text || '.' || c.relispartition::text || '.' ||
+    coalesce((select ty.xmin::text from pg_type ty where ty.oid = c.reltype), ''))`
+
 // Memberships returns, per table, a token that identifies how the table belongs to publication:
 // the oid of its pg_publication_rel row, of the pg_publication_namespace row of its schema, or of
 // the publication when it is FOR ALL TABLES, plus the table's own oid and the publication's oid and
@@ -139,8 +151,9 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 // while without some operation gets a new token, so a gap in the stream of its changes is
 // detected after the fact. A table published through its schema or FOR ALL TABLES can leave the
 // publication and come back without any publication row changing (ALTER TABLE … SET SCHEMA and
-// back, SET UNLOGGED and back): its token also holds the version of its pg_class row, so any
-// ALTER TABLE of it counts as a change (a reload, never a missed gap). A table published both by
+// back, SET UNLOGGED and back): its token also holds publishedPlace, which such a round trip
+// changes and a GRANT, COMMENT, ANALYZE or ALTER TABLE … SET (storage options) does not. A table
+// published both by
 // its own row (maybe with a row filter) and through its schema has both in its token, so either
 // one leaving or coming changes it (the rows published change). A partition published
 // through an ancestor (publish_via_partition_root = false) is found through that ancestor's row.
@@ -153,11 +166,11 @@ func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables
 		schemas[i], names[i] = t.Schema, t.Name
 	}
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text, coalesce(coalesce(
-    (select 'all:' || p.oid || ':' || c.xmin from pg_publication p where p.pubname = $1 and p.puballtables),
+    (select 'all:' || p.oid || ':' || `+publishedPlace+` from pg_publication p where p.pubname = $1 and p.puballtables),
     (select 'rel:' || string_agg(r.oid::text, ',' order by r.oid) from pg_publication_rel r join pg_publication p on p.oid = r.prpubid
       where p.pubname = $1 and (r.prrelid = c.oid or r.prrelid in (select relid from pg_partition_ancestors(c.oid))))
       || coalesce(':schema:' || sch.oids, ''),
-    'schema:' || sch.oids || ':' || c.xmin)
+    'schema:' || sch.oids || ':' || `+publishedPlace+`)
   || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1)
   || case when c.relkind = 'p' then '/partitions:' || `+partitionSet+` else '' end, '')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace

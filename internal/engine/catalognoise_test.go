@@ -1,0 +1,50 @@
+package engine
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Catalog changes that change neither rows nor publication membership (privileges, comments,
+// statistics, storage options), of a table published through its schema and of partitions of a
+// partitioned one, load nothing again: two membership checks after them find every table as it
+// was, the changes made meanwhile are streamed, and no backfill ran.
+func TestCatalogChangesThatKeepRowsLoadNothing(t *testing.T) {
+	env := pgtest.New(t)
+	partitioned(t, env)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
+		`insert into a select g, 'v' from generate_series(1, 100) g`,
+		`create publication `+pub+` for tables in schema public with (publish_via_partition_root = true)`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitConverged(t, env, "p", "id, region")
+	pgtest.WaitStreaming(t, env)
+	runs := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs`)
+
+	pgtest.Exec(t, env.Source, `grant insert on p_eu to public`,
+		`grant select on all tables in schema public to public`, `revoke select on a from public`,
+		`comment on table a is 'app table'`, `comment on table p_us_low is 'low ids'`,
+		`alter table a set (fillfactor = 80)`, `alter table p_us_high set (autovacuum_enabled = false)`,
+		`alter table a alter column v set statistics 500`, `analyze a`, `analyze p`,
+		`update a set v = 'after' where id <= 10`, `insert into p values (5000, 'us', 'after')`)
+	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Eventually(t, 60*time.Second, "memberships confirmed past the catalog changes", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target,
+			`select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
+		return n == 2, fmt.Sprintf("%d of 2 open spans confirmed past %s", n, after)
+	})
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitConverged(t, env, "p", "id, region")
+	waitCovered(t, env)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs`); n != runs {
+		t.Errorf("%d backfill runs after the catalog changes, want the %d of the start", n, runs)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.table_spans`); n != 2 {
+		t.Errorf("%d table spans, want 2 (one per table, never ended)", n)
+	}
+	d.RequireRunning(t)
+}
