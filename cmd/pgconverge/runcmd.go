@@ -9,6 +9,11 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// exitUnreachable is the exit status of `pgconverge run` when the source or the target could not
+// be reached before the daemon ever connected (engine.ErrUnreachable): a supervisor may start it
+// again later, unlike after exit 1 (a configuration problem retrying cannot fix).
+const exitUnreachable = 5
+
 func newRunCmd(stderr io.Writer) *cobra.Command {
 	cfg := engine.Config{}
 	var logFormat, logLevel, scheduleSpec, verifySpec, snapshotSpec, metricsAddr string
@@ -52,7 +57,11 @@ published tables that are not selected are skipped: such a table is loaded again
 				}
 				cfg.Monitor = m
 			}
-			return engine.Run(cmd.Context(), cfg)
+			err = engine.Run(cmd.Context(), cfg)
+			if errors.Is(err, engine.ErrUnreachable) {
+				return exitError{Code: exitUnreachable, Err: err}
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()

@@ -72,20 +72,22 @@ var errMembershipChanged = errors.New("publication membership changed")
 // started explains it (errEnumChanged, the next session changes the target's type alike); when
 // the labels cannot be read, it is returned as a transient enumCheckError, so the daemon retries
 // rather than stops on what it could not tell apart.
-func runSession(ctx context.Context, cfg Config) error {
+// connected reports whether the session reached both the source and the target.
+func runSession(ctx context.Context, cfg Config) (connected bool, err error) {
 	s := &session{cfg: cfg, mon: cfg.monitor()}
 	defer s.close()
-	err := s.run(ctx)
+	err = s.run(ctx)
+	connected = s.src != nil && s.tgt != nil
 	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && isCode(err, pgerrcode.InvalidTextRepresentation) {
 		changed, cerr := s.enumChange(ctx)
 		switch {
 		case changed != nil:
-			return fmt.Errorf("%w: %w", changed, err)
+			return connected, fmt.Errorf("%w: %w", changed, err)
 		case cerr != nil:
-			return enumCheckError{fmt.Errorf("%w (and the source's enum labels could not be read to tell whether a new label explains it: %w)", err, cerr)}
+			return connected, enumCheckError{fmt.Errorf("%w (and the source's enum labels could not be read to tell whether a new label explains it: %w)", err, cerr)}
 		}
 	}
-	return err
+	return connected, err
 }
 
 // enumCheckError is a value the target refused while the source's enum labels, which may explain

@@ -69,7 +69,7 @@ func setParams(cfg *pgconn.Config) {
 }
 
 // Connect opens an ordinary SQL connection to url with pgconverge's session settings. role names
-// the side ("source" or "target") in errors.
+// the side ("source" or "target") in errors; a failed connection is a *ConnectError.
 func Connect(ctx context.Context, url, role string) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -78,7 +78,7 @@ func Connect(ctx context.Context, url, role string) (*pgx.Conn, error) {
 	setParams(&cfg.Config)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s %s:%d/%s: %w", role, cfg.Host, cfg.Port, cfg.Database, err)
+		return nil, &ConnectError{Role: role, Addr: fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), User: cfg.User, err: err}
 	}
 	return conn, nil
 }
@@ -93,8 +93,8 @@ func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	cfg.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open replication connection to %s:%d (the role needs the REPLICATION attribute and a pg_hba.conf entry that allows it): %w",
-			cfg.Host, cfg.Port, err)
+		return nil, &ConnectError{Role: "source", Addr: fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), User: cfg.User,
+			Needs: "a replication connection: the role needs the REPLICATION attribute and a pg_hba.conf entry that allows it", err: err}
 	}
 	return conn, nil
 }
