@@ -21,77 +21,141 @@ func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, 
 	return exists, nil
 }
 
-// EnsurePublication creates publication name for tables, or adds to an existing publication the
-// tables it lacks; a publication it creates for a partitioned table publishes via the partition
-// root, so that the partitions' changes arrive under the table's own name. beforeAdd runs with
-// the tables about to be added, before they are: the stream never carried their earlier changes,
-// so the caller marks them for loading first and a crash in between cannot hide that. It returns the tables it added (all of them when it created the
-// publication). Creating or altering a publication needs ownership of the tables and CREATE on the
-// database (PostgreSQL docs, CREATE PUBLICATION).
-func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName, beforeAdd func([]changebatch.TableName) error) ([]changebatch.TableName, error) {
+// CheckPublication returns, all at once, every reason EnsurePublication would refuse tables or
+// fail, and writes nothing. For an existing publication: settings that would make pgconverge
+// miss changes (checkPublication), and tables it lacks that the role may not add; for a missing
+// one: tables a new publication could not carry as selected (checkPartitions), and the
+// privileges to create it. Creating a publication FOR TABLE needs CREATE on the database and
+// ownership of the tables (PostgreSQL docs, CREATE PUBLICATION); adding tables to one needs ownership of the publication and of the tables (ALTER
+// PUBLICATION).
+func CheckPublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName) error {
+	plan, err := planPublication(ctx, conn, name, tables)
+	if err != nil {
+		return err
+	}
+	return plan.check(ctx, conn, name)
+}
+
+// check returns the refusals of plan for publication name, and the privileges the role lacks to
+// carry it out (CheckPublication).
+func (plan publicationPlan) check(ctx context.Context, conn *pgx.Conn, name string) error {
+	errs := plan.refusals
+	if !plan.exists {
+		var canCreate bool
+		if err := conn.QueryRow(ctx, `select has_database_privilege(current_database(), 'CREATE')`).Scan(&canCreate); err != nil {
+			return fmt.Errorf("read the source role's privileges: %w", err)
+		}
+		if !canCreate {
+			errs = append(errs, fmt.Errorf("the source role may not create publication %q: it needs CREATE on the source database: GRANT CREATE ON DATABASE %s TO %s, or create the publication as its owner (CREATE PUBLICATION %s FOR TABLE …) and run again",
+				name, pgx.Identifier{conn.Config().Database}.Sanitize(), pgx.Identifier{conn.Config().User}.Sanitize(), pgx.Identifier{name}.Sanitize()))
+		}
+	}
+	if plan.exists && len(plan.missing) > 0 {
+		var ownsPub bool
+		if err := conn.QueryRow(ctx, `select pg_has_role(pubowner, 'USAGE') from pg_publication where pubname = $1`, name).Scan(&ownsPub); err != nil {
+			return fmt.Errorf("read the owner of publication %q: %w", name, err)
+		}
+		if !ownsPub {
+			errs = append(errs, fmt.Errorf("the source role may not add tables to publication %q: only its owner may: have the owner run ALTER PUBLICATION %s ADD TABLE %s, or name another --publication",
+				name, pgx.Identifier{name}.Sanitize(), quotedList(plan.missing)))
+		}
+	}
+	for _, t := range plan.missing {
+		var owns bool
+		if err := conn.QueryRow(ctx, `select pg_has_role(relowner, 'USAGE') from pg_class where oid = $1::regclass`, t.Quoted()).Scan(&owns); err != nil {
+			return fmt.Errorf("read the owner of source table %s: %w", t, err)
+		}
+		if !owns {
+			errs = append(errs, fmt.Errorf("the source role may not publish table %s in publication %q: only its owner may: have the owner run ALTER PUBLICATION %s ADD TABLE %s (or CREATE PUBLICATION … FOR TABLE), or GRANT the owning role to %s",
+				t, name, pgx.Identifier{name}.Sanitize(), t.Quoted(), pgx.Identifier{conn.Config().User}.Sanitize()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// publicationPlan is what EnsurePublication would do with publication name and tables.
+type publicationPlan struct {
+	exists, allTables, viaRoot bool
+	// missing are the tables to add (every table when the publication does not exist).
+	missing []changebatch.TableName
+	// refusals are the reasons the publication cannot carry tables as selected.
+	refusals []error
+}
+
+// planPublication reads publication name and what it lacks of tables, writing nothing.
+func planPublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName) (publicationPlan, error) {
+	var plan publicationPlan
 	if err := ValidatePublicationName(name); err != nil {
-		return nil, err
+		return plan, err
 	}
-	var allTables bool
-	err := conn.QueryRow(ctx, `select puballtables from pg_publication where pubname = $1`, name).Scan(&allTables)
-	exists := err == nil
+	err := conn.QueryRow(ctx, `select puballtables from pg_publication where pubname = $1`, name).Scan(&plan.allTables)
+	plan.exists = err == nil
 	if err != nil && err != pgx.ErrNoRows {
-		return nil, fmt.Errorf("look up publication %q: %w", name, err)
+		return plan, fmt.Errorf("look up publication %q: %w", name, err)
 	}
-	viaRoot := false
-	if exists {
+	if plan.exists {
 		if err := checkPublication(ctx, conn, name, tables); err != nil {
-			return nil, err
+			plan.refusals = append(plan.refusals, err)
 		}
 	} else {
 		// A new publication publishes partitioned tables under their own name when one is
 		// selected; otherwise it stays as before, so that partitions can be selected.
-		if viaRoot, err = anyPartitioned(ctx, conn, tables); err != nil {
-			return nil, err
+		if plan.viaRoot, err = anyPartitioned(ctx, conn, tables); err != nil {
+			return plan, err
 		}
-		errs, err := checkPartitions(ctx, conn, name, viaRoot, tables)
+		errs, err := checkPartitions(ctx, conn, name, plan.viaRoot, tables)
 		if err != nil {
-			return nil, err
+			return plan, err
 		}
-		if err := errors.Join(errs...); err != nil {
-			return nil, err
-		}
+		plan.refusals = append(plan.refusals, errs...)
 	}
-	if exists && allTables {
-		return nil, nil
+	if plan.exists && plan.allTables {
+		return plan, nil
 	}
-	var missing []changebatch.TableName
 	for _, t := range tables {
 		var in bool
-		if exists {
+		if plan.exists {
 			err := conn.QueryRow(ctx, `select exists (select 1 from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3)`,
 				name, t.Schema, t.Name).Scan(&in)
 			if err != nil {
-				return nil, fmt.Errorf("look up publication %q: %w", name, err)
+				return plan, fmt.Errorf("look up publication %q: %w", name, err)
 			}
 		}
 		if !in {
-			missing = append(missing, t)
+			plan.missing = append(plan.missing, t)
 		}
 	}
+	return plan, nil
+}
+
+// EnsurePublication creates publication name for tables, or adds to an existing publication the
+// tables it lacks; a publication it creates for a partitioned table publishes via the partition
+// root, so that the partitions' changes arrive under the table's own name. It refuses what
+// CheckPublication refuses, before it writes. beforeAdd runs with the tables about to be added,
+// before they are: the stream never carried their earlier changes, so the caller marks them for
+// loading first and a crash in between cannot hide that. It returns the tables it added (all of
+// them when it created the publication).
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName, beforeAdd func([]changebatch.TableName) error) ([]changebatch.TableName, error) {
+	plan, err := planPublication(ctx, conn, name, tables)
+	if err != nil {
+		return nil, err
+	}
+	if err := plan.check(ctx, conn, name); err != nil {
+		return nil, err
+	}
+	missing := plan.missing
 	if len(missing) == 0 {
 		return nil, nil
 	}
-	list := ""
-	for i, t := range missing {
-		if i > 0 {
-			list += ", "
-		}
-		list += t.Quoted()
-	}
+	list := quotedList(missing)
 	if err := beforeAdd(missing); err != nil {
 		return nil, err
 	}
 	sql := "create publication " + pgx.Identifier{name}.Sanitize() + " for table " + list
-	if viaRoot {
+	if plan.viaRoot {
 		sql += " with (publish_via_partition_root = true)"
 	}
-	if exists {
+	if plan.exists {
 		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
 	}
 	if _, err := conn.Exec(ctx, sql); err != nil {
@@ -231,4 +295,16 @@ func ReadPublicationShape(ctx context.Context, conn *pgx.Conn, publication strin
 		t.Columns, t.Generated, t.ColumnList = kept, nil, true
 	}
 	return nil
+}
+
+// quotedList returns tables as a comma-separated list of quoted names, as SQL takes them.
+func quotedList(tables []changebatch.TableName) string {
+	list := ""
+	for i, t := range tables {
+		if i > 0 {
+			list += ", "
+		}
+		list += t.Quoted()
+	}
+	return list
 }

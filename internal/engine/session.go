@@ -111,13 +111,13 @@ func (s *session) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.preflight(ctx, names); err != nil {
+		return err
+	}
 	if err := s.prepareTarget(ctx); err != nil {
 		return err
 	}
 	if err := s.preparePublication(ctx, names); err != nil {
-		return err
-	}
-	if s.repl, err = pgsession.ConnectReplication(ctx, s.cfg.Source); err != nil {
 		return err
 	}
 	start, err := s.prepareSlot(ctx)
@@ -154,8 +154,9 @@ func (s *session) connect(ctx context.Context) (pglogrepl.LSN, error) {
 	return cdc.CurrentLSN(ctx, s.src)
 }
 
-// prepareTarget applies the metadata schema, checks that the ledger follows this source, creates
-// or reshapes the target tables and forgets the tables the slot no longer replicates.
+// prepareTarget applies the metadata schema, checks that the ledger follows this source (and
+// that the source was not rewound behind it) before it writes anything else, creates or reshapes
+// the target tables and forgets the tables the slot no longer replicates.
 func (s *session) prepareTarget(ctx context.Context) error {
 	cfg := s.cfg
 	if err := migrations.Apply(ctx, s.tgt); err != nil {
@@ -164,15 +165,18 @@ func (s *session) prepareTarget(ctx context.Context) error {
 	if err := coverage.CheckSource(ctx, s.tgt, cfg.Slot, s.sourceID); err != nil {
 		return permanent(err)
 	}
-	var err error
 	all := append(slices.Clone(s.tables), s.snapshotOnly...)
-	if s.enums, err = ensureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
-		return err
-	}
 	for _, t := range all {
 		if err := coverage.CheckTableSource(ctx, s.tgt, t.TableName, s.sourceID); err != nil {
 			return permanent(err)
 		}
+	}
+	if err := s.checkNotRewound(ctx); err != nil {
+		return err
+	}
+	var err error
+	if s.enums, err = ensureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
+		return err
 	}
 	forgotten, err := coverage.ForgetTables(ctx, s.tgt, cfg.Slot, s.tables)
 	if err != nil {

@@ -29,9 +29,6 @@ import (
 // main slot keeps their later changes.
 func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	cfg := s.cfg
-	if err := s.checkNotRewound(ctx); err != nil {
-		return 0, err
-	}
 	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
 	if err != nil {
 		return 0, err
