@@ -47,6 +47,8 @@ type TableState struct {
 	// (the target's clock), 0 when it never completed one.
 	SnapshotOnly string
 	LoadedAge    time.Duration
+	// Retired is when the table was retired (Retire), nil when it was not.
+	Retired *time.Time
 }
 
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
@@ -55,7 +57,7 @@ func ReadTables(ctx context.Context, db DB) (map[changebatch.TableName]*TableSta
 	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(schema_changed_lsn, '0/0')::text, coalesce(membership, ''),
   to_regclass(format('%I.%I', schema_name, table_name)) is null
     or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false),
-  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0)
+  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0), retired_at
 from pgconverge.tables`)
 	if err != nil {
 		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
@@ -64,7 +66,7 @@ from pgconverge.tables`)
 		st := &TableState{}
 		var truncated, changed string
 		var age float64
-		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age); err != nil {
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age, &st.Retired); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}

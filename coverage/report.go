@@ -16,7 +16,8 @@ import (
 // Status is a table's coverage status in a Report.
 type Status string
 
-// Table statuses. Every status but Covered, NotStreamed and SnapshotOnly means a gap exists.
+// Table statuses. Every status but Covered, SnapshotOnly and Retired fails a coverage check
+// (Status.Failing).
 const (
 	// Covered: every change below the watermark was delivered by a backfill or the stream.
 	Covered Status = "covered"
@@ -30,14 +31,23 @@ const (
 	// completed since: the target's existing rows lack the source's values (the daemon loads the
 	// table again).
 	SchemaChanged Status = "schema-changed"
-	// NotStreamed: no stream follows the table now (it left the daemon's selection); its target
-	// copy stopped following the source, and it is not counted as a gap.
+	// NotStreamed: no stream follows the table now (it left the daemon's selection), and nobody
+	// said that is meant (Retired): its target copy stopped following the source at its
+	// watermark, which fails a coverage check until the table is selected again or retired.
 	NotStreamed Status = "not-streamed"
+	// Retired: no stream follows the table, on purpose (Retire): its target copy holds the source
+	// as of its last watermark. It is not counted as a gap.
+	Retired Status = "retired"
 	// SnapshotOnly: no publication can carry the table's changes (it is UNLOGGED, or has no key
 	// and no REPLICA IDENTITY FULL); backfills keep it, and the target holds it as of the last
 	// one's snapshot (last_backfill_lsn, snapshot_age_seconds). It is not counted as a gap.
 	SnapshotOnly Status = "snapshot-only"
 )
+
+// Failing reports whether a table of status s fails a coverage check (coverage --fail-on-gap):
+// every status but Covered, SnapshotOnly and Retired, which have no change missing that a path
+// was meant to deliver.
+func (s Status) Failing() bool { return s != Covered && s != SnapshotOnly && s != Retired }
 
 // LSN is an LSN printed X/Y in reports, JSON included.
 type LSN pglogrepl.LSN
@@ -60,7 +70,7 @@ func (l LSN) String() string { return pglogrepl.LSN(l).String() }
 type Report struct {
 	// SourceLSN is the source's current WAL position when the report was made.
 	SourceLSN LSN `json:"source_lsn"`
-	// Covered is true when no streamed table has a gap.
+	// Covered is true when no table's status is failing (Status.Failing).
 	Covered bool          `json:"covered"`
 	Slots   []SlotHealth  `json:"slots"`
 	Tables  []TableReport `json:"tables"`
@@ -108,6 +118,8 @@ type TableReport struct {
 	ColumnList []string `json:"column_list,omitempty"`
 	// SnapshotAgeSeconds is, for a snapshot-only table, how long ago its last backfill completed.
 	SnapshotAgeSeconds float64 `json:"snapshot_age_seconds,omitempty"`
+	// RetiredAt is when a Retired table was retired; omitted for others.
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
 	// Note explains a status: why the stream stopped or broke.
 	Note string `json:"note,omitempty"`
 }
@@ -193,7 +205,7 @@ func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, e
 		if tr.ColumnList = f.ColumnLists[st.Table]; tr.ColumnList != nil && tr.Status != NotStreamed {
 			tr.Note = strings.TrimPrefix(tr.Note+"; as listed by the publication: only columns "+strings.Join(tr.ColumnList, ", ")+" are replicated", "; ")
 		}
-		if tr.Status != Covered && tr.Status != NotStreamed && tr.Status != SnapshotOnly {
+		if tr.Status.Failing() {
 			rep.Covered = false
 		}
 		rep.Tables = append(rep.Tables, tr)
@@ -253,11 +265,18 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	if st.SnapshotOnly != "" && !st.Streaming {
 		return snapshotOnlyReport(st, tr)
 	}
+	if !st.Streaming && st.Retired != nil {
+		at := *st.Retired
+		tr.Status, tr.RetiredAt = Retired, &at
+		tr.Note = "retired (pgconverge retire): no stream follows this table, on purpose; its target copy holds the source as of its watermark"
+		return tr
+	}
 	if !st.Streaming {
-		tr.Status, tr.Note = NotStreamed, "no stream follows this table"
+		tr.Status, tr.Note = NotStreamed, "no stream follows this table any more"
 		if st.LastEndReason != "" {
 			tr.Note += " (its stream ended: " + st.LastEndReason + ")"
 		}
+		tr.Note += fmt.Sprintf(": its target copy stopped following the source at its watermark; select it again (pgconverge run --tables) to load and follow it, or, if that is meant, pgconverge retire --table %s", st.Table)
 		return tr
 	}
 	start := LSN(st.StreamStart)

@@ -50,16 +50,18 @@ func newCoverageCmd(stdout io.Writer) *cobra.Command {
 		Short: "Report, per table, which LSN ranges no backfill and no stream delivered (coverage gaps)",
 		Long: `coverage reads the coverage ledger in the target (pgconverge schema) and the source's slots and
 publication, and reports per table: its status (covered, gap, loading, never-loaded, schema-changed,
-not-streamed for a table no stream follows any more, or snapshot-only for a table no publication can
-carry, kept by backfills: as of its last backfill's snapshot, with its age), the LSN of its last
+not-streamed for a table no stream follows any more, retired for one retired on purpose (pgconverge
+retire), or snapshot-only for a table no publication can carry, kept by backfills: as of its last
+backfill's snapshot, with its age), the LSN of its last
 completed backfill, where its continuous
 stream coverage starts, its watermark and lag in bytes, and each gap as an LSN range [from, to) with
 its size in bytes and the key ranges it misses. It also reports each slot's health: wal_status,
 safe_wal_size, restart_lsn lag, and a warning when the slot is lost, missing or at risk of losing WAL
 (max_slot_wal_keep_size). A lost or missing slot makes everything after the watermark a gap at once.
 
-Exit status: 0 when the report was made (and, with --fail-on-gap, every streamed table is
-covered), 3 with --fail-on-gap when a table is gap, loading, never-loaded or schema-changed, 1 on an error (also
+Exit status: 0 when the report was made (and, with --fail-on-gap, every table is covered,
+snapshot-only or retired), 3 with --fail-on-gap when a table is gap, loading, never-loaded,
+schema-changed or not-streamed, 1 on an error (also
 when the source URL is not the database the ledger's stream reads). URLs default to $PGCONVERGE_SOURCE and
 $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.`,
 		Args: cobra.NoArgs,
@@ -97,7 +99,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 func uncovered(rep engine.Report) []string {
 	var out []string
 	for _, t := range rep.Tables {
-		if t.Status != engine.Covered && t.Status != engine.NotStreamed && t.Status != engine.SnapshotOnly {
+		if t.Status.Failing() {
 			out = append(out, t.Table+" ("+string(t.Status)+")")
 		}
 	}
@@ -177,7 +179,7 @@ func printCoverage(w io.Writer, rep engine.Report) {
 
 // stopped reports whether t is streamed but no daemon follows it now (its slot has no walsender).
 func stopped(t engine.TableReport) bool {
-	return t.Status != engine.NotStreamed && t.Status != engine.SnapshotOnly && t.Slot != "" && !t.Following
+	return t.Status != engine.NotStreamed && t.Status != engine.SnapshotOnly && t.Status != engine.Retired && t.Slot != "" && !t.Following
 }
 
 func keysText(keys []engine.KeyRange) string {

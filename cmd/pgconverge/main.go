@@ -59,7 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr))
+	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout))
 	err := root.ExecuteContext(ctx)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil

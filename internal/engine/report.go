@@ -24,11 +24,12 @@ type (
 	LSN = coverage.LSN
 )
 
-// Table statuses of a report that do not mean a gap (coverage.Status).
+// Table statuses of a report (coverage.Status); Status.Failing says which fail a check.
 const (
 	Covered      = coverage.Covered
 	NotStreamed  = coverage.NotStreamed
 	SnapshotOnly = coverage.SnapshotOnly
+	Retired      = coverage.Retired
 )
 
 // HumanBytes prints a size in bytes with a binary unit (coverage.HumanBytes).

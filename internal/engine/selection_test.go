@@ -1,15 +1,20 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// A table left out of --tables for a while misses changes; selected again, it is loaded again.
+// A table left out of --tables for a while misses changes: coverage reports it not-streamed and
+// fails until it is retired (a table a stream follows, or one the ledger does not know, is not);
+// selected again, it is followed and loaded again.
 func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
@@ -28,15 +33,32 @@ func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
 	pgtest.WaitConverged(t, env, "a", "id")
 	pgtest.WaitSlotCaughtUp(t, env)
 	rep, code := coverageOf(t, env)
-	if b := tableReport(t, rep, "public.b"); code != 0 || b.Status != "not-streamed" {
-		t.Errorf("exit %d, b %+v: want exit 0 and b not-streamed while it is left out", code, b)
+	if b := tableReport(t, rep, "public.b"); code != exitGap || b.Status != NotStreamed || rep.Covered {
+		t.Errorf("exit %d, covered %v, b %+v: want exit %d and b not-streamed while it is left out", code, rep.Covered, b, exitGap)
+	}
+	_, err := Retire(context.Background(), RetireConfig{Target: env.TargetURL, Tables: []string{"public.a, public.b", "public.nope"}})
+	if !errors.Is(err, coverage.ErrStillFollowed) || !strings.Contains(err.Error(), "public.a") || !strings.Contains(err.Error(), "public.nope is not in the target's ledger") {
+		t.Errorf("retire of a followed, a left-out and an unknown table: %v; want public.a still followed and public.nope unknown", err)
+	}
+	if rep, code := coverageOf(t, env); code != exitGap {
+		t.Errorf("a refused retire retired something: exit %d, %+v", code, rep.Tables)
+	}
+	retired, err := Retire(context.Background(), RetireConfig{Target: env.TargetURL, Tables: []string{"public.b"}})
+	if err != nil || len(retired) != 1 {
+		t.Fatalf("retire public.b: %v, %v", retired, err)
+	}
+	rep, code = coverageOf(t, env)
+	if b := tableReport(t, rep, "public.b"); code != 0 || b.Status != Retired || b.RetiredAt == nil || !rep.Covered {
+		t.Errorf("exit %d, b %+v: want exit 0 and b retired", code, b)
 	}
 	d.Stop(t)
 
 	startDaemon(t, testConfig(t, env))
 	pgtest.WaitConverged(t, env, "b", "id")
 	pgtest.WaitConverged(t, env, "a", "id")
-	waitCovered(t, env)
+	if b := tableReport(t, waitCovered(t, env), "public.b"); b.Status != Covered {
+		t.Errorf("b selected again: %+v, want covered", b)
+	}
 }
 
 // loadedAndStopped starts the daemon on a source table a of 100 rows, waits until the target

@@ -192,8 +192,15 @@ func (s *session) prepareTarget(ctx context.Context) error {
 		cfg.Logger.Info("table kept by snapshots only until now can be streamed: it joins the stream and is loaded from a snapshot while the slot keeps its later changes", "table", n.String())
 	}
 	for _, t := range forgotten {
-		cfg.Logger.Warn("table no longer replicated: its target copy stops following the source and is loaded again if it is selected again",
+		cfg.Logger.Error("table no longer selected: no stream follows it now, and coverage reports it not-streamed (which fails --fail-on-gap) until it is selected again, then loaded again, or retired with pgconverge retire --table "+t,
 			"table", t, "slot", cfg.Slot)
+	}
+	unretired, err := coverage.Unretire(ctx, s.tgt, all)
+	if err != nil {
+		return err
+	}
+	for _, n := range unretired {
+		cfg.Logger.Info("table retired earlier is selected again: it is followed again and loaded from a new snapshot", "table", n.String())
 	}
 	return nil
 }
