@@ -55,6 +55,10 @@ func (e *SchemaChangeError) Error() string {
 	if e.Reload {
 		parts = append(parts, "a change streamed against older columns needs a reload")
 	}
+	if len(e.Added)+len(e.Dropped)+len(e.Retyped) == 0 && !e.KeyChanged && e.Rewritten {
+		return fmt.Sprintf("source table %s was rewritten (seen at %s): it has new storage, as after TRUNCATE, VACUUM FULL, CLUSTER, SET LOGGED/UNLOGGED or an ALTER TABLE that rewrites it, which can change rows with no change the stream carries",
+			e.Table, e.LSN)
+	}
 	return fmt.Sprintf("source table %s changed its columns (seen at %s): %s",
 		e.Table, e.LSN, strings.Join(parts, "; "))
 }

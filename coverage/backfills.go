@@ -21,6 +21,9 @@ const (
 	TriggerSchedule = "schedule"
 	// TriggerGap is a daemon's backfill of tables the coverage ledger shows a gap for (run --on-gap).
 	TriggerGap = "gap"
+	// TriggerSchemaChange is a daemon's load of tables whose source table changed in a way no
+	// streamed change shows (apply.RecordSchemaChange), when no table of the run has a gap.
+	TriggerSchemaChange = "schema-change"
 )
 
 // runLockClass is the first key of the session advisory lock a run's process holds while the run

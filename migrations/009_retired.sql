@@ -1,7 +1,13 @@
--- pgconverge metadata schema, version 9: tables retired on purpose.
+-- pgconverge metadata schema, version 9: tables retired on purpose; loads for schema changes.
 
 -- retired_at: when `pgconverge retire` recorded that no stream is to follow the table any more
 -- (its target copy stays as of its last watermark); NULL for a table meant to be followed. The
 -- coverage report calls a table no stream follows 'retired' when it is set, else 'not-streamed',
 -- which counts as a gap. A run that selects the table again clears it and loads the table again.
 alter table pgconverge.tables add column retired_at timestamptz;
+
+-- 'schema-change': a daemon's load of tables whose source table changed in a way no streamed
+-- change shows (a column added or retyped, a rewrite), so that their rows are read again.
+alter table pgconverge.backfill_runs
+    drop constraint backfill_runs_trigger_check,
+    add constraint backfill_runs_trigger_check check (trigger in ('initial', 'manual', 'schedule', 'gap', 'schema-change'));

@@ -239,6 +239,8 @@ step "waiting for the initial load of the 4 tables (target's pgconverge.tables.l
 poll "the initial load" initial_load_done
 
 step "running pgbench on the source for 30 s (-c 4 -j 2), output in $PGBENCH_LOG"
+echo "(pgbench first vacuums its tables and TRUNCATEs pgbench_history, as before every run: the"
+echo " stream applies the TRUNCATE, so pgbench_history holds only the rows of the latest run)"
 "$PGBIN/pgbench" -c 4 -j 2 -T 30 -P 5 "$SRC" </dev/null >"$PGBENCH_LOG" 2>&1 &
 PGBENCH_PID=$!
 echo "$PGBENCH_PID" >"$ROOT/pgbench.pid"
@@ -305,6 +307,7 @@ step "a hole on purpose: stop the daemon, drop its slot, run 200 pgbench transac
 stop_daemon
 q "$SRC" "SELECT pg_drop_replication_slot('pgconverge')" >/dev/null
 "$PGBIN/pgbench" -c 1 -t 200 "$SRC" </dev/null >>"$PGBENCH_LOG" 2>&1 || fail "pgbench failed"
+echo "(pgbench truncated pgbench_history first again: it holds these 200 transactions' rows now)"
 rc=0
 "$BIN" coverage --source "$SRC" --target "$TGT" --fail-on-gap || rc=$?
 [ "$rc" -eq 3 ] || fail "pgconverge coverage exited $rc after the slot was dropped, want 3 (a gap)"
@@ -315,7 +318,8 @@ echo "---- demo.sh: slot dropped, restarting ----" >>"$DAEMON_LOG"
 start_daemon
 poll "pgconverge coverage --fail-on-gap to exit 0" covered
 "$BIN" coverage --source "$SRC" --target "$TGT"
-grep -E 'coverage gap|stream coverage broken' "$DAEMON_LOG" | cut -c1-220 || true
+echo "the daemon's log lines about the gap and its backfill:"
+grep -E 'coverage gap|stream coverage broken' "$DAEMON_LOG" || true
 LSN=$(q "$SRC" "SELECT pg_current_wal_insert_lsn()")
 poll "confirmed_flush_lsn >= $LSN" slot_caught_up "$LSN"
 step "comparing source and target again, after the gap backfill"

@@ -6,7 +6,8 @@
 # 1. checks formatting (`gofmt -l .` must list nothing) and runs `go vet ./...`;
 # 2. starts two private PostgreSQL 15 clusters with scripts/pgcluster.sh under ROOT:
 #    `source` on 127.0.0.1:54341 (wal_level=logical) and `target` on 127.0.0.1:54342;
-# 3. runs `go test -race -count=1 -p 1 -timeout 30m ./... "$@"` (then, without extra arguments,
+# 3. runs `go test -race -count=1 -p 1 -timeout 30m ./... "$@"` through gotestsum, one line per
+#    test as it ends (then, without extra arguments,
 #    15 s of the pgoutput fuzz test and 10 s of the coverage gap fuzz test) against them, with these variables exported:
 #      PGCONVERGE_TEST_SOURCE          URL of the source cluster
 #      PGCONVERGE_TEST_TARGET          URL of the target cluster
@@ -74,10 +75,12 @@ PGCONVERGE_TEST_RESTART_TARGET=$(printf '%q restart target %q' "$PGCLUSTER" "$RO
 PGCONVERGE_REQUIRE_INTEGRATION=1
 export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_SOURCE PGCONVERGE_TEST_RESTART_TARGET PGCONVERGE_REQUIRE_INTEGRATION
 
-# -p 1: packages run one at a time, because some tests restart the shared clusters.
-echo "== go test -race -count=1 -p 1 -timeout 30m ./... $*"
+# -p 1: packages run one at a time, because some tests restart the shared clusters. gotestsum
+# (a go.mod tool) prints each test as it ends, so the long integration package is not silent; it
+# prints the output of failed tests again at the end, and exits with go test's status.
+echo "== go test -race -count=1 -p 1 -timeout 30m ./... $* (one line per test as it ends)"
 status=0
-go test -race -count=1 -p 1 -timeout 30m ./... "$@" || status=$?
+go tool gotestsum --format testname --format-hide-empty-pkg -- -race -count=1 -p 1 -timeout 30m ./... "$@" || status=$?
 if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
 	echo "== go test -run '^$' -fuzz FuzzAssemble -fuzztime 15s ./cdc (pgoutput decoding and assembly)"
 	go test -run '^$' -fuzz FuzzAssemble -fuzztime 15s ./cdc || status=$?

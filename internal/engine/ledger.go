@@ -114,9 +114,20 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 	for _, t := range s.tables {
 		st := states[t.TableName]
 		if st == nil || st.Backfilled == 0 || s.joined[t.TableName] {
+			why := "never loaded into its target table"
 			if st != nil {
 				s.mon.CoverageGap(t.String(), coverage.Total(coverage.Gaps(st.Ledger)))
+				switch {
+				case s.joined[t.TableName]:
+					why = "kept by snapshots only until now, it joins the stream"
+				case st.SchemaChanged != 0:
+					why = "the source table changed in a way no streamed change shows"
+					if trigger == coverage.TriggerInitial {
+						trigger = coverage.TriggerSchemaChange
+					}
+				}
 			}
+			s.cfg.Logger.Info("table to load", "table", t.String(), "why", why)
 			need = append(need, t)
 			continue
 		}

@@ -62,10 +62,13 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	err = g.Wait()
 	var schema *cdc.SchemaChangeError
 	if errors.As(err, &schema) {
-		cfg.Logger.Warn("source table changed while streaming (columns, key or storage): restarting the session to follow it",
-			"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
+		attrs := []any{"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
 			"dropped_or_renamed", schema.Dropped, "changed_type", schema.Retyped, "rewritten", schema.Rewritten,
-			"key_changed", schema.KeyChanged, "reload", schema.Reload)
+			"key_changed", schema.KeyChanged}
+		if schema.Reload {
+			attrs = append(attrs, "load_again", "a change streamed against the old columns cannot be written: the table is loaded again")
+		}
+		cfg.Logger.Warn("source table changed while streaming (columns, key or storage): restarting the session, which brings the target table in line and logs whether its rows are loaded again", attrs...)
 		if schema.Reload {
 			// The transaction at LSN is left to a backfill read after it.
 			if rerr := apply.RecordSchemaChange(context.WithoutCancel(ctx), s.tgt, schema.Table.TableName, schema.LSN+1, coverage.AbandonBackfills); rerr != nil {
