@@ -119,6 +119,11 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 		return r, nil
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if len(ddl) > 0 || oldKey != nil {
+			if err := dropLiveViews(ctx, tx, t); err != nil {
+				return err
+			}
+		}
 		if oldKey != nil {
 			if err := dropKey(ctx, tx, t, oldKey, newKey); err != nil {
 				return err
@@ -175,7 +180,7 @@ func checkMetadataColumns(t changebatch.Table, all map[string]bool) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("target table %s exists but lacks pgconverge's columns %s: drop it (DROP TABLE %s on the target) and restart, and pgconverge recreates and reloads it",
+		return fmt.Errorf("target table %s exists but lacks pgconverge's columns %s: drop it (DROP TABLE %s CASCADE on the target: CASCADE drops its live view too, and any view of yours over it) and restart, and pgconverge recreates and reloads it",
 			t, strings.Join(missing, ", "), t.Quoted())
 	}
 	return nil
@@ -323,7 +328,7 @@ func reshapeError(t changebatch.Table, r Reshape, err error) error {
 			return fmt.Errorf("%s: %w; a function a generated column's expression uses does not exist on the target: create it there first, then restart", what, err)
 		}
 	}
-	return fmt.Errorf("%s: %w; change the target table by hand to the source's column types (ALTER TABLE %s ALTER COLUMN ... TYPE ... USING ...) or drop it (DROP TABLE %s on the target), then restart: pgconverge reloads the table either way",
+	return fmt.Errorf("%s: %w; change the target table by hand to the source's column types (ALTER TABLE %s ALTER COLUMN ... TYPE ... USING ...) or drop it (DROP TABLE %s CASCADE on the target: CASCADE drops its live view too, and any view of yours over it), then restart: pgconverge reloads the table either way",
 		what, err, t.Quoted(), t.Quoted())
 }
 

@@ -105,6 +105,11 @@ func createTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, repla
 		stmts = append([]string{"drop table " + t.Quoted()}, stmts...)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if replace {
+			if err := dropLiveViews(ctx, tx, t); err != nil {
+				return err
+			}
+		}
 		for _, s := range stmts {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return err

@@ -100,7 +100,7 @@ limit 1`, n.Schema, n.Name, source).Scan(&other)
 	if err != nil {
 		return fmt.Errorf("read the source that streams %s: %w", n, err)
 	}
-	return fmt.Errorf("%w: target table %s holds rows of source database %s (system identifier/database), but the source URL reaches %s: use the source it was loaded from, or drop the target table (DROP TABLE %s on the target) to load it anew",
+	return fmt.Errorf("%w: target table %s holds rows of source database %s (system identifier/database), but the source URL reaches %s: use the source it was loaded from, or drop the target table (DROP TABLE %s CASCADE on the target: CASCADE drops its live view too, and any view of yours over it) to load it anew",
 		ErrOtherSource, n, other, source, n.Quoted())
 }
 

@@ -75,6 +75,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&verifySpec, "verify-schedule", "", `verify every selected table on this cron schedule while streaming (as pgconverge verify does), for example "@every 6h"; a tick while the previous verify runs is skipped`)
 	f.BoolVar(&cfg.VerifyRepair, "verify-repair", false, "repair what a scheduled verify finds (as verify --repair)")
 	addAuditRetentionFlag(f, &cfg.AuditRetention)
+	f.StringVar(&cfg.LiveSuffix, "live-suffix", "_live", "keep a view of each target table's live rows, without tombstones and metadata columns, in the schema named its schema plus this suffix (public.orders: public_live.orders); '' keeps none")
 	f.StringVar(&cfg.OnGap, "on-gap", engine.OnGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187); off when empty")

@@ -40,6 +40,10 @@ type Config struct {
 	// hourly. 0 keeps them forever; `run --audit-retention` defaults to
 	// coverage.DefaultAuditRetention.
 	AuditRetention time.Duration
+	// LiveSuffix, when set, names the schemas of the live views the daemon keeps over the target
+	// tables (apply.EnsureLiveView): public.orders gets public<LiveSuffix>.orders, its live rows
+	// without metadata columns. `run --live-suffix` defaults to "_live"; "" keeps no views.
+	LiveSuffix string
 	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
 	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
 	OnGap string

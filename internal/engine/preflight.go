@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
@@ -37,7 +38,7 @@ func (s *session) preflight(ctx context.Context, names []changebatch.TableName) 
 		}
 	}
 	all := append(slices.Clone(s.tables), s.snapshotOnly...)
-	if err := checkTargetCreatable(ctx, s.src, s.tgt, all); err != nil {
+	if err := checkTargetCreatable(ctx, s.src, s.tgt, all, s.cfg.LiveSuffix); err != nil {
 		if decide(err) != stop {
 			return err
 		}
@@ -57,8 +58,10 @@ func (s *session) preflight(ctx context.Context, names []changebatch.TableName) 
 // missing schema or a missing table in an existing schema (CREATE on the database or the schema,
 // PostgreSQL docs §5.7 "Privileges"), or a column's type exists on the source (src) but not on
 // the target and is not one pgconverge creates (an extension's type, a base type:
-// cdc.TypeDefinitions). Tables whose target table exists are not checked.
-func checkTargetCreatable(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.Table) error {
+// cdc.TypeDefinitions). Tables whose target table exists are not checked. With liveSuffix, the
+// schemas of the live views (apply.LiveViewName) that are missing need CREATE on the database
+// too.
+func checkTargetCreatable(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.Table, liveSuffix string) error {
 	var canCreate, hasMeta bool
 	err := tgt.QueryRow(ctx, `select has_database_privilege(current_database(), 'CREATE'), to_regnamespace('pgconverge') is not null`).
 		Scan(&canCreate, &hasMeta)
@@ -69,6 +72,24 @@ func checkTargetCreatable(ctx context.Context, src, tgt *pgx.Conn, tables []chan
 	var errs []error
 	if !hasMeta && !canCreate {
 		errs = append(errs, fmt.Errorf("the target role may not create pgconverge's metadata schema pgconverge: GRANT CREATE ON DATABASE %s TO %s, or create it for the role: CREATE SCHEMA pgconverge AUTHORIZATION %s", db, role, role))
+	}
+	if liveSuffix != "" && !canCreate {
+		seen := map[string]bool{}
+		for _, t := range tables {
+			v := apply.LiveViewName(t.TableName, liveSuffix)
+			if seen[v.Schema] {
+				continue
+			}
+			seen[v.Schema] = true
+			var exists bool
+			if err := tgt.QueryRow(ctx, `select to_regnamespace($1) is not null`, pgx.Identifier{v.Schema}.Sanitize()).Scan(&exists); err != nil {
+				return fmt.Errorf("look up schema %s on the target: %w", v.Schema, err)
+			}
+			if !exists {
+				errs = append(errs, fmt.Errorf("the target role may not create schema %s for the live views: GRANT CREATE ON DATABASE %s TO %s, create the schema for the role, or pass --live-suffix ''",
+					pgx.Identifier{v.Schema}.Sanitize(), db, role))
+			}
+		}
 	}
 	for _, t := range tables {
 		var exists, schemaExists, canCreateIn bool

@@ -178,6 +178,9 @@ func (s *session) prepareTarget(ctx context.Context) error {
 	if s.enums, err = ensureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
 		return err
 	}
+	if err := s.ensureLiveViews(ctx, all); err != nil {
+		return err
+	}
 	forgotten, err := coverage.ForgetTables(ctx, s.tgt, cfg.Slot, s.tables)
 	if err != nil {
 		return err

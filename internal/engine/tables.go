@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -77,4 +78,25 @@ func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.
 		}
 	}
 	return enums, nil
+}
+
+// ensureLiveViews creates or replaces the live view of each table (apply.EnsureLiveView) when
+// Config.LiveSuffix is set. A view it cannot change (other objects depend on it) is logged at
+// ERROR with the fix and left as it was: the views are a convenience, the tables stay followed.
+// Other errors are returned.
+func (s *session) ensureLiveViews(ctx context.Context, tables []changebatch.Table) error {
+	if s.cfg.LiveSuffix == "" {
+		return nil
+	}
+	for _, t := range tables {
+		err := apply.EnsureLiveView(ctx, s.tgt, t, s.cfg.LiveSuffix)
+		if isCode(err, pgerrcode.DependentObjectsStillExist) {
+			s.cfg.Logger.Error("live view not changed", "table", t.String(), "view", apply.LiveViewName(t.TableName, s.cfg.LiveSuffix).String(), "err", err)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
