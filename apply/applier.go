@@ -396,10 +396,19 @@ where schema_name = $1 and table_name = $2`, tab.Schema, tab.Name, ver.LSN.Strin
 // without touching the table's rows: Fence without its tombstones, for a caller that knows the
 // table holds no live row older than ver.
 func (t *Tx) RaiseFence(ctx context.Context, tab changebatch.Table, ver changebatch.Version) error {
-	if _, err := t.tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
-		return fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
+	if err := RaiseFenceTx(ctx, t.tx, tab.TableName, ver); err != nil {
+		return err
 	}
 	delete(t.fences, tab.String())
+	return nil
+}
+
+// RaiseFenceTx is Tx.RaiseFence in a transaction of the caller's: it raises table tab's fence to
+// ver (never lowers it), waiting for the writers that hold the fence row.
+func RaiseFenceTx(ctx context.Context, tx pgx.Tx, tab changebatch.TableName, ver changebatch.Version) error {
+	if _, err := tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
+		return fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
+	}
 	return nil
 }
 

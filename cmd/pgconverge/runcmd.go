@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
@@ -75,6 +76,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&verifySpec, "verify-schedule", "", `verify every selected table on this cron schedule while streaming (as pgconverge verify does), for example "@every 6h"; a tick while the previous verify runs is skipped`)
 	f.BoolVar(&cfg.VerifyRepair, "verify-repair", false, "repair what a scheduled verify finds (as verify --repair)")
 	addAuditRetentionFlag(f, &cfg.AuditRetention)
+	f.DurationVar(&cfg.TombstoneRetention, "tombstone-retention", 24*time.Hour, "keep tombstones (target rows of deleted source rows) at least this long after they were applied; older ones are deleted hourly once no slot, backfill or verify could still deliver an older change of their key; 0 keeps them forever")
 	f.StringVar(&cfg.LiveSuffix, "live-suffix", "_live", "keep a view of each target table's live rows, without tombstones and metadata columns, in the schema named its schema plus this suffix (public.orders: public_live.orders); '' keeps none")
 	f.StringVar(&cfg.OnGap, "on-gap", engine.OnGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)

@@ -44,6 +44,11 @@ type Config struct {
 	// tables (apply.EnsureLiveView): public.orders gets public<LiveSuffix>.orders, its live rows
 	// without metadata columns. `run --live-suffix` defaults to "_live"; "" keeps no views.
 	LiveSuffix string
+	// TombstoneRetention is how long tombstones are kept at least after the stream applied them;
+	// older ones are deleted hourly once no path can deliver a change they guard against
+	// (pruneTombstones, coverage.TombstoneHorizon). 0 keeps them forever; `run
+	// --tombstone-retention` defaults to 24h.
+	TombstoneRetention time.Duration
 	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
 	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
 	OnGap string
@@ -75,6 +80,8 @@ type Knobs struct {
 	AfterScheduledChunk func(table string, rows int64)
 	// Verified runs after each scheduled verify with its report and error.
 	Verified func(VerifyReport, error)
+	// TombstonePruneEvery, when set, replaces tombstonePruneEvery.
+	TombstonePruneEvery time.Duration
 }
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.
@@ -89,6 +96,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
 	if c.OnGap != OnGapBackfill && c.OnGap != OnGapAlert {
 		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s or %s", c.OnGap, OnGapBackfill, OnGapAlert))
+	}
+	if c.TombstoneRetention < 0 {
+		errs = append(errs, fmt.Errorf("--tombstone-retention %s is negative: use 0 to keep tombstones forever", c.TombstoneRetention))
 	}
 	return errors.Join(errs...)
 }

@@ -51,6 +51,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
+	g.Go(func() error { return s.pruneTombstones(gctx) })
 	s.unknown = make(chan unknownKeys, unknownQueue)
 	g.Go(func() error { return s.fillUnknown(gctx) })
 	g.Go(func() error {

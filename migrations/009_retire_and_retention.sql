@@ -1,4 +1,5 @@
--- pgconverge metadata schema, version 9: tables retired on purpose; loads for schema changes.
+-- pgconverge metadata schema, version 9: tables retired on purpose, loads for schema changes,
+-- tombstone retention.
 
 -- retired_at: when `pgconverge retire` recorded that no stream is to follow the table any more
 -- (its target copy stays as of its last watermark); NULL for a table meant to be followed. The
@@ -11,3 +12,15 @@ alter table pgconverge.tables add column retired_at timestamptz;
 alter table pgconverge.backfill_runs
     drop constraint backfill_runs_trigger_check,
     add constraint backfill_runs_trigger_check check (trigger in ('initial', 'manual', 'schedule', 'gap', 'schema-change'));
+
+-- tombstone_horizons: per table, a position below which no path can deliver a change any more
+-- (the least progress of the slots whose streams follow the table), recorded at each tombstone
+-- pruning round of the daemon. Tombstones at or below the newest horizon recorded at least
+-- `run --tombstone-retention` ago are removed, after the table's fence is raised to it.
+create table pgconverge.tombstone_horizons (
+    schema_name  text not null,
+    table_name   text not null,
+    horizon_lsn  pg_lsn not null,
+    recorded_at  timestamptz not null default now(),
+    primary key (schema_name, table_name, recorded_at)
+);
