@@ -47,8 +47,10 @@ type TableState struct {
 	// (the target's clock), 0 when it never completed one.
 	SnapshotOnly string
 	LoadedAge    time.Duration
-	// Retired is when the table was retired (Retire), nil when it was not.
-	Retired *time.Time
+	// Retired is when the table was retired (Retire, RetireLeft), nil when it was not;
+	// RetiredReason says why.
+	Retired       *time.Time
+	RetiredReason string
 }
 
 // ReadTables returns the ledger of every table pgconverge.tables registers, keyed by name.
@@ -57,7 +59,7 @@ func ReadTables(ctx context.Context, db DB) (map[changebatch.TableName]*TableSta
 	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(schema_changed_lsn, '0/0')::text, coalesce(membership, ''),
   to_regclass(format('%I.%I', schema_name, table_name)) is null
     or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false),
-  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0), retired_at
+  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0), retired_at, coalesce(retired_reason, '')
 from pgconverge.tables`)
 	if err != nil {
 		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
@@ -66,7 +68,7 @@ from pgconverge.tables`)
 		st := &TableState{}
 		var truncated, changed string
 		var age float64
-		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age, &st.Retired); err != nil {
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age, &st.Retired, &st.RetiredReason); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}

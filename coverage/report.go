@@ -268,7 +268,7 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	if !st.Streaming && st.Retired != nil {
 		at := *st.Retired
 		tr.Status, tr.RetiredAt = Retired, &at
-		tr.Note = "retired (pgconverge retire): no stream follows this table, on purpose; its target copy holds the source as of its watermark"
+		tr.Note = "retired (" + st.RetiredReason + "): no stream follows this table, on purpose; its target copy holds the source as of its watermark"
 		return tr
 	}
 	if !st.Streaming {

@@ -38,7 +38,7 @@ func Retire(ctx context.Context, conn *pgx.Conn, tables []changebatch.TableName)
 			case followed:
 				errs = append(errs, fmt.Errorf("%w: %s: start pgconverge run without it in --tables (or stop following it with ALTER PUBLICATION … DROP TABLE and let the daemon notice), then retire it", ErrStillFollowed, t))
 			case !already:
-				if _, err := tx.Exec(ctx, `update pgconverge.tables set retired_at = now() where schema_name = $1 and table_name = $2`, t.Schema, t.Name); err != nil {
+				if _, err := tx.Exec(ctx, `update pgconverge.tables set retired_at = now(), retired_reason = 'pgconverge retire' where schema_name = $1 and table_name = $2`, t.Schema, t.Name); err != nil {
 					return fmt.Errorf("retire %s: %w", t, err)
 				}
 				retired = append(retired, t)
@@ -52,6 +52,20 @@ func Retire(ctx context.Context, conn *pgx.Conn, tables []changebatch.TableName)
 	return retired, nil
 }
 
+// RetireLeft retires the tables of reasons, which a session stops following for the reason given
+// (the source table was dropped, or became a partition of a table the session follows): nothing
+// is left to follow under that name. It does not check spans: the session that calls it ends them.
+func RetireLeft(ctx context.Context, conn *pgx.Conn, reasons map[changebatch.TableName]string) error {
+	for t, why := range reasons {
+		_, err := conn.Exec(ctx, `update pgconverge.tables set retired_at = now(), retired_reason = $3
+where schema_name = $1 and table_name = $2 and retired_at is null`, t.Schema, t.Name, why)
+		if err != nil {
+			return fmt.Errorf("retire %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
 // Unretire clears the retirement of those of tables that were retired (a run selected them
 // again) and returns them: each is loaded again, as a table that left the selection is.
 func Unretire(ctx context.Context, conn *pgx.Conn, tables []changebatch.Table) ([]changebatch.TableName, error) {
@@ -59,7 +73,7 @@ func Unretire(ctx context.Context, conn *pgx.Conn, tables []changebatch.Table) (
 	for i, t := range tables {
 		schemas[i], names[i] = t.Schema, t.Name
 	}
-	rows, err := conn.Query(ctx, `update pgconverge.tables set retired_at = null
+	rows, err := conn.Query(ctx, `update pgconverge.tables set retired_at = null, retired_reason = null
 where retired_at is not null and (schema_name, table_name) in (select * from unnest($1::text[], $2::text[]))
 returning schema_name, table_name`, schemas, names)
 	if err != nil {

@@ -5,7 +5,9 @@
 -- (its target copy stays as of its last watermark); NULL for a table meant to be followed. The
 -- coverage report calls a table no stream follows 'retired' when it is set, else 'not-streamed',
 -- which counts as a gap. A run that selects the table again clears it and loads the table again.
-alter table pgconverge.tables add column retired_at timestamptz;
+-- retired_reason says why: 'pgconverge retire', or what the daemon saw (the source table was
+-- dropped, or attached as a partition of a table it follows).
+alter table pgconverge.tables add column retired_at timestamptz, add column retired_reason text;
 
 -- 'schema-change': a daemon's load of tables whose source table changed in a way no streamed
 -- change shows (a column added or retyped, a rewrite), so that their rows are read again.

@@ -118,7 +118,8 @@ from (select 1) one left join pg_namespace n on n.nspname = $2`, t.Quoted(), t.S
 	return errors.Join(errs...)
 }
 
-// missingTypes returns one error per type a column of t uses (itself, or as an array's element)
+// missingTypes returns one error per type a column of t uses (itself, as an array's element, or
+// as a multirange's range, which comes with it)
 // that the target lacks and pgconverge does not create (cdc.TypeDefinitions), naming the
 // extension that provides it on the source, if any.
 func missingTypes(ctx context.Context, src, tgt *pgx.Conn, t changebatch.Table) ([]error, error) {
@@ -137,7 +138,9 @@ func missingTypes(ctx context.Context, src, tgt *pgx.Conn, t changebatch.Table) 
 	rows, err := src.Query(ctx, `select distinct n.nspname::text, e.typname::text,
   (select x.extname::text from pg_depend d join pg_extension x on x.oid = d.refobjid
     where d.classid = 'pg_type'::regclass and d.objid = e.oid and d.deptype = 'e')
-from pg_type t join pg_type e on e.oid = case when t.typcategory = 'A' and t.typelem <> 0 then t.typelem else t.oid end
+from pg_type t join pg_type e on e.oid = coalesce(
+  (select r.rngtypid from pg_range r where r.rngmultitypid = case when t.typcategory = 'A' and t.typelem <> 0 then t.typelem else t.oid end),
+  case when t.typcategory = 'A' and t.typelem <> 0 then t.typelem else t.oid end)
 join pg_namespace n on n.oid = e.typnamespace
 where t.oid = any($1) and n.nspname not in ('pg_catalog', 'information_schema')`, oids)
 	if err != nil {

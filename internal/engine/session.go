@@ -194,6 +194,9 @@ func (s *session) prepareTarget(ctx context.Context) error {
 		s.joined[n] = true
 		cfg.Logger.Info("table kept by snapshots only until now can be streamed: it joins the stream and is loaded from a snapshot while the slot keeps its later changes", "table", n.String())
 	}
+	if forgotten, err = s.retireLeft(ctx, forgotten); err != nil {
+		return err
+	}
 	for _, t := range forgotten {
 		cfg.Logger.Error("table no longer selected: no stream follows it now, and coverage reports it not-streamed (which fails --fail-on-gap) until it is selected again, then loaded again, or retired with pgconverge retire --table "+t,
 			"table", t, "slot", cfg.Slot)

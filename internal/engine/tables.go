@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/jackc/pgerrcode"
@@ -99,4 +100,47 @@ func (s *session) ensureLiveViews(ctx context.Context, tables []changebatch.Tabl
 		}
 	}
 	return nil
+}
+
+// retireLeft retires (coverage.RetireLeft) those of the tables the session no longer follows
+// (forgotten, as coverage.ForgetTables names them) that have nothing left to follow under their
+// name: the source table was dropped, or attached as a partition of a table the session
+// follows, whose stream carries its rows now. Each is logged at INFO; it returns the others.
+func (s *session) retireLeft(ctx context.Context, forgotten []string) ([]string, error) {
+	followed := map[string]bool{}
+	for _, t := range s.tables {
+		followed[t.String()] = true
+	}
+	reasons := map[changebatch.TableName]string{}
+	var rest []string
+	for _, name := range forgotten {
+		n, err := changebatch.ParseTableName(name)
+		if err != nil {
+			return nil, err
+		}
+		var dropped bool
+		var ancestors []string
+		err = s.src.QueryRow(ctx, `select c.oid is null, coalesce((select array_agg(format('%I.%I', n.nspname, r.relname)) from pg_partition_ancestors(c.oid) a
+    join pg_class r on r.oid = a.relid join pg_namespace n on n.oid = r.relnamespace where a.relid <> c.oid), '{}')
+from (select to_regclass($1) as oid) c`, n.Quoted()).Scan(&dropped, &ancestors)
+		if err != nil {
+			return nil, fmt.Errorf("look up source table %s: %w", n, err)
+		}
+		why := ""
+		if dropped {
+			why = "the source table was dropped"
+		}
+		for _, a := range ancestors {
+			if an, err := changebatch.ParseTableName(a); err == nil && followed[an.String()] {
+				why = "attached as a partition of " + an.String() + ", which is followed"
+			}
+		}
+		if why == "" {
+			rest = append(rest, name)
+			continue
+		}
+		reasons[n] = why
+		s.cfg.Logger.Info("table no longer followed under its own name: retired", "table", name, "why", why)
+	}
+	return rest, coverage.RetireLeft(ctx, s.tgt, reasons)
 }
