@@ -1,5 +1,5 @@
 -- pgconverge metadata schema, version 9: tables retired on purpose, loads for schema changes,
--- tombstone retention.
+-- tombstone retention, cutovers.
 
 -- retired_at: when `pgconverge retire` recorded that no stream is to follow the table any more
 -- (its target copy stays as of its last watermark); NULL for a table meant to be followed. The
@@ -25,4 +25,17 @@ create table pgconverge.tombstone_horizons (
     horizon_lsn  pg_lsn not null,
     recorded_at  timestamptz not null default now(),
     primary key (schema_name, table_name, recorded_at)
+);
+
+-- cutovers: per slot, the cutover (`pgconverge cutover`) that ended its replication: the source
+-- position the stream had applied when it stopped (cut_lsn), the exact snapshot verify compared at,
+-- and when each optional last step was done. A cutover run again after a crash skips what is done.
+create table pgconverge.cutovers (
+    slot             text primary key,
+    cut_lsn          pg_lsn not null,
+    verified_lsn     pg_lsn,
+    tables           text[] not null,
+    cut_at           timestamptz not null default now(),
+    slot_dropped_at  timestamptz,
+    finalized_at     timestamptz
 );

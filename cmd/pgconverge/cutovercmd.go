@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/spf13/cobra"
+)
+
+func newCutoverCmd(stdout, stderr io.Writer) *cobra.Command {
+	cfg := engine.CutoverConfig{Run: engine.Config{OnGap: engine.OnGapBackfill}}
+	var logFormat, logLevel, format string
+	cmd := &cobra.Command{
+		Use:   "cutover --source URL --target URL [--slot pgconverge] [--drop-slot=true] [--drop-publication] [--finalize]",
+		Short: "Finish replicating: catch up, verify, sync sequences, stop following, retire the tables",
+		Long: `cutover ends replication into the target, for moving an application to it. Stop the application's
+writes to the source and the daemon (pgconverge run) first. cutover then:
+
+ 1. streams from the slot, as run does, until the target holds every change up to the source's
+    position when it started, and checks that coverage has no gap;
+ 2. verifies every table at an exact snapshot, repairing what it finds (--skip-verify leaves it
+    out), and syncs the target's sequences past the source's;
+ 3. stops streaming and records the cutover in the target: the tables are retired, so coverage
+    reports no gap for them, and a run that selects them again loads them anew;
+ 4. drops the slot (--drop-slot, the default: a slot left behind keeps the source's WAL forever),
+    with --drop-publication the publication, and with --finalize makes the target tables plain:
+    tombstones deleted, _cdc_ columns and live views dropped (the source's NOT NULL constraints,
+    defaults, indexes and foreign keys are not copied: add them, for example from pg_dump
+    --schema-only of the source).
+
+Run again after a crash or an error, it resumes: before step 3 it starts over, after it, it does
+what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut over before step
+3 succeeds). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(stderr, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			cfg.Run.Logger = logger
+			if format != "table" && format != "json" {
+				return fmt.Errorf("--format %q is invalid: use table or json", format)
+			}
+			if err := cfg.Run.Validate(); err != nil {
+				return err
+			}
+			rep, err := engine.Cutover(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			printCutover(stdout, rep)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	addURLFlags(f, &cfg.Run.Source, &cfg.Run.Target)
+	f.StringArrayVar(&cfg.Run.Tables, "tables", nil, "the daemon's --tables, if it had them (the catch-up streams them as run does)")
+	f.StringVar(&cfg.Run.Slot, "slot", "pgconverge", "the daemon's logical replication slot")
+	f.StringVar(&cfg.Run.Publication, "publication", "pgconverge", "the daemon's publication")
+	addBackfillFlags(f, &cfg.Run.BackfillWorkers, &cfg.Run.ChunkRows, &cfg.Run.SnapshotWarn)
+	f.BoolVar(&cfg.SkipVerify, "skip-verify", false, "leave out the verify step")
+	f.BoolVar(&cfg.DropSlot, "drop-slot", true, "drop the slot once the tables are retired (false keeps it, and the source's WAL with it)")
+	f.BoolVar(&cfg.DropPublication, "drop-publication", false, "drop the publication too")
+	f.BoolVar(&cfg.Finalize, "finalize", false, "make the target tables plain tables: delete tombstones, drop the _cdc_ columns and the live views")
+	f.DurationVar(&cfg.Timeout, "timeout", 0, "how long to wait for the target to catch up (default 10m)")
+	f.StringVar(&format, "format", "table", "output format: table or json")
+	addLogFlags(f, &logFormat, &logLevel)
+	return cmd
+}
+
+// printCutover writes the cutover's report for a terminal.
+func printCutover(w io.Writer, rep engine.CutoverReport) {
+	if rep.Resumed {
+		fmt.Fprintln(w, "cut over by an earlier run; this one did what was left")
+	}
+	fmt.Fprintf(w, "slot %s cut over at %s: the target holds every change of the source up to it\n", rep.Slot, rep.CutLSN)
+	if rep.VerifiedLSN != "" {
+		fmt.Fprintf(w, "verified equal at the exact snapshot %s\n", rep.VerifiedLSN)
+	}
+	fmt.Fprintf(w, "retired: %s\n", strings.Join(rep.Tables, ", "))
+	if len(rep.Sequences) > 0 {
+		printSequences(w, rep.Sequences)
+	}
+	fmt.Fprintf(w, "slot dropped: %v; publication dropped: %v\n", rep.SlotDropped, rep.PublicationDropped)
+	if len(rep.Finalized) > 0 {
+		fmt.Fprintf(w, "made plain: %s\n", strings.Join(rep.Finalized, ", "))
+	}
+}

@@ -1,0 +1,104 @@
+package coverage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// ReasonCutover ends the stream segment and retires the tables of a cutover.
+const ReasonCutover = "cutover"
+
+// Cutover is the record of a slot's cutover (pgconverge.cutovers).
+type Cutover struct {
+	Slot string
+	// CutLSN is the source position the stream had applied when the cutover stopped it;
+	// VerifiedLSN the exact snapshot verify compared at (0 when verify was skipped).
+	CutLSN, VerifiedLSN pglogrepl.LSN
+	Tables              []changebatch.TableName
+	CutAt               time.Time
+	// SlotDropped and Finalized are when those last steps were done; nil when not (yet).
+	SlotDropped, Finalized *time.Time
+}
+
+// RecordCutover records, in one transaction, that slot's replication ended at cut: the slot's
+// stream segment and table spans end there (EndSegment, ReasonCutover), and tables are retired
+// with ReasonCutover. It is done once: a cutover recorded already is left as it was.
+func RecordCutover(ctx context.Context, conn *pgx.Conn, slot string, cut, verified pglogrepl.LSN, tables []changebatch.TableName) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		names := make([]string, len(tables))
+		for i, t := range tables {
+			names[i] = t.String()
+		}
+		var v *string
+		if verified != 0 {
+			s := verified.String()
+			v = &s
+		}
+		tag, err := tx.Exec(ctx, `insert into pgconverge.cutovers (slot, cut_lsn, verified_lsn, tables) values ($1, $2::pg_lsn, $3::pg_lsn, $4)
+on conflict (slot) do nothing`, slot, cut.String(), v, names)
+		if err != nil {
+			return fmt.Errorf("record the cutover of slot %q: %w", slot, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return nil
+		}
+		if _, err := EndSegment(ctx, tx, slot, cut, ReasonCutover); err != nil {
+			return err
+		}
+		reasons := map[changebatch.TableName]string{}
+		for _, t := range tables {
+			reasons[t] = ReasonCutover
+		}
+		return RetireLeft(ctx, tx.Conn(), reasons)
+	})
+}
+
+// ReadCutover returns slot's cutover record, and false when the slot was not cut over.
+func ReadCutover(ctx context.Context, conn *pgx.Conn, slot string) (Cutover, bool, error) {
+	c := Cutover{Slot: slot}
+	var cut string
+	var verified *string
+	var names []string
+	err := conn.QueryRow(ctx, `select cut_lsn::text, verified_lsn::text, tables, cut_at, slot_dropped_at, finalized_at
+from pgconverge.cutovers where slot = $1`, slot).Scan(&cut, &verified, &names, &c.CutAt, &c.SlotDropped, &c.Finalized)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, fmt.Errorf("read the cutover of slot %q: %w", slot, err)
+	}
+	if c.CutLSN, err = pglogrepl.ParseLSN(cut); err != nil {
+		return c, false, err
+	}
+	if verified != nil {
+		if c.VerifiedLSN, err = pglogrepl.ParseLSN(*verified); err != nil {
+			return c, false, err
+		}
+	}
+	for _, n := range names {
+		t, err := changebatch.ParseTableName(n)
+		if err != nil {
+			return c, false, err
+		}
+		c.Tables = append(c.Tables, t)
+	}
+	return c, true, nil
+}
+
+// MarkCutoverStep records that the cutover of slot did step "slot_dropped" or "finalized" now.
+func MarkCutoverStep(ctx context.Context, conn *pgx.Conn, slot, step string) error {
+	col := map[string]string{"slot_dropped": "slot_dropped_at", "finalized": "finalized_at"}[step]
+	if col == "" {
+		return fmt.Errorf("unknown cutover step %q", step)
+	}
+	if _, err := conn.Exec(ctx, `update pgconverge.cutovers set `+col+` = coalesce(`+col+`, now()) where slot = $1`, slot); err != nil {
+		return fmt.Errorf("record the cutover of slot %q: %w", slot, err)
+	}
+	return nil
+}

@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/migrations"
+)
+
+// CutoverConfig configures Cutover (`pgconverge cutover`).
+type CutoverConfig struct {
+	// Run is the daemon's configuration (URLs, slot, publication, tables, backfill sizes): the
+	// cutover streams with it until the target caught up.
+	Run Config
+	// SkipVerify leaves out the verify step; DropSlot drops the slot once the tables are retired
+	// (else it keeps the source's WAL: the report says so), DropPublication the publication,
+	// Finalize turns the target tables into plain tables (apply.Finalize).
+	SkipVerify, DropSlot, DropPublication, Finalize bool
+	// Timeout bounds the catch-up (default 10m).
+	Timeout time.Duration
+}
+
+// CutoverReport says what a cutover did; steps done by an earlier run are reported as done.
+type CutoverReport struct {
+	Slot string `json:"slot"`
+	// CutLSN is the source position the target holds every change up to; VerifiedLSN the exact
+	// snapshot at which verify found source and target equal ("" when skipped).
+	CutLSN      string   `json:"cut_lsn"`
+	VerifiedLSN string   `json:"verified_lsn,omitempty"`
+	Tables      []string `json:"tables"`
+	// Sequences are the sequences synced (SyncSequences).
+	Sequences []SequenceLine `json:"sequences"`
+	// SlotDropped, PublicationDropped and Finalized report the optional steps.
+	SlotDropped        bool     `json:"slot_dropped"`
+	PublicationDropped bool     `json:"publication_dropped"`
+	Finalized          []string `json:"finalized,omitempty"`
+	// Resumed is true when an earlier run had cut over already and this one did the rest.
+	Resumed bool `json:"resumed"`
+}
+
+// ErrDaemonRunning is wrapped by Cutover's error when a walsender holds the slot: the daemon must
+// be stopped first, so that the cutover's own stream is the last.
+var ErrDaemonRunning = errors.New("a daemon streams from the slot")
+
+// Cutover is `pgconverge cutover`, run once the application stopped writing to the source:
+//  1. with the daemon stopped (a walsender on the slot: ErrDaemonRunning), it streams as the
+//     daemon does (Run, loading what has a gap) until the target's progress reaches the source
+//     position read when it started, and checks that coverage has no gap;
+//  2. still streaming, it verifies every table (Verify with repair: a discrepancy left open is an
+//     error) and syncs the sequences (SyncSequences);
+//  3. it stops streaming and records the cutover (coverage.RecordCutover): the stream segment
+//     ends, the tables are retired, so coverage reports no gap for them;
+//  4. optionally it drops the slot and the publication, and finalizes the target tables.
+//
+// Run again after a crash, it resumes: before step 3 it starts over (every step is idempotent),
+// after it, it does the optional steps still to do.
+func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Minute
+	}
+	rc := cfg.Run
+	rep := CutoverReport{Slot: rc.Slot}
+	src, tgt, err := connectBoth(ctx, rc.Source, rc.Target)
+	if err != nil {
+		return rep, err
+	}
+	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
+	if ok, err := apply.HasMetadata(ctx, tgt); err != nil {
+		return rep, err
+	} else if !ok {
+		return rep, errors.New("the target has no pgconverge ledger (schema pgconverge): nothing to cut over; run pgconverge run first")
+	}
+	if err := migrations.Apply(ctx, tgt); err != nil {
+		return rep, err
+	}
+	done, resumed, err := coverage.ReadCutover(ctx, tgt, rc.Slot)
+	if err != nil {
+		return rep, err
+	}
+	if !resumed {
+		if done, err = cutOver(ctx, cfg, src, tgt, &rep); err != nil {
+			return rep, err
+		}
+	}
+	rep.Resumed = resumed
+	rep.CutLSN = done.CutLSN.String()
+	if done.VerifiedLSN != 0 {
+		rep.VerifiedLSN = done.VerifiedLSN.String()
+	}
+	rep.Tables = rep.Tables[:0]
+	for _, t := range done.Tables {
+		rep.Tables = append(rep.Tables, t.String())
+	}
+	return rep, finishCutover(ctx, cfg, src, tgt, done, &rep)
+}
+
+// cutOver does steps 1 to 3 of Cutover and returns the recorded cutover.
+func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *CutoverReport) (coverage.Cutover, error) {
+	rc := cfg.Run
+	log := rc.Logger
+	slot, err := cdc.ReadSlot(ctx, src, rc.Slot)
+	if err != nil {
+		return coverage.Cutover{}, err
+	}
+	if !slot.Exists {
+		return coverage.Cutover{}, fmt.Errorf("slot %q does not exist on the source: there is no stream to cut over (a wrong --slot?)", rc.Slot)
+	}
+	if slot.ActivePID != 0 {
+		return coverage.Cutover{}, fmt.Errorf("%w: slot %q is held by walsender pid %d: stop pgconverge run first (systemctl stop pgconverge, or SIGTERM), then run cutover again", ErrDaemonRunning, rc.Slot, slot.ActivePID)
+	}
+	target, err := cdc.CurrentLSN(ctx, src)
+	if err != nil {
+		return coverage.Cutover{}, err
+	}
+	log.Info("cutover: streaming until the target holds every change up to the source's current position", "slot", rc.Slot, "target_lsn", target.String())
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	runDone := make(chan error, 1)
+	go func() { runDone <- Run(runCtx, rc) }()
+	stop := func() error {
+		stopRun()
+		return <-runDone
+	}
+	if err := waitProgress(ctx, tgt, rc.Slot, target, cfg.Timeout, runDone); err != nil {
+		stopRun()
+		return coverage.Cutover{}, err
+	}
+	covRep, err := CoverageReport(ctx, CoverageConfig{Source: rc.Source, Target: rc.Target, Slot: rc.Slot})
+	if err != nil {
+		return coverage.Cutover{}, errors.Join(err, stop())
+	}
+	var tables []changebatch.TableName
+	var failing []string
+	for _, t := range covRep.Tables {
+		if t.Slot != rc.Slot {
+			continue
+		}
+		n, err := changebatch.ParseTableName(t.Table)
+		if err != nil {
+			return coverage.Cutover{}, errors.Join(err, stop())
+		}
+		tables = append(tables, n)
+		if t.Status.Failing() {
+			failing = append(failing, t.Table+" ("+string(t.Status)+")")
+		}
+	}
+	if len(failing) > 0 {
+		return coverage.Cutover{}, errors.Join(fmt.Errorf("coverage is not complete for %s: see pgconverge coverage; nothing was cut over", strings.Join(failing, ", ")), stop())
+	}
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = t.String()
+	}
+	var verified pglogrepl.LSN
+	if !cfg.SkipVerify && len(names) > 0 {
+		log.Info("cutover: verifying, with repair", "tables", len(names))
+		vrep, err := Verify(ctx, VerifyConfig{Source: rc.Source, Target: rc.Target, Tables: names, Repair: true, Logger: log})
+		if err == nil && vrep.Open > 0 {
+			err = fmt.Errorf("verify left %d discrepancies open: see pgconverge verify; nothing was cut over", vrep.Open)
+		}
+		if err != nil {
+			return coverage.Cutover{}, errors.Join(err, stop())
+		}
+		if verified, err = pglogrepl.ParseLSN(vrep.Snapshot); err != nil {
+			return coverage.Cutover{}, errors.Join(err, stop())
+		}
+	}
+	if len(names) > 0 {
+		if rep.Sequences, err = SyncSequences(ctx, SequencesConfig{Source: rc.Source, Target: rc.Target, Tables: names, Logger: log}); err != nil {
+			return coverage.Cutover{}, errors.Join(err, stop())
+		}
+	}
+	if err := stop(); err != nil {
+		return coverage.Cutover{}, err
+	}
+	cut, _, err := apply.ReadProgress(ctx, tgt, rc.Slot)
+	if err != nil {
+		return coverage.Cutover{}, err
+	}
+	if err := coverage.RecordCutover(ctx, tgt, rc.Slot, cut, verified, tables); err != nil {
+		return coverage.Cutover{}, err
+	}
+	log.Info("cutover: recorded; the tables are retired", "slot", rc.Slot, "cut_lsn", cut.String(), "tables", len(tables))
+	c, _, err := coverage.ReadCutover(ctx, tgt, rc.Slot)
+	return c, err
+}
+
+// waitProgress polls the target's progress for slot until it reaches lsn; it fails when the
+// daemon's run ends first (its error), or after timeout.
+func waitProgress(ctx context.Context, tgt *pgx.Conn, slot string, lsn pglogrepl.LSN, timeout time.Duration, runDone <-chan error) error {
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		progress, _, err := apply.ReadProgress(ctx, tgt, slot)
+		if err != nil {
+			return err
+		}
+		if progress >= lsn {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the target reached %s of the source's %s within %s: is the application still writing? stop it, or pass a longer --timeout", progress, lsn, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-runDone:
+			return fmt.Errorf("streaming stopped before the target caught up: %w", err)
+		case <-tick.C:
+		}
+	}
+}
+
+// finishCutover does the optional steps 4 of Cutover that are still to do.
+func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, done coverage.Cutover, rep *CutoverReport) error {
+	rc := cfg.Run
+	log := rc.Logger
+	rep.SlotDropped = done.SlotDropped != nil
+	if cfg.DropSlot && done.SlotDropped == nil {
+		if err := cdc.DropSlot(ctx, src, rc.Slot); err != nil && !errors.Is(err, cdc.ErrSlotMissing) {
+			return err
+		}
+		if err := coverage.MarkCutoverStep(ctx, tgt, rc.Slot, "slot_dropped"); err != nil {
+			return err
+		}
+		rep.SlotDropped = true
+		log.Info("cutover: dropped the slot", "slot", rc.Slot)
+	}
+	if !rep.SlotDropped {
+		log.Warn("cutover: the slot still keeps the source's WAL: drop it when you no longer need it (SELECT pg_drop_replication_slot('"+rc.Slot+"') on the source, or cutover --drop-slot)", "slot", rc.Slot)
+	}
+	if cfg.DropPublication {
+		if _, err := src.Exec(ctx, "drop publication if exists "+pgx.Identifier{rc.Publication}.Sanitize()); err != nil {
+			return fmt.Errorf("drop publication %q: %w", rc.Publication, err)
+		}
+		rep.PublicationDropped = true
+	}
+	if cfg.Finalize {
+		for _, t := range done.Tables {
+			changed, err := apply.Finalize(ctx, tgt, t)
+			if err != nil {
+				return err
+			}
+			if changed {
+				rep.Finalized = append(rep.Finalized, t.String())
+				log.Info("cutover: target table made plain (tombstones and _cdc_ columns gone)", "table", t.String())
+			}
+		}
+		if err := coverage.MarkCutoverStep(ctx, tgt, rc.Slot, "finalized"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Cutover refuses while a daemon streams; with the daemon stopped and changes it has not seen
+// yet, it catches up, verifies and syncs sequences, and retires the tables (coverage exits 0,
+// the slot kept when asked); run again with --finalize and --drop-slot it resumes: the slot goes
+// and the target tables become plain copies of the source's.
+func TestCutover(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id serial primary key, v text)`,
+		`insert into a (v) select 'v' || g from generate_series(1, 200) g`,
+		`create table k (x int, y text)`, `alter table k replica identity full`,
+		`insert into k values (1, 'dup'), (1, 'dup'), (2, 'one')`)
+	cfg := testConfig(t, env)
+	cfg.LiveSuffix = "_live"
+	d := startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitStreaming(t, env)
+	if _, err := Cutover(context.Background(), CutoverConfig{Run: cfg}); !errors.Is(err, ErrDaemonRunning) {
+		t.Fatalf("cutover with the daemon streaming: %v, want ErrDaemonRunning", err)
+	}
+	d.Stop(t)
+	pgtest.Exec(t, env.Source, `delete from a where id <= 20`, `insert into a (v) values ('while stopped')`,
+		`update a set v = 'late' where id = 100`, `delete from k where ctid = (select min(ctid) from k where x = 1)`)
+
+	rep, err := Cutover(context.Background(), CutoverConfig{Run: cfg})
+	if err != nil {
+		t.Fatalf("cutover: %v", err)
+	}
+	if rep.VerifiedLSN == "" || len(rep.Tables) != 2 || rep.SlotDropped || rep.Resumed {
+		t.Errorf("cutover report %+v: want verified, 2 tables, slot kept, not resumed", rep)
+	}
+	if len(rep.Sequences) != 1 || rep.Sequences[0].Sequence != "public.a_id_seq" {
+		t.Errorf("sequences synced: %+v, want public.a_id_seq", rep.Sequences)
+	}
+	pgtest.WaitConverged(t, env, "a", "id")
+	waitSameMultiset(t, env, "k")
+	cov, code := coverageOf(t, env)
+	if code != 0 || tableReport(t, cov, "public.a").Status != Retired || tableReport(t, cov, "public.k").Status != Retired {
+		t.Errorf("coverage after cutover: exit %d, %+v; want exit 0 and both tables retired", code, cov.Tables)
+	}
+
+	rep, err = Cutover(context.Background(), CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
+	if err != nil {
+		t.Fatalf("cutover run again: %v", err)
+	}
+	if !rep.Resumed || !rep.SlotDropped || len(rep.Finalized) != 2 {
+		t.Errorf("cutover run again: %+v; want resumed, slot dropped, 2 tables finalized", rep)
+	}
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, env.Name); n != 0 {
+		t.Error("the slot still exists after cutover --drop-slot")
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pg_attribute where attrelid in ('a'::regclass, 'k'::regclass) and attname like '\_cdc\_%' and not attisdropped`); n != 0 {
+		t.Errorf("%d _cdc_ columns left after --finalize", n)
+	}
+	if d := pgtest.Diff(pgtest.Rows(t, env.Source, `select row(a.*)::text from a order by id`),
+		pgtest.Rows(t, env.Target, `select row(a.*)::text from a order by id`)); d != "" {
+		t.Errorf("finalized target a differs from the source:\n%s", d)
+	}
+	if d := pgtest.Diff(pgtest.Rows(t, env.Source, `select row(k.*)::text from k order by 1`),
+		pgtest.Rows(t, env.Target, `select row(k.*)::text from k order by 1`)); d != "" {
+		t.Errorf("finalized target k differs from the source:\n%s", d)
+	}
+	if next := pgtest.Scalar[int64](t, env.Target, `select nextval('a_id_seq')`); next <= 201 {
+		t.Errorf("target sequence hands out %d, which the source handed out already", next)
+	}
+}
