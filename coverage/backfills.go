@@ -30,6 +30,10 @@ const (
 // runs ("pgcr"); the second is the run's id modulo 2^31.
 const runLockClass = 0x70676372
 
+// RunLockClass is runLockClass, for reports that tell a running backfill run from one a killed
+// process left 'running': the run's lock is (RunLockClass, id modulo 2^31) while it runs.
+const RunLockClass = runLockClass
+
 // StartRun records a running backfill run and returns its id; conn's session holds the run's
 // advisory lock from then on (until the session ends or releases its locks), which tells other
 // processes the run is alive. Runs recorded as running whose lock nobody holds are closed first

@@ -59,7 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout))
+	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout), newStatusCmd(stdout),
+		newCutoverCmd(stdout, stderr))
 	err := root.ExecuteContext(ctx)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil

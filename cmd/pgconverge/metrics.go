@@ -17,9 +17,10 @@ import (
 )
 
 // metrics are the daemon's Prometheus metrics (github.com/prometheus/client_golang), in their own
-// registry: the engine.Monitor of `run --metrics-addr`.
+// registry, and its readiness (/readyz): the engine.Monitor of `run --metrics-addr`.
 type metrics struct {
 	reg          *prometheus.Registry
+	ready        *readiness
 	applied      *prometheus.CounterVec
 	suppressed   *prometheus.CounterVec
 	transactions prometheus.Counter
@@ -72,7 +73,7 @@ func (c streamCollector) Collect(ch chan<- prometheus.Metric) {
 
 // newMetrics registers every metric in a new registry.
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
+	m := &metrics{reg: prometheus.NewRegistry(), ready: newReadiness()}
 	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
 	m.applied = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_rows_applied_total",
 		Help: "Target rows written (inserted, updated or made tombstones), by table and path (stream or backfill)."}, []string{"table", "path"})
@@ -116,7 +117,8 @@ func newMetrics() *metrics {
 	return m
 }
 
-// serve serves /metrics on addr until ctx ends; it returns once the listener is up.
+// serve serves /metrics, /healthz and /readyz (health.go) on addr until ctx ends; it returns once
+// the listener is up.
 func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -124,6 +126,8 @@ func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) erro
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", healthz)
+	mux.HandleFunc("/readyz", m.ready.readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -131,12 +135,14 @@ func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) erro
 		}
 	}()
 	context.AfterFunc(ctx, func() { srv.Close() })
-	log.Info("serving metrics", "addr", ln.Addr().String(), "path", "/metrics")
+	log.Info("serving metrics", "addr", ln.Addr().String(), "path", "/metrics", "health", "/healthz", "readiness", "/readyz")
 	return nil
 }
 
-// FollowStream makes the lag and watermark gauges read stats (a session's streamer); nil stops that.
+// FollowStream makes the lag and watermark gauges read stats (a session's streamer), and /readyz
+// answer ready; nil stops both.
 func (m *metrics) FollowStream(stats func() engine.StreamStats) {
+	m.ready.following(stats != nil)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.stream, m.txSeen, m.changesSeen = stats, 0, 0
@@ -204,13 +210,16 @@ func (m *metrics) DiscrepanciesSuppressed(table string, n int64) {
 	m.discSuppressed.WithLabelValues(table).Add(float64(n))
 }
 
-// SessionRetried counts a session started again after a failure.
+// SessionRetried counts a session started again after a failure; /readyz says it reconnects.
 func (m *metrics) SessionRetried(reason string) {
+	m.ready.retrying(reason)
 	m.retries.WithLabelValues(reason).Inc()
 }
 
-// BackfillProgress returns p, which also sets the progress gauge of trigger's runs.
+// BackfillProgress returns p, which also sets the progress gauge of trigger's runs; before
+// streaming, /readyz says tables are loading.
 func (m *metrics) BackfillProgress(trigger string, p engine.Progress) engine.Progress {
+	m.ready.loading(trigger)
 	return &gaugedProgress{Progress: p, g: m.backfillDone.WithLabelValues(trigger)}
 }
 
