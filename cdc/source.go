@@ -264,6 +264,14 @@ func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]c
 		names, err := PublishedTables(ctx, conn, publication)
 		return names, nil, err
 	}
+	return CandidateTables(ctx, conn)
+}
+
+// CandidateTables lists the source's user tables that a publication can carry: each that has a
+// primary key (not DEFERRABLE), a replica identity index or REPLICA IDENTITY FULL, where a
+// partitioned table counts as one table and its partitions are left out (they are replicated
+// through it); the other tables are returned with the reason and the fix.
+func CandidateTables(ctx context.Context, conn *pgx.Conn) ([]changebatch.TableName, []SkippedTable, error) {
 	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
   case when c.relpersistence = 'u' then 'UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED replicates it; named with --tables it is kept by snapshots)'
     when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING (ALTER TABLE … REPLICA IDENTITY DEFAULT replicates it; named with --tables it is kept by snapshots)'

@@ -95,36 +95,8 @@ func SplitTableList(s string) []string {
 }
 
 func splitQualified(s string) ([]string, error) {
-	var parts []string
-	var cur strings.Builder
-	quoted, wasQuoted := false, false
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		switch {
-		case quoted && ch == '"' && i+1 < len(s) && s[i+1] == '"':
-			cur.WriteByte('"')
-			i++
-		case ch == '"':
-			quoted = !quoted
-			wasQuoted = true
-		case ch == '.' && !quoted:
-			parts = append(parts, finishPart(cur.String(), wasQuoted))
-			cur.Reset()
-			wasQuoted = false
-		default:
-			cur.WriteByte(ch)
-		}
-	}
-	if quoted {
-		return nil, errors.New("unterminated double quote")
-	}
-	parts = append(parts, finishPart(cur.String(), wasQuoted))
-	for _, p := range parts {
-		if p == "" {
-			return nil, errors.New("empty name part")
-		}
-	}
-	return parts, nil
+	parts, _, err := splitParts(s)
+	return parts, err
 }
 
 // finishPart folds an unquoted part to lower case, as PostgreSQL does with unquoted identifiers.

@@ -67,7 +67,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	}
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
-	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"' (default: the publication's tables, else every table with a primary key)")
+	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"'; an unquoted * or ? makes a pattern, matched again as tables come: 'public.*,sales.order_*' (default: the publication's tables, else every table with a primary key)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)

@@ -34,6 +34,9 @@ type session struct {
 	// (changebatch.Table.SnapshotOnly), kept by backfills alone.
 	tables       []changebatch.Table
 	snapshotOnly []changebatch.Table
+	// patterns are the --tables patterns (changebatch.TablePattern): the tables they match are
+	// selected, and one that starts matching while streaming restarts the session.
+	patterns []changebatch.TablePattern
 	// joined are the streamed tables that were kept by snapshots only until this session.
 	joined   map[changebatch.TableName]bool
 	sourceID string // cdc.SourceID of the source
@@ -248,8 +251,11 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 	var names []changebatch.TableName
 	if len(s.cfg.Tables) > 0 {
 		var err error
-		if names, err = changebatch.ParseTableList(s.cfg.Tables); err != nil {
+		if names, s.patterns, err = changebatch.ParseTableSelection(s.cfg.Tables); err != nil {
 			return nil, permanent(fmt.Errorf("--tables: %w", err))
+		}
+		if names, err = s.withMatches(ctx, names, true); err != nil {
+			return nil, err
 		}
 	} else {
 		var skipped []cdc.SkippedTable

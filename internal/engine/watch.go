@@ -91,6 +91,19 @@ func (s *session) checkMemberships(ctx context.Context) error {
 				errMembershipChanged, n)
 		}
 	}
+	if len(s.patterns) > 0 {
+		// A table created, renamed or given a key that a pattern matches is selected now.
+		names, err := s.withMatches(ctx, nil, false)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if _, ok := s.memberships[n]; !ok {
+				return fmt.Errorf("%w: table %s matches a --tables pattern: restarting the session to load and stream it",
+					errMembershipChanged, n)
+			}
+		}
+	}
 	if len(s.cfg.Tables) == 0 {
 		// The default selection is the publication's tables: one added to it is selected now.
 		names, _, err := cdc.DefaultTables(ctx, s.src, s.cfg.Publication)

@@ -1,0 +1,60 @@
+package engine
+
+import (
+	"testing"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// --tables patterns select the tables they match that a publication can carry (a table without a
+// key is skipped), and follow tables created later, or given a key later, from their first row:
+// each is added to the publication, loaded and streamed, with coverage covered.
+func TestTablePatternsFollowNewTables(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create schema sales`,
+		`create table a (id int primary key, v text)`, `insert into a values (1, 'a')`,
+		`create table nokey (v text)`,
+		`create table sales.order_1 (id int primary key)`, `insert into sales.order_1 values (1)`,
+		`create table sales.other (id int primary key)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.*,sales.order_*"}
+	d := startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitConverged(t, env, "sales.order_1", "id")
+	pgtest.WaitStreaming(t, env)
+	for _, table := range []string{"sales.other", "nokey"} {
+		if pgtest.Scalar[bool](t, env.Target, `select to_regclass($1) is not null`, table) {
+			t.Errorf("%s was replicated, but no pattern selects it (or it has no key)", table)
+		}
+	}
+
+	pgtest.Exec(t, env.Source, `begin`, `create table sales.order_2 (id int primary key, v text)`,
+		`insert into sales.order_2 select g, 'first' from generate_series(1, 100) g`, `commit`,
+		`insert into sales.order_2 values (101, 'later')`, `update sales.order_2 set v = 'changed' where id <= 10`,
+		`alter table nokey add column id serial primary key`, `insert into nokey (v) values ('keyed now')`)
+	pgtest.WaitConverged(t, env, "sales.order_2", "id")
+	pgtest.WaitConverged(t, env, "nokey", "id")
+	pgtest.Exec(t, env.Source, `delete from sales.order_2 where id > 90`, `insert into a values (2, 'b')`)
+	pgtest.WaitConverged(t, env, "sales.order_2", "id")
+	pgtest.WaitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.RequireRunning(t)
+}
+
+// With a publication FOR TABLES IN SCHEMA and no --tables, a table created in the schema later is
+// followed from its first row.
+func TestSchemaPublicationFollowsNewTables(t *testing.T) {
+	env := pgtest.New(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
+		`create publication `+pub+` for tables in schema public`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `begin`, `create table b (id int primary key, v text)`,
+		`insert into b select g, 'first' from generate_series(1, 50) g`, `commit`,
+		`update b set v = 'changed' where id <= 5`, `insert into b values (51, 'later')`)
+	pgtest.WaitConverged(t, env, "b", "id")
+	waitCovered(t, env)
+	d.RequireRunning(t)
+}
