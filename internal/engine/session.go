@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -305,6 +306,16 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 			s.cfg.Logger.Warn("table kept by snapshots only: no publication can carry its changes; it is loaded, then backfilled again at each --snapshot-schedule tick",
 				"table", t.String(), "reason", t.SnapshotOnly)
 		}
+		followed := make([]string, len(streamed))
+		for i, n := range streamed {
+			followed[i] = n.String()
+		}
+		selection := "the publication's tables (no --tables)"
+		if len(s.cfg.Tables) > 0 {
+			selection = "--tables " + strings.Join(s.cfg.Tables, ",")
+		}
+		s.cfg.Logger.Info("following tables", "count", len(streamed), "tables", strings.Join(followed, ", "),
+			"snapshot_only", len(s.snapshotOnly), "selection", selection)
 		return streamed, nil
 	}
 	return nil, permanent(errors.Join(errs...))
