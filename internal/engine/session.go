@@ -198,6 +198,9 @@ func (s *session) prepareTarget(ctx context.Context) error {
 		s.joined[n] = true
 		cfg.Logger.Info("table kept by snapshots only until now can be streamed: it joins the stream and is loaded from a snapshot while the slot keeps its later changes", "table", n.String())
 	}
+	for _, t := range forgotten {
+		s.mon.CoverageGap(t, 0) // no stream delivers it now: its last gap is no alert any more
+	}
 	if forgotten, err = s.retireLeft(ctx, forgotten); err != nil {
 		return err
 	}
