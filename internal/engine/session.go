@@ -437,8 +437,16 @@ func (s *session) warnUnselected(ctx context.Context, selected []changebatch.Tab
 	for _, n := range selected {
 		sel[n] = true
 	}
+	kept := map[changebatch.TableName]string{}
+	for _, t := range s.snapshotOnly {
+		kept[t.TableName] = t.SnapshotOnly
+	}
 	for _, n := range published {
-		if !sel[n] {
+		switch why, snapshotOnly := kept[n]; {
+		case snapshotOnly:
+			s.cfg.Logger.Error("published table kept by snapshots only: its changes cannot be streamed, and the source refuses its application's UPDATEs and DELETEs while it is published without a replica identity; give it one: ALTER TABLE "+n.Quoted()+" REPLICA IDENTITY FULL (or a primary key), and it is streamed from then on",
+				"table", n.String(), "publication", s.cfg.Publication, "reason", why)
+		case !sel[n]:
 			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",
 				"table", n.String(), "publication", s.cfg.Publication)
 		}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -73,4 +74,40 @@ func TestSnapshotOnlyTables(t *testing.T) {
 		}
 	}
 	d.Stop(t)
+}
+
+// A table without a key or REPLICA IDENTITY FULL in a schema publication is kept by snapshots,
+// without restarting the session at every catalog check (it is published, yet not streamed); given
+// REPLICA IDENTITY FULL it is streamed.
+func TestPublishedTableWithoutIdentityIsKeptBySnapshots(t *testing.T) {
+	env := pgtest.New(t)
+	pub := `"` + env.Name + `"`
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
+		`create table log (at int, what text)`, `insert into log values (1, 'x'), (1, 'x')`,
+		`create publication `+pub+` for tables in schema public`)
+	d, mon := startCounted(t, env)
+	waitSameMultiset(t, env, "log")
+	pgtest.WaitStreaming(t, env)
+	runs := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs`)
+	pgtest.Exec(t, env.Source, `insert into a values (2)`)
+	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Eventually(t, 60*time.Second, "two membership checks passed", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
+		return n == 1, fmt.Sprintf("%d of 1 open spans confirmed past %s", n, after)
+	})
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs`); n != runs {
+		t.Errorf("%d backfill runs, want the %d of the start", n, runs)
+	}
+	if c := mon.counts(); len(c) != 0 {
+		t.Errorf("sessions retried %v, want none", c)
+	}
+	pgtest.Exec(t, env.Source, `alter table log replica identity full`, `delete from log where ctid = (select min(ctid) from log)`,
+		`insert into log values (2, 'y')`)
+	waitSameMultiset(t, env, "log")
+	pgtest.Eventually(t, 60*time.Second, "log streamed", func() (bool, string) {
+		rep, _ := coverageOf(t, env)
+		st := tableReport(t, rep, "public.log").Status
+		return st == Covered, string(st)
+	})
+	d.RequireRunning(t)
 }

@@ -111,7 +111,7 @@ func (s *session) checkMemberships(ctx context.Context) error {
 			return err
 		}
 		for _, n := range names {
-			if _, ok := s.memberships[n]; !ok {
+			if _, ok := s.memberships[n]; !ok && !s.keptBySnapshots(n) {
 				return fmt.Errorf("%w: table %s joined publication %q: restarting the session to load and stream it",
 					errMembershipChanged, n, s.cfg.Publication)
 			}
@@ -215,4 +215,11 @@ func (s *session) watchLoop(ctx context.Context, lsn *atomic.Uint64) error {
 		}
 		s.sampleSlotHealth(ctx, pglogrepl.LSN(lsn.Load()))
 	}
+}
+
+// keptBySnapshots reports whether table n is one of the session's tables kept by snapshots only
+// (changebatch.Table.SnapshotOnly): it is selected, not streamed; checkStreamable notices when it
+// becomes streamable.
+func (s *session) keptBySnapshots(n changebatch.TableName) bool {
+	return slices.ContainsFunc(s.snapshotOnly, func(t changebatch.Table) bool { return t.TableName == n })
 }
