@@ -9,7 +9,7 @@ import (
 )
 
 // Finalize turns target table t into a plain table of the source's rows, in one transaction: its
-// live views go (dropLiveViews), its tombstones (and a keyless table's deleted copies) are
+// live views go (dropLiveViews, and their schema once empty: dropEmptyLiveSchemas), its tombstones (and a keyless table's deleted copies) are
 // deleted, its metadata columns (every column named _cdc_…) are dropped, with the key or
 // indexes that use them, and it leaves pgconverge.tables, so nothing pgconverge runs touches it
 // again. A table finalized already is left as it is; it reports whether it changed t. The source's
@@ -50,7 +50,7 @@ where attrelid = $1::regclass and attnum > 0 and not attisdropped and starts_wit
 		if _, err := tx.Exec(ctx, `delete from pgconverge.tables where schema_name = $1 and table_name = $2`, t.Schema, t.Name); err != nil {
 			return fmt.Errorf("unregister %s: %w", t, err)
 		}
-		return nil
+		return dropEmptyLiveSchemas(ctx, tx)
 	})
 	return changed, err
 }

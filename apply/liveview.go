@@ -53,8 +53,17 @@ func EnsureLiveView(ctx context.Context, conn *pgx.Conn, t changebatch.Table, su
 	v := LiveViewName(t.TableName, suffix)
 	create := "create or replace view " + v.Quoted() + " as " + LiveViewSQL(t)
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "create schema if not exists "+pgx.Identifier{v.Schema}.Sanitize()); err != nil {
-			return fmt.Errorf("create schema %q of the live views (the target role needs CREATE on the database): %w", v.Schema, err)
+		var existed bool
+		if err := tx.QueryRow(ctx, `select to_regnamespace($1) is not null`, pgx.Identifier{v.Schema}.Sanitize()).Scan(&existed); err != nil {
+			return fmt.Errorf("look up schema %q of the live views: %w", v.Schema, err)
+		}
+		if !existed {
+			if _, err := tx.Exec(ctx, "create schema "+pgx.Identifier{v.Schema}.Sanitize()); err != nil {
+				return fmt.Errorf("create schema %q of the live views (the target role needs CREATE on the database): %w", v.Schema, err)
+			}
+			if _, err := tx.Exec(ctx, "comment on schema "+pgx.Identifier{v.Schema}.Sanitize()+" is "+quoteLiteral(liveSchemaComment)); err != nil {
+				return fmt.Errorf("comment on schema %q: %w", v.Schema, err)
+			}
 		}
 		if _, err := tx.Exec(ctx, "savepoint replace_view"); err != nil {
 			return err
@@ -112,3 +121,27 @@ where d.classid = 'pg_rewrite'::regclass and d.refclassid = 'pg_class'::regclass
 	}
 	return nil
 }
+
+// dropEmptyLiveSchemas drops, in tx, the schemas of live views (apply.LiveViewName) of
+// tables that hold nothing any more; a schema that holds anything stays.
+func dropEmptyLiveSchemas(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `do $$
+declare s name;
+begin
+  for s in select n.nspname from pg_namespace n
+    where obj_description(n.oid, 'pg_namespace') = '`+liveSchemaComment+`'
+      and not exists (select 1 from pg_class c where c.relnamespace = n.oid)
+      and not exists (select 1 from pg_type t where t.typnamespace = n.oid)
+      and not exists (select 1 from pg_proc p where p.pronamespace = n.oid) loop
+    execute format('drop schema %I', s);
+  end loop;
+end $$`)
+	if err != nil {
+		return fmt.Errorf("drop the emptied schemas of live views: %w", err)
+	}
+	return nil
+}
+
+// liveSchemaComment marks the schemas EnsureLiveView created, which dropEmptyLiveSchemas may drop
+// once empty.
+const liveSchemaComment = "pgconverge live views"

@@ -59,9 +59,14 @@ on conflict (slot) do nothing`, slot, cut.String(), v, names)
 	})
 }
 
-// ReadCutover returns slot's cutover record, and false when the slot was not cut over.
+// ReadCutover returns slot's cutover record, and false when the slot was not cut over (also on
+// a ledger older than cutovers).
 func ReadCutover(ctx context.Context, conn *pgx.Conn, slot string) (Cutover, bool, error) {
 	c := Cutover{Slot: slot}
+	var known bool
+	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.cutovers') is not null`).Scan(&known); err != nil || !known {
+		return c, false, err
+	}
 	var cut string
 	var verified *string
 	var names []string

@@ -60,6 +60,12 @@ func TestCutover(t *testing.T) {
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pg_attribute where attrelid in ('a'::regclass, 'k'::regclass) and attname like '\_cdc\_%' and not attisdropped`); n != 0 {
 		t.Errorf("%d _cdc_ columns left after --finalize", n)
 	}
+	if pgtest.Scalar[bool](t, env.Target, `select to_regnamespace('public_live') is not null`) {
+		t.Error("the emptied live view schema public_live is left after --finalize")
+	}
+	if cov, code := coverageOf(t, env); code != 0 || len(cov.Slots) != 0 {
+		t.Errorf("coverage after the cutover: exit %d, slots %+v; want exit 0 and no slot reported", code, cov.Slots)
+	}
 	if d := pgtest.Diff(pgtest.Rows(t, env.Source, `select row(a.*)::text from a order by id`),
 		pgtest.Rows(t, env.Target, `select row(a.*)::text from a order by id`)); d != "" {
 		t.Errorf("finalized target a differs from the source:\n%s", d)

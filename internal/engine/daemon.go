@@ -32,7 +32,7 @@ func Run(ctx context.Context, cfg Config) error {
 		connected, err := runSession(ctx, cfg)
 		everConnected = everConnected || connected
 		if ctx.Err() != nil {
-			cfg.Logger.Info("daemon stopped on request (SIGINT or SIGTERM)", "slot", cfg.Slot)
+			cfg.Logger.Info("daemon stopped on request (SIGINT or SIGTERM, or cutover once caught up)", "slot", cfg.Slot)
 			return nil
 		}
 		if !everConnected && unreachable(err) {

@@ -75,7 +75,12 @@ func CoverageReport(ctx context.Context, cfg CoverageConfig) (Report, error) {
 		return Report{}, err
 	}
 	if len(names) == 0 {
-		names = []string{cfg.Slot}
+		// A slot that was cut over ended its replication on purpose: it is no slot to report.
+		if _, cut, err := coverage.ReadCutover(ctx, tgt, cfg.Slot); err != nil {
+			return Report{}, err
+		} else if !cut {
+			names = []string{cfg.Slot}
+		}
 	}
 	if f.SourceLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
 		return Report{}, err

@@ -286,7 +286,7 @@ func (v *verifyRun) run(ctx context.Context) (VerifyReport, error) {
 		return rep, err
 	}
 	rep.HashMode = v.mode.String()
-	v.cfg.Logger.Info("verify: snapshot taken", "run", v.runID, "snapshot_lsn", v.snap.LSN, "tables", len(v.tables), "hash", v.mode)
+	v.cfg.Logger.Info("verify: snapshot taken", "run", v.runID, "snapshot_lsn", v.snap.LSN.String(), "tables", len(v.tables), "hash", v.mode)
 	if err := v.waitStreams(ctx); err != nil {
 		return rep, err
 	}
