@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -36,7 +37,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envVerifyKill) != "" {
 		os.Exit(verifyRepairChild())
 	}
-	if point := os.Getenv(envCrashPoint); point == "backfill-chunk" || point == "backfill-batch" {
+	if point := os.Getenv(envCrashPoint); strings.HasPrefix(point, "cutover:") {
+		os.Exit(cutoverCrashChild(strings.TrimPrefix(point, "cutover:")))
+	} else if point == "backfill-chunk" || point == "backfill-batch" {
 		at, _ := strconv.Atoi(os.Getenv(envCrashAt))
 		os.Exit(backfillCrashChild(point, at))
 	} else if point != "" {

@@ -27,6 +27,16 @@ type CutoverConfig struct {
 	SkipVerify, DropSlot, DropPublication, Finalize bool
 	// Timeout bounds the catch-up (default 10m).
 	Timeout time.Duration
+	// AfterStep, a test hook, runs after each step is done: "caught-up", "verified",
+	// "sequences", "recorded", "slot-dropped", "finalized-table" (each table), "finalized".
+	AfterStep func(step string)
+}
+
+// step runs the AfterStep hook, if any, for step.
+func (c CutoverConfig) step(step string) {
+	if c.AfterStep != nil {
+		c.AfterStep(step)
+	}
 }
 
 // CutoverReport says what a cutover did; steps done by an earlier run are reported as done.
@@ -134,6 +144,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 		stopRun()
 		return coverage.Cutover{}, err
 	}
+	cfg.step("caught-up")
 	covRep, err := CoverageReport(ctx, CoverageConfig{Source: rc.Source, Target: rc.Target, Slot: rc.Slot})
 	if err != nil {
 		return coverage.Cutover{}, errors.Join(err, stop())
@@ -173,11 +184,13 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 		if verified, err = pglogrepl.ParseLSN(vrep.Snapshot); err != nil {
 			return coverage.Cutover{}, errors.Join(err, stop())
 		}
+		cfg.step("verified")
 	}
 	if len(names) > 0 {
 		if rep.Sequences, err = SyncSequences(ctx, SequencesConfig{Source: rc.Source, Target: rc.Target, Tables: names, Logger: log}); err != nil {
 			return coverage.Cutover{}, errors.Join(err, stop())
 		}
+		cfg.step("sequences")
 	}
 	if err := stop(); err != nil {
 		return coverage.Cutover{}, err
@@ -190,6 +203,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 		return coverage.Cutover{}, err
 	}
 	log.Info("cutover: recorded; the tables are retired", "slot", rc.Slot, "cut_lsn", cut.String(), "tables", len(tables))
+	cfg.step("recorded")
 	c, _, err := coverage.ReadCutover(ctx, tgt, rc.Slot)
 	return c, err
 }
@@ -235,6 +249,7 @@ func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, d
 		}
 		rep.SlotDropped = true
 		log.Info("cutover: dropped the slot", "slot", rc.Slot)
+		cfg.step("slot-dropped")
 	}
 	if !rep.SlotDropped {
 		log.Warn("cutover: the slot still keeps the source's WAL: drop it when you no longer need it (SELECT pg_drop_replication_slot('"+rc.Slot+"') on the source, or cutover --drop-slot)", "slot", rc.Slot)
@@ -254,11 +269,13 @@ func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, d
 			if changed {
 				rep.Finalized = append(rep.Finalized, t.String())
 				log.Info("cutover: target table made plain (tombstones and _cdc_ columns gone)", "table", t.String())
+				cfg.step("finalized-table")
 			}
 		}
 		if err := coverage.MarkCutoverStep(ctx, tgt, rc.Slot, "finalized"); err != nil {
 			return err
 		}
+		cfg.step("finalized")
 	}
 	return nil
 }

@@ -3,7 +3,11 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -76,5 +80,73 @@ func TestCutover(t *testing.T) {
 	}
 	if next := pgtest.Scalar[int64](t, env.Target, `select nextval('a_id_seq')`); next <= 201 {
 		t.Errorf("target sequence hands out %d, which the source handed out already", next)
+	}
+}
+
+// cutoverCrashChild runs a cutover (with --drop-slot and --finalize) that SIGKILLs itself after
+// step; reaching the end is a failure (exit 3).
+func cutoverCrashChild(step string) int {
+	cfg := CutoverConfig{
+		Run: Config{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Slot: os.Getenv(envCrashSlot),
+			Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000, OnGap: OnGapBackfill, LiveSuffix: "_live",
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))},
+		DropSlot: true, Finalize: true,
+		AfterStep: func(s string) {
+			if s == step {
+				kill()
+			}
+		},
+	}
+	_, err := Cutover(context.Background(), cfg)
+	fmt.Fprintf(os.Stderr, "cutover child reached the end without crashing after %s: %v\n", step, err)
+	return 3
+}
+
+// A cutover killed by SIGKILL after each of its steps in turn, and run again each time, ends as
+// one that was never interrupted: the tables are plain copies of the source's, the slot is gone,
+// and nothing was recorded as cut over before the step that records it.
+func TestCutoverKilledAfterEachStepResumes(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id serial primary key, v text)`,
+		`insert into a (v) select 'v' || g from generate_series(1, 500) g`,
+		`create table p (id int, r text, primary key (id, r)) partition by list (r)`,
+		`create table p_x partition of p for values in ('x')`, `create table p_y partition of p for values in ('y')`,
+		`insert into p select g, case when g % 2 = 0 then 'x' else 'y' end from generate_series(1, 100) g`)
+	cfg := testConfig(t, env)
+	cfg.LiveSuffix = "_live"
+	d := startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "a", "id")
+	d.Stop(t)
+	pgtest.Exec(t, env.Source, `delete from a where id <= 50`, `update p set r = 'x' where id = 1`)
+	for _, step := range []string{"caught-up", "verified", "sequences", "recorded", "slot-dropped", "finalized-table"} {
+		pgtest.Eventually(t, 30*time.Second, "slot released", func() (bool, string) {
+			n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1 and active`, env.Name)
+			return n == 0, "the killed process's walsender still holds the slot"
+		})
+		out, err := crashChildCmd(env, "cutover:"+step, 0).CombinedOutput()
+		requireKilled(t, err, out)
+		recorded := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.cutovers`)
+		if wantRecorded := step != "caught-up" && step != "verified" && step != "sequences"; (recorded == 1) != wantRecorded {
+			t.Fatalf("killed after %s: %d cutovers recorded, want recorded=%v", step, recorded, wantRecorded)
+		}
+	}
+	rep, err := Cutover(context.Background(), CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
+	if err != nil {
+		t.Fatalf("cutover run again after the kills: %v", err)
+	}
+	if !rep.Resumed || !rep.SlotDropped {
+		t.Errorf("last cutover: %+v; want resumed with the slot dropped", rep)
+	}
+	for _, table := range []string{"a", "p"} {
+		if d := pgtest.Diff(pgtest.Rows(t, env.Source, `select row(x.*)::text from `+table+` x order by 1`),
+			pgtest.Rows(t, env.Target, `select row(x.*)::text from `+table+` x order by 1`)); d != "" {
+			t.Errorf("finalized target %s differs from the source:\n%s", table, d)
+		}
+	}
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, env.Name); n != 0 {
+		t.Error("the slot is still there")
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.cutovers where finalized_at is not null and slot_dropped_at is not null`); n != 1 {
+		t.Error("the cutover record lacks its last steps")
 	}
 }
