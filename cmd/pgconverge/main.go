@@ -56,6 +56,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	var configPath string
+	root.PersistentFlags().StringVar(&configPath, "config", os.Getenv("PGCONVERGE_CONFIG"), "settings file (YAML): keys are flag names, top level for every command that has the flag, or under a command's name; the command line wins ($PGCONVERGE_CONFIG)")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if configPath == "" {
+			return nil
+		}
+		return applyConfig(root, cmd, configPath)
+	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
