@@ -95,6 +95,11 @@ func newMetrics() *metrics {
 	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.retries} {
 		f(c)
 	}
+	// Every reason's series exists from the start, so the first retry of a kind is an increase
+	// that rate() and increase() see.
+	for _, r := range engine.RetryReasons {
+		m.retries.WithLabelValues(r)
+	}
 	m.changes = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgconverge_changes_received_total",
 		Help: "Row changes received from the stream (before changes of one key in one apply are collapsed into the newest)."})
 	m.slotSafe = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_safe_wal_size_bytes",

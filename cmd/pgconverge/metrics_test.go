@@ -71,6 +71,10 @@ func TestMetrics(t *testing.T) {
 		`pgconverge_apply_batch_seconds_count`:                                      "",
 		`pgconverge_replication_lag_bytes`:                                          "",
 		`pgconverge_watermark_lsn`:                                                  "",
+		// Series a first increment must be seen against: they exist at 0 from the start.
+		`pgconverge_session_retries_total{reason="constraint"}`:                 "0",
+		`pgconverge_discrepancies_found_total{kind="missing",table="public.a"}`: "0",
+		`pgconverge_discrepancies_repaired_total{table="public.a"}`:             "0",
 	}
 	pgtest.Eventually(t, 30*time.Second, "metrics", func() (bool, string) {
 		got := scrape(t, addr)

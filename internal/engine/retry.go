@@ -111,6 +111,9 @@ func isCode(err error, code string) bool {
 // a restart on purpose.
 func retryable(err error) bool { return decide(err) != stop }
 
+// RetryReasons are the values reason returns, the labels of the session retry metric.
+var RetryReasons = []string{"restart", "watch", "slot-busy", "schema", "lock", "constraint", "conflict", "resources", "connection", "other"}
+
 // reason names the kind of failure err is, for the session retry metric: "restart" for a restart
 // on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
 // "connection", "slot-busy", "watch", "schema" (a table changed while it was read), or "other".

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,6 +45,9 @@ func TestRetryable(t *testing.T) {
 	for _, c := range cases {
 		if got := retryable(c.err); got != c.want {
 			t.Errorf("%s: retryable = %v, want %v", c.name, got, c.want)
+		}
+		if r := reason(c.err); c.want && !slices.Contains(RetryReasons, r) {
+			t.Errorf("%s: reason %q is not among RetryReasons %v, whose metric series exist from the start", c.name, r, RetryReasons)
 		}
 	}
 }

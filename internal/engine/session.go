@@ -18,6 +18,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/reconcile"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
@@ -207,6 +208,15 @@ func (s *session) prepareTarget(ctx context.Context) error {
 	for _, t := range forgotten {
 		cfg.Logger.Error("table no longer selected: no stream follows it now, and coverage reports it not-streamed (which fails --fail-on-gap) until it is selected again, then loaded again, or retired with pgconverge retire --table "+t,
 			"table", t, "slot", cfg.Slot)
+	}
+	// Per-table counters start at 0, so that a verify's first findings are an increase that
+	// rate() and increase() see.
+	for _, t := range s.tables {
+		for _, k := range []reconcile.Kind{reconcile.Missing, reconcile.Extra, reconcile.Different} {
+			s.mon.DiscrepanciesFound(t.String(), string(k), 0)
+		}
+		s.mon.DiscrepanciesRepaired(t.String(), 0)
+		s.mon.DiscrepanciesSuppressed(t.String(), 0)
 	}
 	unretired, err := coverage.Unretire(ctx, s.tgt, all)
 	if err != nil {
