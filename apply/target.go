@@ -73,8 +73,15 @@ func EnsureTable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, chang
 // a new generation. It returns the change, "(key) -> (whole row)" or back, or "" when the table
 // fits.
 func rebuildForIdentity(ctx context.Context, conn *pgx.Conn, t changebatch.Table) (string, error) {
+	ours, err := IsTargetTable(ctx, conn, t.TableName)
+	if err != nil {
+		return "", err
+	}
+	if !ours {
+		return "", NotTargetTableError(t.TableName)
+	}
 	var keyless bool
-	err := conn.QueryRow(ctx, `select exists (select 1 from pg_attribute where attrelid = $1::regclass and attname = $2 and not attisdropped)`,
+	err = conn.QueryRow(ctx, `select exists (select 1 from pg_attribute where attrelid = $1::regclass and attname = $2 and not attisdropped)`,
 		t.Quoted(), changebatch.ColRowHash).Scan(&keyless)
 	if err != nil {
 		return "", fmt.Errorf("read target table %s: %w", t, err)
@@ -91,6 +98,26 @@ func rebuildForIdentity(ctx context.Context, conn *pgx.Conn, t changebatch.Table
 		change = "(key) -> (whole row)"
 	}
 	return change, nil
+}
+
+// IsTargetTable reports whether the existing table t on conn is one pgconverge made: it has the
+// version columns _cdc_lsn and _cdc_seq. pgconverge changes or replaces no other table: a table of
+// the same name that the application made (or one made plain by cutover --finalize) is not its.
+func IsTargetTable(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) (bool, error) {
+	var n int
+	err := conn.QueryRow(ctx, `select count(*) from pg_attribute where attrelid = $1::regclass and attname = any($2) and not attisdropped`,
+		t.Quoted(), []string{changebatch.ColLSN, changebatch.ColSeq}).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("read target table %s: %w", t, err)
+	}
+	return n == 2, nil
+}
+
+// NotTargetTableError is the refusal of an existing target table t that pgconverge did not make
+// (IsTargetTable), naming the fixes.
+func NotTargetTableError(t changebatch.TableName) error {
+	return fmt.Errorf("target table %s exists but is not one pgconverge made (it has no _cdc_lsn and _cdc_seq columns: the application's table, or one made plain by cutover --finalize): pgconverge changes no table of yours; replicate into another database, or rename or drop it on the target (DROP TABLE %s CASCADE) and pgconverge creates and loads its own",
+		t, t.Quoted())
 }
 
 // createTable creates the target table for t (createTableSQL, or keylessTableSQL for a keyless

@@ -81,6 +81,29 @@ func TestCutover(t *testing.T) {
 	if next := pgtest.Scalar[int64](t, env.Target, `select nextval('a_id_seq')`); next <= 201 {
 		t.Errorf("target sequence hands out %d, which the source handed out already", next)
 	}
+	// A daemon started again (a service enabled at boot) touches nothing of the application's now.
+	before := pgtest.Rows(t, env.Target, `select row(a.*)::text from a order by id`)
+	requireRefusal(t, cfg, "was cut over into this target", "is not one pgconverge made")
+	if d := pgtest.Diff(before, pgtest.Rows(t, env.Target, `select row(a.*)::text from a order by id`)); d != "" {
+		t.Errorf("a refused run changed the finalized table:\n%s", d)
+	}
+}
+
+// A target table of the same name that pgconverge did not make (the application's) is refused,
+// with every such table named, and left as it was.
+func TestApplicationTableOnTheTargetIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table k (x int)`,
+		`alter table k replica identity full`, `insert into a values (1, 'source')`)
+	pgtest.Exec(t, env.Target, `create table a (id int primary key, v text not null default 'x')`, `insert into a values (7, 'mine')`,
+		`create table k (x int)`, `insert into k values (1)`)
+	requireRefusal(t, testConfig(t, env), "target table public.a exists but is not one pgconverge made", "target table public.k exists but is not one pgconverge made")
+	if got := pgtest.Rows(t, env.Target, `select row(a.*)::text from a union all select row(k.*)::text from k`); len(got) != 2 || got[0] != "(7,mine)" {
+		t.Errorf("the application's tables changed: %v", got)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pg_attribute where attname like '\_cdc\_%' and attrelid in ('a'::regclass, 'k'::regclass)`); n != 0 {
+		t.Errorf("%d _cdc_ columns added to the application's tables", n)
+	}
 }
 
 // cutoverCrashChild runs a cutover (with --drop-slot and --finalize) that SIGKILLs itself after

@@ -5,19 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // preflight runs, before the session writes anything to either side, every check that can refuse
 // the run and can be made without writing: the publication as the tables would use it and the
 // source role's privileges to create or extend it (cdc.CheckPublication), an existing slot's
-// plugin and database, and the target role's privileges and the types the target tables need
-// (checkTargetCreatable). It opens the session's replication connection, which checks the
+// plugin and database, a cutover recorded for the slot (the target is the application's then),
+// and the target role's privileges, the types the target tables need and existing target tables
+// pgconverge did not make (checkTargetCreatable). It opens the session's replication connection, which checks the
 // REPLICATION attribute and pg_hba.conf. Refusals are permanent and reported all at once; a lost
 // connection is returned as it is, for the daemon to retry.
 func (s *session) preflight(ctx context.Context, names []changebatch.TableName) error {
@@ -36,6 +39,12 @@ func (s *session) preflight(ctx context.Context, names []changebatch.TableName) 
 		if err := slot.Usable(s.cfg.Slot, s.src.Config().Database); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c, cut, err := coverage.ReadCutover(ctx, s.tgt, s.cfg.Slot); err != nil {
+		return err
+	} else if cut {
+		errs = append(errs, fmt.Errorf("slot %q was cut over into this target at %s (%s, pgconverge.cutovers): the target is the application's now and pgconverge follows nothing into it; to replicate into it again, start over (README, \"Starting over\"), or replicate into another database",
+			s.cfg.Slot, c.CutLSN, c.CutAt.Format(time.RFC3339)))
 	}
 	all := append(slices.Clone(s.tables), s.snapshotOnly...)
 	if err := checkTargetCreatable(ctx, s.src, s.tgt, all, s.cfg.LiveSuffix); err != nil {
@@ -58,7 +67,8 @@ func (s *session) preflight(ctx context.Context, names []changebatch.TableName) 
 // missing schema or a missing table in an existing schema (CREATE on the database or the schema,
 // PostgreSQL docs §5.7 "Privileges"), or a column's type exists on the source (src) but not on
 // the target and is not one pgconverge creates (an extension's type, a base type:
-// cdc.TypeDefinitions). Tables whose target table exists are not checked. With liveSuffix, the
+// cdc.TypeDefinitions). An existing target table is refused when pgconverge did not make it
+// (apply.IsTargetTable), and not checked further. With liveSuffix, the
 // schemas of the live views (apply.LiveViewName) that are missing need CREATE on the database
 // too.
 func checkTargetCreatable(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.Table, liveSuffix string) error {
@@ -99,6 +109,11 @@ from (select 1) one left join pg_namespace n on n.nspname = $2`, t.Quoted(), t.S
 			return fmt.Errorf("look up target table %s: %w", t, err)
 		}
 		if exists {
+			if ours, err := apply.IsTargetTable(ctx, tgt, t.TableName); err != nil {
+				return err
+			} else if !ours {
+				errs = append(errs, apply.NotTargetTableError(t.TableName))
+			}
 			continue
 		}
 		switch {
