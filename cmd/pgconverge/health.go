@@ -56,7 +56,7 @@ func (r *readiness) loading(trigger string) {
 // after a backoff.
 func (r *readiness) retrying(reason string) {
 	if reason == "restart" {
-		r.set(false, "restarting the session on purpose (a schema, publication or slot change; the log's WARN line \"restarting the session\" says which)")
+		r.set(false, "restarting the session on purpose (a schema, publication or slot change; the log's INFO line \"restarting the session to follow a change on the source\" says which)")
 		return
 	}
 	r.set(false, fmt.Sprintf("reconnecting after an error (reason %s; the log's ERROR line \"session failed, reconnecting\" names it and the fix)", reason))

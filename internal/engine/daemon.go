@@ -52,7 +52,7 @@ func Run(ctx context.Context, cfg Config) error {
 			attrs = append(attrs, "hint", h)
 		}
 		if d == restart {
-			cfg.Logger.Warn("restarting the session", attrs...)
+			cfg.Logger.Info("restarting the session to follow a change on the source", attrs...)
 		} else {
 			cfg.Logger.Error("session failed, reconnecting", attrs...)
 		}
