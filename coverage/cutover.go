@@ -64,8 +64,10 @@ on conflict (slot) do nothing`, slot, cut.String(), v, names)
 func ReadCutover(ctx context.Context, conn *pgx.Conn, slot string) (Cutover, bool, error) {
 	c := Cutover{Slot: slot}
 	var known bool
-	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.cutovers') is not null`).Scan(&known); err != nil || !known {
-		return c, false, err
+	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.cutovers') is not null`).Scan(&known); err != nil {
+		return c, false, fmt.Errorf("look up the cutover record of slot %q (the target role needs USAGE on schema pgconverge; after a cutover, was it given to another role?): %w", slot, err)
+	} else if !known {
+		return c, false, nil
 	}
 	var cut string
 	var verified *string

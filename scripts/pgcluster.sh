@@ -29,6 +29,7 @@ set -euo pipefail
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 # Every path this script touches is absolute; working from / also keeps tools that look at the
 # current directory happy when it is one the server's user cannot read (e.g. /root).
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
 cd /
 
 die() {
@@ -335,7 +336,7 @@ cmd_url() {
 }
 
 usage() {
-	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
+	sed -n '2,/^set -euo/p' "$SELF" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
 	exit 2
 }
 

@@ -155,7 +155,7 @@ func printSlotStatus(w io.Writer, s engine.SlotStatus) {
 // printBackfills writes the running backfill runs, one line per table.
 func printBackfills(w io.Writer, runs []engine.BackfillRunStatus) {
 	if len(runs) == 0 {
-		fmt.Fprintln(w, "\nno backfill runs")
+		fmt.Fprintln(w, "\nno backfill running")
 		return
 	}
 	fmt.Fprintln(w, "\nbackfills running:")
