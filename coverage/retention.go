@@ -2,6 +2,7 @@ package coverage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,6 +26,9 @@ const staleVerify = 24 * time.Hour
 //     snapshot past every position the target holds; a backfill of t now running is excluded by
 //     taking t's backfill lock for the transaction (none: false), and a verify run that is
 //     running, started less than staleVerify ago, by returning false.
+//
+// A table kept by snapshots only (no stream) has its fence as H: each refresh raises it to its
+// snapshot and holds the backfill lock while it runs.
 //
 // The least progress H is recorded in pgconverge.tombstone_horizons each call; the version
 // returned is (P, 0) for the newest P recorded at least retention ago, so that a tombstone lives
@@ -57,7 +61,17 @@ where s.schema_name = $1 and s.table_name = $2 and s.end_lsn is null`, t.Schema,
 		return changebatch.Version{}, false, fmt.Errorf("read the progress of the streams that follow %s: %w", t, err)
 	}
 	if least == nil {
-		return changebatch.Version{}, false, nil
+		// No stream follows the table. One kept by snapshots only is written by its refreshes
+		// alone, each of which raises the fence to its snapshot: what is at or below the fence
+		// guards nothing already.
+		err := tx.QueryRow(ctx, `select fence_lsn::text from pgconverge.tables
+where schema_name = $1 and table_name = $2 and snapshot_only is not null`, t.Schema, t.Name).Scan(&least)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return changebatch.Version{}, false, nil
+		}
+		if err != nil {
+			return changebatch.Version{}, false, fmt.Errorf("read the fence of %s: %w", t, err)
+		}
 	}
 	_, err = tx.Exec(ctx, `insert into pgconverge.tombstone_horizons (schema_name, table_name, horizon_lsn) values ($1, $2, $3::pg_lsn)
 on conflict do nothing`, t.Schema, t.Name, *least)

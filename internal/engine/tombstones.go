@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +15,8 @@ import (
 // tombstonePruneEvery is how often the daemon prunes tombstones (Config.TombstoneRetention).
 const tombstonePruneEvery = time.Hour
 
-// pruneTombstones deletes, while the session streams, the tombstones of the streamed tables that
+// pruneTombstones deletes, while the session streams, the tombstones of the streamed tables (and of
+// those kept by snapshots only, whose refreshes leave the copies they replaced) that
 // no path can need any more and that are older than Config.TombstoneRetention (pruneTable), every
 // tombstonePruneEvery (Knobs.TombstonePruneEvery in tests), starting one interval after the
 // session started, on a connection of its own. A failure is logged at WARN and tried again at the
@@ -48,7 +50,7 @@ func (s *session) pruneRound(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	for _, t := range s.tables {
+	for _, t := range append(slices.Clone(s.tables), s.snapshotOnly...) {
 		n, fence, err := pruneTable(ctx, conn, t, s.cfg.TombstoneRetention)
 		if err != nil {
 			return err

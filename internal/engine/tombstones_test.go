@@ -112,3 +112,26 @@ func TestRunningBackfillHoldsTombstonesBack(t *testing.T) {
 	})
 	pgtest.WaitConverged(t, env, "a", "id")
 }
+
+// A table kept by snapshots only leaves the copies each refresh replaced: they are pruned too,
+// and the target still holds the table as of the last refresh.
+func TestSnapshotOnlyRefreshesArePruned(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
+		`create table s (x int, y text)`, `insert into s values (1, 'dup'), (1, 'dup'), (2, 'one')`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"a", "s"}
+	cfg.TombstoneRetention = time.Millisecond
+	cfg.Knobs.TombstonePruneEvery = 200 * time.Millisecond
+	startDaemon(t, cfg)
+	waitSameMultiset(t, env, "s")
+	for i := 0; i < 3; i++ {
+		pgtest.Exec(t, env.Source, fmt.Sprintf(`insert into s values (%d, 'refresh')`, 10+i))
+		backfillNow(t, testBackfillConfig(t, env, "public.s"))
+	}
+	pgtest.Eventually(t, 60*time.Second, "replaced copies pruned", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from s where _cdc_deleted`)
+		return n == 0, fmt.Sprintf("%d replaced copies in s", n)
+	})
+	waitSameMultiset(t, env, "s")
+}
