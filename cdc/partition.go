@@ -89,3 +89,20 @@ select min(l.oid::regclass::text) from tree join pg_class l on l.oid = tree.oid 
 	}
 	return nil
 }
+
+// PartitionedTables returns the source's partitioned tables (relkind p), in one catalog read.
+func PartitionedTables(ctx context.Context, conn *pgx.Conn) (map[changebatch.TableName]bool, error) {
+	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.relkind = 'p'`)
+	if err != nil {
+		return nil, fmt.Errorf("list the source's partitioned tables: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
+	if err != nil {
+		return nil, fmt.Errorf("list the source's partitioned tables: %w", err)
+	}
+	out := map[changebatch.TableName]bool{}
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
+}

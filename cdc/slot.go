@@ -164,3 +164,24 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// PendingTransactions counts the transactions that slot would stream to publication's consumer
+// after position after: those whose commit LSN (the final LSN of pgoutput's Begin message,
+// PostgreSQL docs §55.9 "Logical Replication Message Formats") is past it. PostgreSQL 15's
+// pgoutput sends no Begin for a transaction without a published change, so each counted one
+// changes a published table. It decodes without consuming (pg_logical_slot_peek_binary_changes,
+// docs §9.27.6), which needs the slot free: an active one is an error wrapping ErrSlotBusy.
+func PendingTransactions(ctx context.Context, conn *pgx.Conn, slot, publication string, after pglogrepl.LSN) (int64, error) {
+	var n int64
+	err := conn.QueryRow(ctx, `select count(*) from pg_logical_slot_peek_binary_changes($1, null, null,
+  'proto_version', '1', 'publication_names', $2) c
+where get_byte(c.data, 0) = 66 and ('x' || encode(substring(c.data from 2 for 8), 'hex'))::bit(64)::bigint > $3`,
+		slot, publication, int64(after)).Scan(&n)
+	if isCode(err, pgerrcode.ObjectInUse) {
+		return 0, fmt.Errorf("peek at slot %q: %w: %w", slot, ErrSlotBusy, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("peek at slot %q: %w", slot, err)
+	}
+	return n, nil
+}

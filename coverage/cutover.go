@@ -59,15 +59,38 @@ on conflict (slot) do nothing`, slot, cut.String(), v, names)
 	})
 }
 
+// LatestCutover returns the newest cutover recorded in the target, of any slot, and false when
+// none is (also on a ledger older than cutovers).
+func LatestCutover(ctx context.Context, conn *pgx.Conn) (Cutover, bool, error) {
+	if ok, err := hasCutovers(ctx, conn); err != nil || !ok {
+		return Cutover{}, false, err
+	}
+	var slot string
+	err := conn.QueryRow(ctx, `select slot from pgconverge.cutovers order by cut_at desc limit 1`).Scan(&slot)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Cutover{}, false, nil
+	}
+	if err != nil {
+		return Cutover{}, false, fmt.Errorf("read the cutovers of the target: %w", err)
+	}
+	return ReadCutover(ctx, conn, slot)
+}
+
+// hasCutovers reports whether the ledger has pgconverge.cutovers.
+func hasCutovers(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var known bool
+	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.cutovers') is not null`).Scan(&known); err != nil {
+		return false, fmt.Errorf("look up the cutover records (the target role needs USAGE on schema pgconverge; after a cutover, was it given to another role?): %w", err)
+	}
+	return known, nil
+}
+
 // ReadCutover returns slot's cutover record, and false when the slot was not cut over (also on
 // a ledger older than cutovers).
 func ReadCutover(ctx context.Context, conn *pgx.Conn, slot string) (Cutover, bool, error) {
 	c := Cutover{Slot: slot}
-	var known bool
-	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.cutovers') is not null`).Scan(&known); err != nil {
-		return c, false, fmt.Errorf("look up the cutover record of slot %q (the target role needs USAGE on schema pgconverge; after a cutover, was it given to another role?): %w", slot, err)
-	} else if !known {
-		return c, false, nil
+	if known, err := hasCutovers(ctx, conn); err != nil || !known {
+		return c, false, err
 	}
 	var cut string
 	var verified *string

@@ -67,8 +67,10 @@ var ErrDaemonRunning = errors.New("a daemon streams from the slot")
 //     position read when it started, and checks that coverage has no gap;
 //  2. still streaming, it verifies every table (Verify with repair: a discrepancy left open is an
 //     error) and syncs the sequences (SyncSequences);
-//  3. it stops streaming and records the cutover (coverage.RecordCutover): the stream segment
-//     ends, the tables are retired, so coverage reports no gap for them;
+//  3. it stops streaming, checks that the slot holds no transaction committed after the target's
+//     progress (checkQuiet: the application still writes), and records the cutover
+//     (coverage.RecordCutover): the stream segment ends, the tables are retired, so coverage
+//     reports no gap for them;
 //  4. optionally it drops the slot and the publication, and finalizes the target tables.
 //
 // Run again after a crash, it resumes: before step 3 it starts over (every step is idempotent),
@@ -199,6 +201,9 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	if err != nil {
 		return coverage.Cutover{}, err
 	}
+	if err := checkQuiet(ctx, src, rc, cut); err != nil {
+		return coverage.Cutover{}, err
+	}
 	if err := coverage.RecordCutover(ctx, tgt, rc.Slot, cut, verified, tables); err != nil {
 		return coverage.Cutover{}, err
 	}
@@ -206,6 +211,32 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	cfg.step("recorded")
 	c, _, err := coverage.ReadCutover(ctx, tgt, rc.Slot)
 	return c, err
+}
+
+// checkQuiet returns an error when the slot holds transactions of the publication committed after
+// cut, the position the target holds (cdc.PendingTransactions): the application still writes,
+// and a cutover now would leave them behind. It waits (up to 30 s) for the stopped stream's
+// walsender to let go of the slot.
+func checkQuiet(ctx context.Context, src *pgx.Conn, rc Config, cut pglogrepl.LSN) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := cdc.PendingTransactions(ctx, src, rc.Slot, rc.Publication, cut)
+		switch {
+		case errors.Is(err, cdc.ErrSlotBusy) && time.Now().Before(deadline):
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		case err != nil:
+			return err
+		case n > 0:
+			return fmt.Errorf("the source still takes writes: %d transactions of publication %q committed after the target caught up at %s; stop the application's writes, then run cutover again (nothing was cut over)",
+				n, rc.Publication, cut)
+		}
+		return nil
+	}
 }
 
 // waitProgress polls the target's progress for slot until it reaches lsn; it fails when the
@@ -278,4 +309,16 @@ func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, d
 		cfg.step("finalized")
 	}
 	return nil
+}
+
+// refuseCutOver returns an error naming what (a command) when a cutover is recorded in the
+// target (coverage.LatestCutover): its tables are the application's, which no pgconverge command
+// writes into any more.
+func refuseCutOver(ctx context.Context, tgt *pgx.Conn, what string) error {
+	c, cut, err := coverage.LatestCutover(ctx, tgt)
+	if err != nil || !cut {
+		return err
+	}
+	return fmt.Errorf("%s refused: slot %q was cut over into this target at %s (pgconverge.cutovers), so its tables are the application's and pgconverge writes into none of them; start over (README, \"Starting over\") to replicate into it again",
+		what, c.Slot, c.CutLSN)
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -171,5 +173,50 @@ func TestCutoverKilledAfterEachStepResumes(t *testing.T) {
 	}
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.cutovers where finalized_at is not null and slot_dropped_at is not null`); n != 1 {
 		t.Error("the cutover record lacks its last steps")
+	}
+}
+
+// A cutover while the application still writes is refused before anything is cut over, however
+// fast the stream catches up; once the writes stop it succeeds. After it, no command writes into
+// the target under any slot: run with another slot, backfill and verify --repair are refused.
+func TestCutoverRefusesAWritingSourceAndAfterwardsEveryWriter(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, n int)`, `insert into a select g, 0 from generate_series(1, 100) g`)
+	cfg := testConfig(t, env)
+	d := startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "a", "id")
+	d.Stop(t)
+	stop := sourceLoop(t, env, func(ctx context.Context, tx pgx.Tx, i int) error {
+		_, err := tx.Exec(ctx, `update a set n = n + 1 where id = $1`, i%100+1)
+		return err
+	})
+	_, err := Cutover(context.Background(), CutoverConfig{Run: cfg})
+	stop()
+	if err == nil || !strings.Contains(err.Error(), "the source still takes writes") {
+		t.Fatalf("cutover while the source takes writes: %v, want a refusal", err)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.cutovers`); n != 0 {
+		t.Fatalf("%d cutovers recorded despite the refusal", n)
+	}
+	pgtest.Eventually(t, 30*time.Second, "slot released", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1 and active`, env.Name)
+		return n == 0, "the slot is still active"
+	})
+	if _, err := Cutover(context.Background(), CutoverConfig{Run: cfg}); err != nil {
+		t.Fatalf("cutover once the writes stopped: %v", err)
+	}
+	pgtest.WaitConverged(t, env, "a", "id")
+
+	other := cfg
+	other.Slot, other.Publication = env.Name+"_b", env.Name+"_b"
+	requireRefusal(t, other, "was cut over into this target", "under any slot")
+	if _, err := Backfill(context.Background(), testBackfillConfig(t, env, "public.a")); err == nil || !strings.Contains(err.Error(), "backfill refused") {
+		t.Errorf("backfill into a cut-over target: %v, want a refusal", err)
+	}
+	if _, err := Verify(context.Background(), VerifyConfig{Source: env.SourceURL, Target: env.TargetURL, Repair: true, Logger: cfg.Logger}); err == nil || !strings.Contains(err.Error(), "verify --repair refused") {
+		t.Errorf("verify --repair of a cut-over target: %v, want a refusal", err)
+	}
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, other.Slot); n != 0 {
+		t.Error("the refused run created its slot")
 	}
 }

@@ -73,6 +73,9 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (BackfillReport, error) {
 	if err := migrations.Apply(ctx, tgt); err != nil {
 		return BackfillReport{}, err
 	}
+	if err := refuseCutOver(ctx, tgt, "backfill"); err != nil {
+		return BackfillReport{}, err
+	}
 	for i := range tables {
 		if err := readLedgerPublicationShape(ctx, src, tgt, &tables[i]); err != nil {
 			return BackfillReport{}, err

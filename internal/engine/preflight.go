@@ -18,7 +18,8 @@ import (
 // preflight runs, before the session writes anything to either side, every check that can refuse
 // the run and can be made without writing: the publication as the tables would use it and the
 // source role's privileges to create or extend it (cdc.CheckPublication), an existing slot's
-// plugin and database, a cutover recorded for the slot (the target is the application's then),
+// plugin and database, a cutover recorded in the target under any slot (the target is the
+// application's then),
 // and the target role's privileges, the types the target tables need and existing target tables
 // pgconverge did not make (checkTargetCreatable). It opens the session's replication connection, which checks the
 // REPLICATION attribute and pg_hba.conf. Refusals are permanent and reported all at once; a lost
@@ -40,11 +41,11 @@ func (s *session) preflight(ctx context.Context, names []changebatch.TableName) 
 			errs = append(errs, err)
 		}
 	}
-	if c, cut, err := coverage.ReadCutover(ctx, s.tgt, s.cfg.Slot); err != nil {
+	if c, cut, err := coverage.LatestCutover(ctx, s.tgt); err != nil {
 		return err
 	} else if cut {
-		errs = append(errs, fmt.Errorf("slot %q was cut over into this target at %s (%s, pgconverge.cutovers): the target is the application's now and pgconverge follows nothing into it; to replicate into it again, start over (README, \"Starting over\"), or replicate into another database",
-			s.cfg.Slot, c.CutLSN, c.CutAt.Format(time.RFC3339)))
+		errs = append(errs, fmt.Errorf("slot %q was cut over into this target at %s (%s, pgconverge.cutovers): the target is the application's now and pgconverge follows nothing into it, under any slot; to replicate into it again, start over (README, \"Starting over\"), or replicate into another database",
+			c.Slot, c.CutLSN, c.CutAt.Format(time.RFC3339)))
 	}
 	all := append(slices.Clone(s.tables), s.snapshotOnly...)
 	if err := checkTargetCreatable(ctx, s.src, s.tgt, all, s.cfg.LiveSuffix); err != nil {

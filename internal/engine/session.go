@@ -55,8 +55,10 @@ type session struct {
 	recorded, lastCheck pglogrepl.LSN
 	// gapsPublished is when the gap metric was last computed (publishCoverage).
 	gapsPublished time.Time
-	// unknown takes keys the stream left with unknown values to fillUnknown.
+	// unknown takes keys the stream left with unknown values to fillUnknown; filling counts the
+	// fills under way, whose snapshot may be older than a tombstone horizon.
 	unknown chan unknownKeys
+	filling atomic.Int32
 }
 
 // errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while

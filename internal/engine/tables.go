@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -105,8 +106,9 @@ func (s *session) ensureLiveViews(ctx context.Context, tables []changebatch.Tabl
 
 // retireLeft retires (coverage.RetireLeft) those of the tables the session no longer follows
 // (forgotten, as coverage.ForgetTables names them) that have nothing left to follow under their
-// name: the source table was dropped, or attached as a partition of a table the session
-// follows, whose stream carries its rows now. Each is logged at INFO; it returns the others.
+// name: the source table was attached as a partition of a table the session follows, whose
+// stream carries its rows now (and which is loaded again for it). Each is logged at INFO; it
+// returns the others. A dropped source table is logged at ERROR and returned.
 func (s *session) retireLeft(ctx context.Context, forgotten []string) ([]string, error) {
 	followed := map[string]bool{}
 	for _, t := range s.tables {
@@ -127,9 +129,15 @@ from (select to_regclass($1) as oid) c`, n.Quoted()).Scan(&dropped, &ancestors)
 		if err != nil {
 			return nil, fmt.Errorf("look up source table %s: %w", n, err)
 		}
+		// A table dropped on the source is not retired here: its last changes before the DROP
+		// may still wait in the slot, which no stream of this session delivers (the table has no
+		// description any more), so its copy may lack them; the operator retires it.
 		why := ""
 		if dropped {
-			why = "the source table was dropped"
+			s.cfg.Logger.Error("source table dropped: its target copy is not followed any more and may lack the changes made after its watermark and before the DROP; once that is fine, retire it: pgconverge retire --table "+n.String(),
+				"table", n.String())
+			rest = append(rest, name)
+			continue
 		}
 		for _, a := range ancestors {
 			if an, err := changebatch.ParseTableName(a); err == nil && followed[an.String()] {
@@ -157,6 +165,29 @@ func (s *session) withMatches(ctx context.Context, names []changebatch.TableName
 	candidates, skipped, err := cdc.CandidateTables(ctx, s.src)
 	if err != nil {
 		return nil, err
+	}
+	// A partitioned table that an existing publication publishes under its partitions' names
+	// cannot be followed as one table: it is skipped, not a reason to stop following the others.
+	var viaRoot, pubExists bool
+	err = s.src.QueryRow(ctx, `select pubviaroot from pg_publication where pubname = $1`, s.cfg.Publication).Scan(&viaRoot)
+	if pubExists = err == nil; err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("look up publication %q: %w", s.cfg.Publication, err)
+	}
+	if pubExists && !viaRoot {
+		parted, err := cdc.PartitionedTables(ctx, s.src)
+		if err != nil {
+			return nil, err
+		}
+		kept := candidates[:0:0]
+		for _, n := range candidates {
+			if parted[n] && !slices.Contains(names, n) {
+				skipped = append(skipped, cdc.SkippedTable{Table: n, Reason: fmt.Sprintf("partitioned, and publication %q publishes partitions under their own names (publish_via_partition_root = false): ALTER PUBLICATION %s SET (publish_via_partition_root = true) follows it as one table (every table of the publication is loaded again)",
+					s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize())})
+				continue
+			}
+			kept = append(kept, n)
+		}
+		candidates = kept
 	}
 	out := slices.Clone(names)
 	for _, p := range s.patterns {

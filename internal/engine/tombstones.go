@@ -51,6 +51,9 @@ func (s *session) pruneRound(ctx context.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	for _, t := range append(slices.Clone(s.tables), s.snapshotOnly...) {
+		if s.filling.Load() > 0 {
+			return nil // a fill of unknown values reads an older snapshot: the next round prunes
+		}
 		n, fence, err := pruneTable(ctx, conn, t, s.cfg.TombstoneRetention)
 		if err != nil {
 			return err

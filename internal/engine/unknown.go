@@ -65,7 +65,9 @@ func (s *session) fillUnknown(ctx context.Context) error {
 			return nil
 		case u := <-s.unknown:
 			for _, u := range drainUnknown(u, s.unknown) {
+				s.filling.Add(1) // before the fill's snapshot: pruneRound waits for it (pruneTombstones)
 				filled, at, err := fillKeys(ctx, s.cfg.Source, s.cfg.Target, u)
+				s.filling.Add(-1)
 				switch {
 				case ctx.Err() != nil:
 					return nil

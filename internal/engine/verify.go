@@ -192,6 +192,11 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 	if err := migrations.Apply(ctx, v.tgt); err != nil {
 		return err
 	}
+	if v.cfg.Repair {
+		if err := refuseCutOver(ctx, v.tgt, "verify --repair"); err != nil {
+			return err
+		}
+	}
 	var names []changebatch.TableName
 	if len(v.cfg.Tables) > 0 {
 		var err error
