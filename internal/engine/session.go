@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -78,8 +77,8 @@ var errMembershipChanged = errors.New("publication membership changed")
 // checked against the source's enum labels: a label the source added or renamed since the session
 // started explains it (errEnumChanged, the next session changes the target's type alike); when
 // the labels cannot be read, it is returned as a transient enumCheckError, so the daemon retries
-// rather than stops on what it could not tell apart.
-// connected reports whether the session reached both the source and the target.
+// rather than stops on what it could not tell apart. It also reports, as connected, whether the
+// session reached both the source and the target.
 func runSession(ctx context.Context, cfg Config) (connected bool, err error) {
 	s := &session{cfg: cfg, mon: cfg.monitor()}
 	defer s.close()
@@ -261,132 +260,6 @@ func (s *session) close() {
 	}
 }
 
-// selectTables resolves the replicated tables and describes them; problems are permanent and
-// reported all at once.
-func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, error) {
-	var names []changebatch.TableName
-	if len(s.cfg.Tables) > 0 {
-		var err error
-		if names, s.patterns, err = changebatch.ParseTableSelection(s.cfg.Tables); err != nil {
-			return nil, permanent(fmt.Errorf("--tables: %w", err))
-		}
-		if names, err = s.withMatches(ctx, names, true); err != nil {
-			return nil, err
-		}
-	} else {
-		var skipped []cdc.SkippedTable
-		var err error
-		if names, skipped, err = cdc.DefaultTables(ctx, s.src, s.cfg.Publication); err != nil {
-			return nil, err
-		}
-		for _, sk := range skipped {
-			s.cfg.Logger.Warn("skipping table", "table", sk.Table.String(), "reason", sk.Reason)
-		}
-		if len(names) == 0 {
-			return nil, permanent(errors.New("no table to replicate: the source has no table with a primary key; name tables with --tables"))
-		}
-	}
-	var errs []error
-	var noKey []changebatch.TableName
-	for _, n := range names {
-		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
-		if err == nil {
-			err = cdc.ReadPublicationShape(ctx, s.src, s.cfg.Publication, &t)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			if errors.Is(err, changebatch.ErrNoKey) {
-				noKey = append(noKey, n)
-			}
-			continue
-		}
-		if t.SnapshotOnly != "" {
-			if t.SnapshotOnly == cdc.SnapshotOnlyNoKey {
-				noKey = append(noKey, n) // waited for if it was streamed: see below
-			}
-			s.snapshotOnly = append(s.snapshotOnly, t)
-			continue
-		}
-		s.tables = append(s.tables, t)
-	}
-	if err := s.waitForLostKeys(ctx, noKey, errs); err != nil {
-		return nil, err
-	}
-	if len(errs) == 0 {
-		var streamed []changebatch.TableName
-		for _, t := range s.tables {
-			streamed = append(streamed, t.TableName)
-		}
-		for _, t := range s.snapshotOnly {
-			s.cfg.Logger.Warn("table kept by snapshots only: no publication can carry its changes; it is loaded, then backfilled again at each --snapshot-schedule tick",
-				"table", t.String(), "reason", t.SnapshotOnly)
-		}
-		followed := make([]string, len(streamed))
-		for i, n := range streamed {
-			followed[i] = n.String()
-		}
-		selection := "the publication's tables (no --tables)"
-		if len(s.cfg.Tables) > 0 {
-			selection = "--tables " + strings.Join(s.cfg.Tables, ",")
-		}
-		s.cfg.Logger.Info("following tables", "count", len(streamed), "tables", strings.Join(followed, ", "),
-			"snapshot_only", len(s.snapshotOnly), "selection", selection)
-		return streamed, nil
-	}
-	return nil, permanent(errors.Join(errs...))
-}
-
-// waitForLostKeys returns a keyLostError when a table of noKey (described without a key) is one a
-// stream follows already: it lost its key (a primary key dropped to be added on other columns),
-// and the daemon waits, as the DBA is usually about to add the new one; errs are the other
-// problems found, reported with it.
-func (s *session) waitForLostKeys(ctx context.Context, noKey []changebatch.TableName, errs []error) error {
-	if len(noKey) == 0 {
-		return nil
-	}
-	streamed, err := s.streamedTables(ctx)
-	if err != nil {
-		return err
-	}
-	for _, n := range noKey {
-		if streamed[n] {
-			return keyLostError{errors.Join(append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or replicate it by its whole rows (ALTER TABLE %s REPLICA IDENTITY FULL): %w",
-				n, n.Quoted(), n.Quoted(), changebatch.ErrNoKey))...)}
-		}
-	}
-	return nil
-}
-
-// keyLostError is a description refused because a table the target already follows has no key
-// now: decide backs off, and the next session describes it again.
-type keyLostError struct{ err error }
-
-// Error returns the refusal's message.
-func (e keyLostError) Error() string {
-	return e.err.Error() + " (the table is replicated already: the daemon waits for a key and tries again)"
-}
-
-// Unwrap returns the refusal.
-func (e keyLostError) Unwrap() error { return e.err }
-
-// streamedTables returns the tables the target's pgconverge.tables registers as streamed (not
-// kept by snapshots only), none when the target has no metadata schema yet.
-func (s *session) streamedTables(ctx context.Context) (map[changebatch.TableName]bool, error) {
-	out := map[changebatch.TableName]bool{}
-	if ok, err := apply.HasMetadata(ctx, s.tgt); err != nil || !ok {
-		return out, err
-	}
-	rows, err := s.tgt.Query(ctx, `select schema_name, table_name from pgconverge.tables where snapshot_only is null`)
-	if err != nil {
-		return nil, fmt.Errorf("read the streamed tables: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
-	for _, n := range names {
-		out[n] = true
-	}
-	return out, err
-}
-
 // connectBoth connects to the source and the target URLs (pgsession.Connect); close both with
 // closeBoth.
 func connectBoth(ctx context.Context, source, target string) (src, tgt *pgx.Conn, err error) {
@@ -436,32 +309,4 @@ func (s *session) described(names []changebatch.TableName) []changebatch.Table {
 		}
 	}
 	return out
-}
-
-// warnUnselected logs each table of the publication that is not replicated: the slot passes over
-// its changes, so its target copy (if any) stops following the source.
-func (s *session) warnUnselected(ctx context.Context, selected []changebatch.TableName) error {
-	published, err := cdc.PublishedTables(ctx, s.src, s.cfg.Publication)
-	if err != nil {
-		return err
-	}
-	sel := map[changebatch.TableName]bool{}
-	for _, n := range selected {
-		sel[n] = true
-	}
-	kept := map[changebatch.TableName]string{}
-	for _, t := range s.snapshotOnly {
-		kept[t.TableName] = t.SnapshotOnly
-	}
-	for _, n := range published {
-		switch why, snapshotOnly := kept[n]; {
-		case snapshotOnly:
-			s.cfg.Logger.Error("published table kept by snapshots only: its changes cannot be streamed, and the source refuses its application's UPDATEs and DELETEs while it is published without a replica identity; give it one: ALTER TABLE "+n.Quoted()+" REPLICA IDENTITY FULL (or a primary key), and it is streamed from then on",
-				"table", n.String(), "publication", s.cfg.Publication, "reason", why)
-		case !sel[n]:
-			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",
-				"table", n.String(), "publication", s.cfg.Publication)
-		}
-	}
-	return nil
 }

@@ -2,10 +2,8 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -152,62 +150,4 @@ from (select to_regclass($1) as oid) c`, n.Quoted()).Scan(&dropped, &ancestors)
 		s.cfg.Logger.Info("table no longer followed under its own name: retired", "table", name, "why", why)
 	}
 	return rest, coverage.RetireLeft(ctx, s.tgt, reasons)
-}
-
-// withMatches returns names followed by the tables the session's patterns match that names lacks
-// (cdc.CandidateTables, in name order): tables a publication can carry; with logSkips, each
-// matching table it cannot carry is logged at WARN with the reason and the fix, and a pattern
-// that matches nothing at WARN too.
-func (s *session) withMatches(ctx context.Context, names []changebatch.TableName, logSkips bool) ([]changebatch.TableName, error) {
-	if len(s.patterns) == 0 {
-		return names, nil
-	}
-	candidates, skipped, err := cdc.CandidateTables(ctx, s.src)
-	if err != nil {
-		return nil, err
-	}
-	// A partitioned table that an existing publication publishes under its partitions' names
-	// cannot be followed as one table: it is skipped, not a reason to stop following the others.
-	var viaRoot, pubExists bool
-	err = s.src.QueryRow(ctx, `select pubviaroot from pg_publication where pubname = $1`, s.cfg.Publication).Scan(&viaRoot)
-	if pubExists = err == nil; err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("look up publication %q: %w", s.cfg.Publication, err)
-	}
-	if pubExists && !viaRoot {
-		parted, err := cdc.PartitionedTables(ctx, s.src)
-		if err != nil {
-			return nil, err
-		}
-		kept := candidates[:0:0]
-		for _, n := range candidates {
-			if parted[n] && !slices.Contains(names, n) {
-				skipped = append(skipped, cdc.SkippedTable{Table: n, Reason: fmt.Sprintf("partitioned, and publication %q publishes partitions under their own names (publish_via_partition_root = false): ALTER PUBLICATION %s SET (publish_via_partition_root = true) follows it as one table (every table of the publication is loaded again)",
-					s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize())})
-				continue
-			}
-			kept = append(kept, n)
-		}
-		candidates = kept
-	}
-	out := slices.Clone(names)
-	for _, p := range s.patterns {
-		matched := false
-		for _, n := range candidates {
-			if p.Match(n) {
-				matched = true
-				if !slices.Contains(out, n) {
-					out = append(out, n)
-				}
-			}
-		}
-		for _, sk := range skipped {
-			if p.Match(sk.Table) && logSkips && !slices.Contains(names, sk.Table) {
-				s.cfg.Logger.Warn("skipping table matched by a --tables pattern", "pattern", p.String(), "table", sk.Table.String(), "reason", sk.Reason)
-			}
-		}
-		if !matched && logSkips {
-			s.cfg.Logger.Warn("--tables pattern matches no table the daemon can follow yet: a table created later that matches it is followed then", "pattern", p.String())
-		}
-	}
-	return out, nil
 }
