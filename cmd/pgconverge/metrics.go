@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -124,7 +125,7 @@ func newMetrics() *metrics {
 
 // serve serves /metrics, /healthz and /readyz (health.go) on addr until ctx ends; it returns once
 // the listener is up.
-func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) error {
+func (m *metrics) serve(ctx context.Context, addr string, withProfiles bool, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen for metrics on %s: %w", addr, err)
@@ -133,6 +134,14 @@ func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) erro
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", healthz)
 	mux.HandleFunc("/readyz", m.ready.readyz)
+	if withProfiles {
+		// Go's runtime profiles (net/http/pprof): go tool pprof http://ADDR/debug/pprof/profile.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -140,7 +149,7 @@ func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) erro
 		}
 	}()
 	context.AfterFunc(ctx, func() { srv.Close() })
-	log.Info("serving metrics", "addr", ln.Addr().String(), "path", "/metrics", "health", "/healthz", "readiness", "/readyz")
+	log.Info("serving metrics", "addr", ln.Addr().String(), "path", "/metrics", "health", "/healthz", "readiness", "/readyz", "profiles", withProfiles)
 	return nil
 }
 

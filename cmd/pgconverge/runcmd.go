@@ -18,6 +18,7 @@ const exitUnreachable = 5
 func newRunCmd(stderr io.Writer) *cobra.Command {
 	cfg := engine.Config{}
 	var logFormat, logLevel, scheduleSpec, verifySpec, snapshotSpec, metricsAddr string
+	var profiles bool
 	cmd := &cobra.Command{
 		Use:   "run --source URL --target URL [--tables s.t,s.u] [--slot pgconverge] [--publication pgconverge]",
 		Short: "Stream changes from the source into the target continuously (loads tables first when needed)",
@@ -51,9 +52,12 @@ published tables that are not selected are skipped: such a table is loaded again
 			if err := errors.Join(cfg.Validate(), schedErr, vschedErr, sschedErr); err != nil {
 				return err
 			}
+			if profiles && metricsAddr == "" {
+				return errors.New("--pprof serves on --metrics-addr: pass --metrics-addr 127.0.0.1:PORT too")
+			}
 			if metricsAddr != "" {
 				m := newMetrics()
-				if err := m.serve(cmd.Context(), metricsAddr, logger); err != nil {
+				if err := m.serve(cmd.Context(), metricsAddr, profiles, logger); err != nil {
 					return err
 				}
 				cfg.Monitor = m
@@ -80,6 +84,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&cfg.LiveSuffix, "live-suffix", "_live", "keep a view of each target table's live rows, without tombstones and metadata columns, in the schema named its schema plus this suffix (public.orders: public_live.orders); '' keeps none")
 	f.StringVar(&cfg.OnGap, "on-gap", engine.OnGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
+	f.BoolVar(&profiles, "pprof", false, "also serve Go's runtime profiles (net/http/pprof) at /debug/pprof/ on --metrics-addr, for go tool pprof; keep that address private")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187); off when empty")
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
