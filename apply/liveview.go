@@ -20,11 +20,11 @@ func LiveViewName(t changebatch.TableName, suffix string) changebatch.TableName 
 	return changebatch.TableName{Schema: t.Schema + suffix, Name: t.Name}
 }
 
-// LiveViewSQL returns the query of target table t's live view: the source's columns (generated
+// liveViewSQL returns the query of target table t's live view: the source's columns (generated
 // ones included, in the source's order: by attnum, without the metadata columns) of the rows that
 // are not tombstones, nor copies a delete took in a table without a key: NOT _cdc_deleted. Rows whose values the stream left unknown (_cdc_unknown) are live,
 // with those values NULL until they are read again.
-func LiveViewSQL(t changebatch.Table) string {
+func liveViewSQL(t changebatch.Table) string {
 	type col struct {
 		name   string
 		attnum int16
@@ -44,14 +44,14 @@ func LiveViewSQL(t changebatch.Table) string {
 	return "select " + strings.Join(cols, ", ") + " from " + t.Quoted() + " where not " + qDeleted
 }
 
-// EnsureLiveView creates or replaces the live view of target table t (LiveViewName, LiveViewSQL)
+// EnsureLiveView creates or replaces the live view of target table t (LiveViewName, liveViewSQL)
 // and its schema, in one transaction: a query of it sees the table as the source holds it (as of
 // the target's progress), without tombstones and metadata columns. A view whose columns changed
 // (the source dropped or renamed one) is dropped and created again; when other objects depend on
 // it, it is left as it was and the error says which view to change (SQLSTATE 2BP01 wrapped).
 func EnsureLiveView(ctx context.Context, conn *pgx.Conn, t changebatch.Table, suffix string) error {
 	v := LiveViewName(t.TableName, suffix)
-	create := "create or replace view " + v.Quoted() + " as " + LiveViewSQL(t)
+	create := "create or replace view " + v.Quoted() + " as " + liveViewSQL(t)
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var existed bool
 		if err := tx.QueryRow(ctx, `select to_regnamespace($1) is not null`, pgx.Identifier{v.Schema}.Sanitize()).Scan(&existed); err != nil {

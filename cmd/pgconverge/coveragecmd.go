@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,11 +35,7 @@ type coverageConfig struct {
 
 // Validate reports every problem of the configuration at once.
 func (c *coverageConfig) Validate() error {
-	errs := []error{c.CoverageConfig.Validate()}
-	if c.Format != "table" && c.Format != "json" {
-		errs = append(errs, fmt.Errorf("--format %q is invalid: use table or json", c.Format))
-	}
-	return errors.Join(errs...)
+	return errors.Join(c.CoverageConfig.Validate(), validateFormat(c.Format))
 }
 
 func newCoverageCmd(stdout io.Writer) *cobra.Command {
@@ -74,9 +69,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 				return err
 			}
 			if cfg.Format == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
+				if err := writeJSON(stdout, rep); err != nil {
 					return err
 				}
 			} else {

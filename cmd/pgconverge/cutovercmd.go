@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -41,10 +41,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 				return err
 			}
 			cfg.Run.Logger = logger
-			if format != "table" && format != "json" {
-				return fmt.Errorf("--format %q is invalid: use table or json", format)
-			}
-			if err := cfg.Run.Validate(); err != nil {
+			if err := errors.Join(cfg.Run.Validate(), validateFormat(format)); err != nil {
 				return err
 			}
 			rep, err := engine.Cutover(cmd.Context(), cfg)
@@ -52,9 +49,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 				return err
 			}
 			if format == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return writeJSON(stdout, rep)
 			}
 			printCutover(stdout, rep)
 			return nil

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -13,6 +16,22 @@ import (
 func addURLFlags(f *pflag.FlagSet, source, target *string) {
 	f.StringVar(source, "source", os.Getenv("PGCONVERGE_SOURCE"), "source PostgreSQL URL ($PGCONVERGE_SOURCE)")
 	f.StringVar(target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
+}
+
+// validateFormat returns an error naming --format unless format is "table" or "json", the two
+// output formats of the report commands; nil otherwise.
+func validateFormat(format string) error {
+	if format != "table" && format != "json" {
+		return fmt.Errorf("--format %q is invalid: use table or json", format)
+	}
+	return nil
+}
+
+// writeJSON writes v to w as indented JSON, the --format json of the report commands.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // addLogFlags defines --log-format and --log-level (see newLogger).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,11 +20,7 @@ type statusConfig struct {
 
 // Validate reports every problem of the configuration at once.
 func (c *statusConfig) Validate() error {
-	errs := []error{c.StatusConfig.Validate()}
-	if c.Format != "table" && c.Format != "json" {
-		errs = append(errs, fmt.Errorf("--format %q is invalid: use table or json", c.Format))
-	}
-	return errors.Join(errs...)
+	return errors.Join(c.StatusConfig.Validate(), validateFormat(c.Format))
 }
 
 func newStatusCmd(stdout io.Writer) *cobra.Command {
@@ -54,9 +49,7 @@ documented in README.md and stays stable: fields are only ever added.`,
 				return err
 			}
 			if cfg.Format == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return writeJSON(stdout, rep)
 			}
 			printStatus(stdout, rep)
 			return nil

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -46,19 +45,13 @@ The JSON format is documented in README.md and stays stable.`,
 				return err
 			}
 			cfg.Logger = logger
-			errs := []error{cfg.Validate()}
-			if format != "table" && format != "json" {
-				errs = append(errs, fmt.Errorf("--format %q is invalid: use table or json", format))
-			}
-			if err := errors.Join(errs...); err != nil {
+			if err := errors.Join(cfg.Validate(), validateFormat(format)); err != nil {
 				return err
 			}
 			rep, err := engine.Verify(cmd.Context(), cfg)
 			if err == nil || errors.Is(err, engine.ErrNotVerified) {
 				if format == "json" {
-					enc := json.NewEncoder(stdout)
-					enc.SetIndent("", "  ")
-					if encErr := enc.Encode(rep); encErr != nil && err == nil {
+					if encErr := writeJSON(stdout, rep); encErr != nil && err == nil {
 						err = encErr
 					}
 				} else {

@@ -19,18 +19,29 @@ func (s *session) pruneAudit(ctx context.Context) error {
 	if s.cfg.AuditRetention <= 0 {
 		return nil
 	}
-	tick := time.NewTicker(auditPruneEvery)
-	defer tick.Stop()
-	for {
+	periodically(ctx, auditPruneEvery, true, func() {
 		if n, err := pruneAuditOnce(ctx, s.cfg.Target, s.cfg.AuditRetention); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("could not delete old suppressed-replay audit rows: tried again in an hour", "retention", s.cfg.AuditRetention.String(), "err", err)
 		} else if n > 0 {
 			s.cfg.Logger.Info("deleted suppressed-replay audit rows past their retention", "rows", n, "retention", s.cfg.AuditRetention.String())
 		}
+	})
+	return nil
+}
+
+// periodically runs round every interval (and once at once when now is set) until ctx ends.
+func periodically(ctx context.Context, interval time.Duration, now bool, round func()) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	if now {
+		round()
+	}
+	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
+			round()
 		}
 	}
 }

@@ -5,8 +5,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
+
+// waitSpansConfirmed polls until spans open stream spans are confirmed past source position
+// after: two membership checks that started after it found every table as it was
+// (checkMemberships confirms the position read before the previous check).
+func waitSpansConfirmed(t *testing.T, env *pgtest.Env, after pglogrepl.LSN, spans int64) {
+	t.Helper()
+	pgtest.Eventually(t, 60*time.Second, "memberships confirmed past "+after.String(), func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target,
+			`select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
+		return n == spans, fmt.Sprintf("%d of %d open spans confirmed past %s", n, spans, after)
+	})
+}
 
 // Catalog changes that change neither rows nor publication membership (privileges, comments,
 // statistics, storage options), of a table published through its schema and of partitions of a
@@ -32,11 +45,7 @@ func TestCatalogChangesThatKeepRowsLoadNothing(t *testing.T) {
 		`alter table a alter column v set statistics 500`, `analyze a`, `analyze p`,
 		`update a set v = 'after' where id <= 10`, `insert into p values (5000, 'us', 'after')`)
 	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
-	pgtest.Eventually(t, 60*time.Second, "memberships confirmed past the catalog changes", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, env.Target,
-			`select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
-		return n == 2, fmt.Sprintf("%d of 2 open spans confirmed past %s", n, after)
-	})
+	waitSpansConfirmed(t, env, after, 2)
 	pgtest.WaitConverged(t, env, "a", "id")
 	pgtest.WaitConverged(t, env, "p", "id, region")
 	waitCovered(t, env)

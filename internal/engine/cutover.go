@@ -108,7 +108,6 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 	if done.VerifiedLSN != 0 {
 		rep.VerifiedLSN = done.VerifiedLSN.String()
 	}
-	rep.Tables = rep.Tables[:0]
 	for _, t := range done.Tables {
 		rep.Tables = append(rep.Tables, t.String())
 	}

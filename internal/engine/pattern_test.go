@@ -1,9 +1,7 @@
 package engine
 
 import (
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -77,10 +75,7 @@ func TestPatternSkipsAPartitionedTableThePublicationCannotCarry(t *testing.T) {
 		`create table p_1 partition of p for values from (0) to (100)`, `insert into p values (1)`)
 	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
 	pgtest.Exec(t, env.Source, `insert into a values (2)`)
-	pgtest.Eventually(t, 60*time.Second, "two membership checks past the new table", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
-		return n == 1, fmt.Sprintf("%d of 1 open spans confirmed", n)
-	})
+	waitSpansConfirmed(t, env, after, 1)
 	pgtest.WaitConverged(t, env, "a", "id")
 	if c := mon.counts(); len(c) != 0 {
 		t.Errorf("sessions retried %v, want none", c)

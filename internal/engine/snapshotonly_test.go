@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -91,10 +90,7 @@ func TestPublishedTableWithoutIdentityIsKeptBySnapshots(t *testing.T) {
 	runs := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs`)
 	pgtest.Exec(t, env.Source, `insert into a values (2)`)
 	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
-	pgtest.Eventually(t, 60*time.Second, "two membership checks passed", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
-		return n == 1, fmt.Sprintf("%d of 1 open spans confirmed past %s", n, after)
-	})
+	waitSpansConfirmed(t, env, after, 1)
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs`); n != runs {
 		t.Errorf("%d backfill runs, want the %d of the start", n, runs)
 	}

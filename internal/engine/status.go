@@ -14,18 +14,9 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 )
 
-// StatusConfig configures Status (`pgconverge status`).
-type StatusConfig struct {
-	Source, Target string
-	// Slot is the slot to describe when no stream follows any table yet (as CoverageConfig.Slot).
-	Slot string
-}
-
-// Validate reports every problem of the configuration at once.
-func (c *StatusConfig) Validate() error {
-	cc := CoverageConfig{Source: c.Source, Target: c.Target, Slot: c.Slot}
-	return cc.Validate()
-}
+// StatusConfig configures Status (`pgconverge status`): the coverage report's inputs, whose
+// Validate it shares.
+type StatusConfig = CoverageConfig
 
 // StatusReport is one view of a deployment for an operator (`pgconverge status`): per table its
 // coverage and lag, per slot its health and who holds it, the running backfills and the last
@@ -184,7 +175,7 @@ type VerifyRunStatus struct {
 // the latest verify run. Errors are CoverageReport's (no ledger, a wrong source, a failed read)
 // and failed reads of the source's or target's views, each naming what it read.
 func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
-	rep, err := CoverageReport(ctx, CoverageConfig{Source: cfg.Source, Target: cfg.Target, Slot: cfg.Slot})
+	rep, err := CoverageReport(ctx, cfg)
 	if err != nil {
 		return StatusReport{}, err
 	}

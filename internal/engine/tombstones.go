@@ -29,18 +29,12 @@ func (s *session) pruneTombstones(ctx context.Context) error {
 	if s.cfg.Knobs.TombstonePruneEvery > 0 {
 		every = s.cfg.Knobs.TombstonePruneEvery
 	}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
+	periodically(ctx, every, false, func() {
 		if err := s.pruneRound(ctx); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("tombstones not pruned: tried again at the next round", "retention", s.cfg.TombstoneRetention.String(), "err", err)
 		}
-	}
+	})
+	return nil
 }
 
 // pruneRound prunes the tombstones of every streamed table once.
