@@ -113,11 +113,7 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 			continue
 		}
 		if i > start {
-			merge := t.merge
-			if v.Table.Keyless {
-				merge = t.mergeKeyless
-			}
-			r, err := merge(ctx, v, start, i)
+			r, err := t.mergePieces(ctx, v, start, i)
 			if err != nil {
 				return res, err
 			}
@@ -132,6 +128,43 @@ func (t *Tx) Apply(ctx context.Context, rec arrow.RecordBatch) (Result, error) {
 		start = i + 1
 	}
 	t.Result.Add(res)
+	return res, nil
+}
+
+// pieceRows and pieceBytes bound one staged merge: at most this many rows, and values of about
+// this many bytes (8 MiB). A longer run of a batch's rows is merged in consecutive pieces in the
+// same transaction, so what staging holds (the collapsed rows, the COPY text) stays small however
+// large the batch. Pieces applied in order have the batch's outcome: each sees the target as the
+// pieces before it left it, as a batch sees what earlier batches wrote.
+const (
+	pieceRows  = 50_000
+	pieceBytes = 8 << 20
+)
+
+// mergePieces merges rows [from, to) of v in pieces (pieceRows, pieceBytes), never parting a
+// key change's tombstone from its upsert (isMove).
+func (t *Tx) mergePieces(ctx context.Context, v *changebatch.View, from, to int) (Result, error) {
+	merge := t.merge
+	if v.Table.Keyless {
+		merge = t.mergeKeyless
+	}
+	var res Result
+	for from < to {
+		end, bytes := from, 0
+		for end < to && end-from < pieceRows && bytes < pieceBytes {
+			bytes += v.RowBytes(end)
+			end++
+		}
+		for end < to && isMove(v, end) {
+			end++
+		}
+		r, err := merge(ctx, v, from, end)
+		if err != nil {
+			return res, err
+		}
+		res.Add(r)
+		from = end
+	}
 	return res, nil
 }
 
@@ -171,6 +204,11 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		sql, args := upsertSQL(v.Table, stage, moved)
 		tag, err := t.tx.Exec(ctx, sql, args...)
 		if err != nil {
+			if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidColumnReference {
+				// ON CONFLICT found no key to arbitrate on (bulkkey.go).
+				return Result{}, fmt.Errorf("upsert %d rows into %s: the target table has no primary key, because a bulk load of it is under way and builds the key when it completes (or one was interrupted, and the next backfill or daemon start builds it); this is retried: %w",
+					len(rows), v.Table, err)
+			}
 			return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, describeConstraint(err))
 		}
 		applied += tag.RowsAffected()

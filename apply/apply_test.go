@@ -2,6 +2,7 @@ package apply_test
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -252,4 +253,28 @@ func TestKeyChangeChainIgnoresTheKeysPreviousRow(t *testing.T) {
 		row{changebatch.OpUpsert, 200, 3, "3", nil, "1"},
 	))
 	f.expect(t, "1|||0/C8#2|t|", "2|||0/C8#3|t|", "3|X1|1|0/C8#3|f|")
+}
+
+// A batch longer than one staged merge is merged in pieces (60,001 changes here) with the batch's
+// outcome: keys inserted in one piece are updated in a later one, and a key change on the
+// boundary between pieces keeps its tombstone and its upsert together, so the new key still takes
+// the value the change left unchanged from the old key's row.
+func TestLongBatchIsMergedInPieces(t *testing.T) {
+	f := setup(t)
+	var rows []row
+	for i := 1; i < 50_000; i++ {
+		rows = append(rows, row{op: changebatch.OpUpsert, lsn: 100, seq: uint64(i), id: fmt.Sprint(i), note: s(fmt.Sprint("n", i)), bal: "0"})
+	}
+	// Rows 50,000 and 50,001: key 1 becomes key 100000, its note left unchanged (TOAST).
+	rows = append(rows, row{op: changebatch.OpDelete, lsn: 100, seq: 50_000, id: "1"},
+		row{op: changebatch.OpUpsert, lsn: 100, seq: 50_000, id: "100000", bal: "7"})
+	for i := 2; i <= 10_001; i++ {
+		rows = append(rows, row{op: changebatch.OpUpsert, lsn: 200, seq: uint64(i), id: fmt.Sprint(i), note: s(fmt.Sprint("n", i)), bal: "1"})
+	}
+	f.apply(t, batch(t, rows...))
+	got := pgtest.Rows(t, f.env.Target, `select count(*) filter (where not _cdc_deleted) || ' ' || sum(bal) filter (where not _cdc_deleted) || ' ' ||
+  (select note || ' ' || coalesce(_cdc_unknown::text, 'known') from acc where id = 100000) || ' ' || (select _cdc_deleted from acc where id = 1) from acc`)
+	if d := pgtest.Diff([]string{"49999 10007 n1 known true"}, got); d != "" {
+		t.Errorf("live rows, their balance, the moved row, the old key: %s", d)
+	}
 }

@@ -104,6 +104,15 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 	if err := checkMetadataColumns(t, all); err != nil {
 		return r, err
 	}
+	if missingKey(t, cols) {
+		// An interrupted bulk load deferred the key (bulkkey.go): build it, nothing changed.
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { _, err := RestoreKey(ctx, tx, t); return err }); err != nil {
+			return r, err
+		}
+		if cols, _, err = readTargetColumns(ctx, conn, t); err != nil {
+			return r, err
+		}
+	}
 	oldKey, newKey := keyChange(t, cols)
 	if oldKey != nil {
 		r.Rekeyed = fmt.Sprintf("(%s) -> (%s)", strings.Join(oldKey, ", "), strings.Join(newKey, ", "))
@@ -184,6 +193,20 @@ func checkMetadataColumns(t changebatch.Table, all map[string]bool) error {
 			t, strings.Join(missing, ", "), t.Quoted())
 	}
 	return nil
+}
+
+// missingKey reports whether keyed table t's target table has no primary key at all (cols as
+// readTargetColumns reads them): a bulk load deferred it (DeferKey).
+func missingKey(t changebatch.Table, cols []targetColumn) bool {
+	if t.Keyless {
+		return false
+	}
+	for _, c := range cols {
+		if c.key {
+			return false
+		}
+	}
+	return true
 }
 
 // keyChange returns the target table's primary key columns and the source's key columns (both

@@ -55,26 +55,35 @@ func KeyColumnNames(t changebatch.Table) []string {
 // collations (never Go's string order) and the key's index; and it returns the bounds as
 // arguments numbered from $1. It returns "true" for an unbounded chunk.
 func rangeCondition(t changebatch.Table, c Chunk) (string, []any) {
+	var args []any
+	cond := boundsCondition(t, c, func(v string) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	})
+	return cond, args
+}
+
+// boundsCondition returns c's range over t's key columns as SQL, each bound value written as
+// value renders it (a parameter or a literal), cast to its column's type.
+func boundsCondition(t changebatch.Table, c Chunk, value func(string) string) string {
 	names, types := keyColumns(t)
 	var conds []string
-	var args []any
 	bound := func(k []string, op string) {
 		if k == nil {
 			return
 		}
 		ps := make([]string, len(k))
 		for i, v := range k {
-			args = append(args, v)
-			ps[i] = "$" + strconv.Itoa(len(args)) + "::" + types[i]
+			ps[i] = value(v) + "::" + types[i]
 		}
 		conds = append(conds, "("+strings.Join(names, ", ")+") "+op+" ("+strings.Join(ps, ", ")+")")
 	}
 	bound(c.Lower, ">")
 	bound(c.Upper, "<=")
 	if len(conds) == 0 {
-		return "true", nil
+		return "true"
 	}
-	return strings.Join(conds, " and "), args
+	return strings.Join(conds, " and ")
 }
 
 // checkBounds returns an error when a bound of c does not have one value per key column of t.

@@ -111,15 +111,13 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	if err := checkNotRewritten(ctx, tx, t, snap); err != nil {
 		return 0, err
 	}
-	cols := make([]string, len(t.Columns))
-	for i, c := range t.Columns {
-		cols[i] = pgx.Identifier{c.Name}.Sanitize()
-	}
-	names, _ := keyColumns(t)
 	cond, args := rangeCondition(t, c)
-	query := "select " + strings.Join(cols, ", ") + " from " + t.SourceRelation("s") + " where " + cond +
-		" order by " + strings.Join(names, ", ")
+	query := chunkQuery(t, cond)
 	if t.Keyless {
+		cols := make([]string, len(t.Columns))
+		for i, c := range t.Columns {
+			cols[i] = pgx.Identifier{c.Name}.Sanitize()
+		}
 		query = keylessQuery(t, cols)
 	}
 	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)

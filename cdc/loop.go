@@ -33,8 +33,9 @@ type loop struct {
 	asm              *assembler
 	nextStatus       time.Time
 	lastStatus       time.Time
-	groupStart       time.Time
 	lastIdleProgress time.Time
+	// inflight is the group the target is applying, nil when none is (pipeline.go).
+	inflight *applying
 	// idleEnd is a WAL end from a keepalive that came while a group was held or progress writes
 	// were throttled: it is recorded once idle and the throttle allows (a walsender that has sent
 	// everything sends one keepalive and then waits, so dropping it would leave the watermark
@@ -54,10 +55,15 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 	l.behind, l.behindSince = true, time.Now()
 	l.lastLog = time.Now()
 	for {
-		_, bytes := l.asm.pending()
-		groupDue := !l.asm.inTxn && l.asm.txns > 0 && time.Since(l.groupStart) >= cfg.GroupDelay
-		if groupDue || bytes >= cfg.MaxPendingBytes {
-			if err := l.flush(applyCtx); err != nil {
+		if err := l.reap(ctx, false); err != nil {
+			return err
+		}
+		// Whole transactions are handed to the target as soon as it is free (pipeline.go); a group
+		// at its limits, or a transaction too large to hold whole, waits for the apply under way.
+		rows, bytes := l.asm.pending()
+		whole := !l.asm.inTxn && l.asm.txns > 0
+		if whole && (l.inflight == nil || rows >= cfg.GroupRows) || bytes >= cfg.MaxPendingBytes {
+			if err := l.startApply(ctx, applyCtx); err != nil {
 				return err
 			}
 		}
@@ -86,13 +92,20 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			l.logProgress(now)
 		}
 		rctx, cancel := context.WithDeadline(ctx, l.receiveDeadline())
+		stopWake := func() bool { return false }
+		if l.inflight != nil {
+			// The apply's end wakes the receive, so the next group starts at once.
+			stopWake = context.AfterFunc(l.inflight.ended, cancel)
+		}
 		msg, err := l.conn.ReceiveMessage(rctx)
+		woken := rctx.Err() != nil
+		stopWake()
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if pgconn.Timeout(err) {
+			if woken || pgconn.Timeout(err) {
 				continue
 			}
 			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)
@@ -122,7 +135,7 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 			if err != nil {
 				return fmt.Errorf("parse XLogData: %w", err)
 			}
-			return l.xlogData(applyCtx, xld)
+			return l.xlogData(xld)
 		}
 		return nil
 	case *pgproto3.ErrorResponse:
@@ -139,7 +152,7 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 	return nil
 }
 
-func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error {
+func (l *loop) xlogData(xld pglogrepl.XLogData) error {
 	// A logical message's WALStart is the LSN of the change it carries (a commit's end); adding
 	// its length, as physical replication does, would report more WAL written than was sent, and
 	// the walsender sends no keepalive while the reported write position is not behind what it
@@ -164,13 +177,6 @@ func (l *loop) xlogData(applyCtx context.Context, xld pglogrepl.XLogData) error 
 		return nil
 	}
 	l.s.transactions.Store(l.asm.committed)
-	if l.asm.txns == 1 {
-		l.groupStart = time.Now()
-	}
-	rows, _ := l.asm.pending()
-	if rows >= l.s.cfg.GroupRows || time.Since(l.groupStart) >= l.s.cfg.GroupDelay {
-		return l.flush(applyCtx)
-	}
 	return nil
 }
 
@@ -195,10 +201,10 @@ func (l *loop) keepalive(ctx, applyCtx context.Context, ka pglogrepl.PrimaryKeep
 	return nil
 }
 
-// idle reports whether no source transaction is held or half received.
+// idle reports whether no source transaction is held, half received or being applied.
 func (l *loop) idle() bool {
 	rows, _ := l.asm.pending()
-	return !l.asm.inTxn && rows == 0
+	return !l.asm.inTxn && rows == 0 && l.inflight == nil
 }
 
 // idleProgress records the keepalives' WAL end (idleEnd) as applied once the throttle allows and
@@ -218,44 +224,6 @@ func (l *loop) idleProgress(ctx, applyCtx context.Context) error {
 	l.s.flushed.Store(uint64(end))
 	l.checkCaughtUp()
 	return l.sendStatus(ctx, false)
-}
-
-// flush applies the held group and reports the new flushed position.
-func (l *loop) flush(applyCtx context.Context) error {
-	batches, end := l.asm.take()
-	defer func() {
-		for _, b := range batches {
-			b.Release()
-		}
-	}()
-	flushed := pglogrepl.LSN(l.s.flushed.Load())
-	progress := flushed
-	if end > progress {
-		progress = end
-	}
-	if len(batches) == 0 && progress == flushed {
-		return nil
-	}
-	if err := l.s.cfg.Apply(applyCtx, batches, progress); err != nil {
-		return err
-	}
-	for table, ti := range l.asm.takeToastInserts() {
-		l.s.cfg.Logger.Warn("the source sent INSERTs without some TOASTed values (PostgreSQL 15 does so for an UPDATE that moves a row into the publication's row filter, with a value it left unchanged): the target rows lack those values, NULL meanwhile and named in _cdc_unknown, until they are read again from a snapshot (the daemon does so at once; else pgconverge verify --repair --table "+table+")",
-			"table", table, "rows", ti.Rows, "first_lsn", ti.First.String(), "slot", l.s.cfg.Slot)
-	}
-	if k := l.s.cfg.Knobs.AfterApply; k != nil {
-		k(progress)
-	}
-	l.s.flushed.Store(uint64(progress))
-	l.checkCaughtUp()
-	if time.Since(l.lastStatus) >= statusAfterFlushEvery {
-		return l.sendStatus(applyCtx, false)
-	}
-	// Report the new position soon, not only at the next regular status update.
-	if soon := l.lastStatus.Add(statusAfterFlushEvery); soon.Before(l.nextStatus) {
-		l.nextStatus = soon
-	}
-	return nil
 }
 
 func (l *loop) noteServerEnd(lsn pglogrepl.LSN) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
@@ -184,4 +185,34 @@ where get_byte(c.data, 0) = 66 and ('x' || encode(substring(c.data from 2 for 8)
 		return 0, fmt.Errorf("peek at slot %q: %w", slot, err)
 	}
 	return n, nil
+}
+
+// WaitWALFlushed waits until the source over conn has flushed its WAL up to the position it had
+// inserted when called (pg_current_wal_insert_lsn): logical decoding, and so a slot's peek, reads
+// only flushed WAL, and a transaction committed with synchronous_commit off is flushed by the WAL
+// writer within wal_writer_delay (PostgreSQL docs §30.4, "Asynchronous Commit"). It polls every
+// 10 ms and fails after timeout.
+func WaitWALFlushed(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
+	var inserted string
+	if err := conn.QueryRow(ctx, `select pg_current_wal_insert_lsn()::text`).Scan(&inserted); err != nil {
+		return fmt.Errorf("read the source's WAL insert position: %w", err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var flushed bool
+		if err := conn.QueryRow(ctx, `select pg_current_wal_flush_lsn() >= $1::pg_lsn`, inserted).Scan(&flushed); err != nil {
+			return fmt.Errorf("read the source's WAL flush position: %w", err)
+		}
+		if flushed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the source did not flush its WAL up to %s within %s", inserted, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }

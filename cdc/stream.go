@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,12 +51,14 @@ type StreamConfig struct {
 	// write in full is left to that backfill. Optional.
 	ReloadFences map[uint32]pglogrepl.LSN
 	Apply        ApplyFunc
-	// GroupRows ends a group of whole transactions once it holds this many changes (default 10,000).
+	// GroupRows bounds a group of whole transactions (one target commit): while the target applies
+	// one group, the next grows until it holds this many changes, and then waits (default 10,000).
+	// A group is handed to the target as soon as the target is free, so near the head of the
+	// stream groups are small and while catching up they are large.
 	GroupRows int
-	// GroupDelay ends a group once its first transaction waited this long (default 100 ms).
-	GroupDelay time.Duration
-	// MaxPendingBytes bounds the memory held for one group (default 64 MiB); a transaction larger
-	// than that is applied in parts, and the progress LSN stays before it until its commit.
+	// MaxPendingBytes bounds the memory held for one group (default 64 MiB); at most two groups
+	// are held, the one being applied and the next. A transaction larger than that is applied in
+	// parts, and the progress LSN stays before it until its commit.
 	MaxPendingBytes int
 	// SourceWALEnd returns the source's current WAL position as last sampled (CurrentLSN);
 	// it measures lag for logs. Optional: without it, lag is measured against the walsender's
@@ -103,9 +106,6 @@ func (c *StreamConfig) Validate() error {
 func (c *StreamConfig) defaults() {
 	if c.GroupRows <= 0 {
 		c.GroupRows = 10_000
-	}
-	if c.GroupDelay <= 0 {
-		c.GroupDelay = 100 * time.Millisecond
 	}
 	if c.MaxPendingBytes <= 0 {
 		c.MaxPendingBytes = 64 << 20
@@ -219,16 +219,20 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
 	defer stop()
 	err = l.run(ctx, applyCtx)
-	if ctx.Err() != nil {
-		final, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancelFinal()
-		if serr := l.sendStatus(final, false); serr != nil {
-			cfg.Logger.Warn("final standby status update", "err", serr)
-		}
-		cfg.Logger.Info("stream stopped", "slot", cfg.Slot, "flushed_lsn", s.Stats().Flushed.String())
-		return nil
+	final, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancelFinal()
+	derr := l.drainApply(final)
+	if ctx.Err() == nil {
+		return cmp.Or(err, derr)
 	}
-	return err
+	if derr != nil {
+		return derr
+	}
+	if serr := l.sendStatus(final, false); serr != nil {
+		cfg.Logger.Warn("final standby status update", "err", serr)
+	}
+	cfg.Logger.Info("stream stopped", "slot", cfg.Slot, "flushed_lsn", s.Stats().Flushed.String())
+	return nil
 }
 
 // receiveDeadline is the time until which loop.run waits for the next message.
@@ -236,9 +240,6 @@ func (l *loop) receiveDeadline() time.Time {
 	d := l.nextStatus
 	if l.s.flushed.Load() > l.s.confirmed.Load() && l.lastConfirmCheck.Add(confirmEvery).Before(d) {
 		d = l.lastConfirmCheck.Add(confirmEvery) // see whether the confirm limit moved
-	}
-	if l.asm.txns > 0 && !l.asm.inTxn && l.groupStart.Add(l.s.cfg.GroupDelay).Before(d) {
-		d = l.groupStart.Add(l.s.cfg.GroupDelay)
 	}
 	if l.idleEnd > pglogrepl.LSN(l.s.flushed.Load()) && l.idle() && l.lastIdleProgress.Add(idleProgressEvery).Before(d) {
 		// Record a throttled keepalive's WAL end when the throttle ends (the run loop did so at its

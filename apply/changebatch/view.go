@@ -67,6 +67,17 @@ func (v *View) LSNRange() (first, last pglogrepl.LSN) {
 	return first, last
 }
 
+// RowBytes returns the bytes of row i's data column values (their text, NULLs 0).
+func (v *View) RowBytes(i int) int {
+	n := 0
+	for _, d := range v.data {
+		if !d.IsNull(i) {
+			n += d.ValueLen(i)
+		}
+	}
+	return n
+}
+
 // Op returns row i's operation.
 func (v *View) Op(i int) Op { return Op(v.op.Value(i)) }
 

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
 )
 
@@ -40,7 +42,8 @@ verify:
 	root := &cobra.Command{Use: "pgconverge"}
 	var cfgPath string
 	root.PersistentFlags().StringVar(&cfgPath, "config", "", "")
-	runCmd := newRunCmd(io.Discard)
+	budget := byteSize(engine.DefaultMemoryBudget)
+	runCmd := newRunCmd(io.Discard, &budget)
 	runCmd.RunE = func(cmd *cobra.Command, _ []string) error { got = cmd; return nil }
 	root.AddCommand(runCmd, newVerifyCmd(io.Discard, io.Discard))
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return applyConfig(root, cmd, cfgPath) }
@@ -66,6 +69,30 @@ verify:
 		err := root.Execute()
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("settings %q: error %v, want one mentioning %q", body, err, want)
+		}
+	}
+}
+
+// --memory-budget takes sizes with units and refuses what it cannot read or what is too small to
+// work in, before anything connects.
+func TestMemoryBudgetFlag(t *testing.T) {
+	for _, c := range []struct{ arg, want string }{
+		{"64MiB", "64 MiB"},
+		{"1GB", "954 MiB"},
+		{"268435456", "256 MiB"},
+	} {
+		b := byteSize(0)
+		if err := b.Set(c.arg); err != nil || b.String() != c.want {
+			t.Errorf("--memory-budget %s = %s (%v), want %s", c.arg, b.String(), err, c.want)
+		}
+	}
+	for _, c := range []struct{ arg, want string }{
+		{"8MiB", "below the least budget, 16MiB"},
+		{"lots", `"lots" is not a size`},
+	} {
+		err := run(context.Background(), []string{"coverage", "--memory-budget", c.arg, "--source", "postgres://127.0.0.1:1/x", "--target", "postgres://127.0.0.1:1/x"}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--memory-budget %s: %v, want an error saying %q", c.arg, err, c.want)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/spf13/pflag"
 )
@@ -57,3 +58,26 @@ func addAuditRetentionFlag(f *pflag.FlagSet, d *time.Duration) {
 	f.DurationVar(d, "audit-retention", coverage.DefaultAuditRetention,
 		"keep rows of the suppressed-replay audit (pgconverge.suppressed_replays) this long; older ones are deleted (run: hourly, verify: at its end); 0 keeps them forever")
 }
+
+// byteSize is a flag value of bytes written with a unit, as "256MiB", "1GB" or "1048576"
+// (github.com/dustin/go-humanize: KiB, MiB, GiB are powers of 1024, kB, MB, GB of 1000).
+type byteSize int64
+
+// String returns the size in IEC units.
+func (b *byteSize) String() string { return humanize.IBytes(uint64(*b)) }
+
+// Set parses s; it returns an error for a size it cannot read or below 16 MiB.
+func (b *byteSize) Set(s string) error {
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a size (write it as 256MiB, 1GiB or bytes): %w", s, err)
+	}
+	if n < 16<<20 {
+		return fmt.Errorf("%s is below the least budget, 16MiB", s)
+	}
+	*b = byteSize(n)
+	return nil
+}
+
+// Type names the value in usage.
+func (b *byteSize) Type() string { return "size" }

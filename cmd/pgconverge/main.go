@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
 )
 
@@ -58,16 +59,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	var configPath string
 	root.PersistentFlags().StringVar(&configPath, "config", os.Getenv("PGCONVERGE_CONFIG"), "settings file (YAML): keys are flag names, top level for every command that has the flag, or under a command's name; the command line wins ($PGCONVERGE_CONFIG)")
+	budget := byteSize(engine.DefaultMemoryBudget)
+	root.PersistentFlags().Var(&budget, "memory-budget", "memory the process may use (256MiB, 1GiB): the Go runtime's soft limit, and what sizes the stream's groups (an eighth each, two held at most); a source transaction larger than a group is applied in parts, committed with the progress held before it")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		if configPath == "" {
-			return nil
+		if configPath != "" {
+			if err := applyConfig(root, cmd, configPath); err != nil {
+				return err
+			}
 		}
-		return applyConfig(root, cmd, configPath)
+		debug.SetMemoryLimit(int64(budget))
+		return nil
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(newRunCmd(stderr), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout), newStatusCmd(stdout),
+	root.AddCommand(newRunCmd(stderr, &budget), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout), newStatusCmd(stdout),
 		newCutoverCmd(stdout, stderr))
 	err := root.ExecuteContext(ctx)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {

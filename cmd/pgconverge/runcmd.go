@@ -15,7 +15,7 @@ import (
 // again later, unlike after exit 1 (a configuration problem retrying cannot fix).
 const exitUnreachable = 5
 
-func newRunCmd(stderr io.Writer) *cobra.Command {
+func newRunCmd(stderr io.Writer, budget *byteSize) *cobra.Command {
 	cfg := engine.Config{}
 	var logFormat, logLevel, scheduleSpec, verifySpec, snapshotSpec, metricsAddr string
 	var profiles bool
@@ -62,6 +62,7 @@ published tables that are not selected are skipped: such a table is loaded again
 				}
 				cfg.Monitor = m
 			}
+			cfg.MemoryBudget = int64(*budget)
 			err = engine.Run(cmd.Context(), cfg)
 			if errors.Is(err, engine.ErrUnreachable) {
 				return exitError{Code: exitUnreachable, Err: err}

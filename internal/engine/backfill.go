@@ -108,6 +108,9 @@ type tableRun struct {
 	// unwritten is true when, as the run took the table's backfill lock, its target table was empty
 	// and no stream wrote it (coverage.Unwritten): every row it holds at the end came from this run.
 	unwritten bool
+	// keyDeferred is true when this run dropped the table's primary key for a bulk load
+	// (apply.DeferKey); completing the table builds it.
+	keyDeferred bool
 }
 
 // chunkWork is one chunk for a worker.

@@ -10,6 +10,9 @@ import (
 	"github.com/robfig/cron/v3"
 )
 
+// DefaultMemoryBudget is Config.MemoryBudget's default: 256 MiB.
+const DefaultMemoryBudget = 256 << 20
+
 // Config configures the daemon (Run): what `pgconverge run` takes from its flags.
 type Config struct {
 	Source, Target string
@@ -49,6 +52,12 @@ type Config struct {
 	// (pruneTombstones, coverage.TombstoneHorizon). 0 keeps them forever; `run
 	// --tombstone-retention` defaults to 24h.
 	TombstoneRetention time.Duration
+	// MemoryBudget bounds, in bytes, the change data the stream holds: the group being applied
+	// and the next one, each at most an eighth of it (cdc.StreamConfig.MaxPendingBytes), so
+	// that encoding and the Go runtime fit in the rest. A source transaction larger than a group
+	// is applied in parts (cdc.StreamConfig.MaxPendingBytes). 0 means 256 MiB. The process-wide
+	// limit (runtime/debug.SetMemoryLimit) is the caller's.
+	MemoryBudget int64
 	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
 	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
 	OnGap string
@@ -96,6 +105,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
 	if c.OnGap != OnGapBackfill && c.OnGap != OnGapAlert {
 		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s or %s", c.OnGap, OnGapBackfill, OnGapAlert))
+	}
+	if c.MemoryBudget < 0 {
+		errs = append(errs, fmt.Errorf("--memory-budget %d is negative", c.MemoryBudget))
 	}
 	if c.TombstoneRetention < 0 {
 		errs = append(errs, fmt.Errorf("--tombstone-retention %s is negative: use 0 to keep tombstones forever", c.TombstoneRetention))

@@ -227,7 +227,13 @@ func TestCrashAndRestartLosesNothing(t *testing.T) {
 			stopWorkload := workload(t, env)
 			out, err := crashChildCmd(env, c.point, c.at).CombinedOutput()
 			requireKilled(t, err, out)
+			if c.point == "during-load" && primaryKeys(t, env, "acct", "ledger") == 2 {
+				t.Errorf("both tables have their primary key after a kill mid-load: the bulk load did not defer it")
+			}
 			finishAfterRestart(t, env, stopWorkload)
+			if n := primaryKeys(t, env, "acct", "ledger"); n != 2 {
+				t.Errorf("%d of 2 tables have their primary key after the restart", n)
+			}
 			if c.point == "during-load" {
 				// The restart resumed the interrupted load: the chunks completed before the kill
 				// kept their snapshot LSN, the rest were read at the new one.

@@ -215,8 +215,15 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 // checkQuiet returns an error when the slot holds transactions of the publication committed after
 // cut, the position the target holds (cdc.PendingTransactions): the application still writes,
 // and a cutover now would leave them behind. It waits (up to 30 s) for the stopped stream's
-// walsender to let go of the slot.
+// walsender to let go of the slot, and first for the source to flush the WAL it has written
+// (cdc.WaitWALFlushed).
 func checkQuiet(ctx context.Context, src *pgx.Conn, rc Config, cut pglogrepl.LSN) error {
+	// A transaction committed asynchronously may not be flushed yet, and decoding reads only
+	// flushed WAL: without the wait, the last writes of an application that commits with
+	// synchronous_commit off (up to wal_writer_delay) would look like no writes.
+	if err := cdc.WaitWALFlushed(ctx, src, 30*time.Second); err != nil {
+		return err
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		n, err := cdc.PendingTransactions(ctx, src, rc.Slot, rc.Publication, cut)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
@@ -15,9 +16,16 @@ import (
 
 // startTable records table t in run runID, adopting its interrupted backfill when job.Resume, and
 // returns its state, the recorded chunks still to read, and the rows of the chunks it keeps.
+//
+// A table left without its primary key by an interrupted bulk load gets it back first; a new
+// backfill of a table that holds no row and that no stream follows is a bulk load: its key is
+// dropped until it completes (apply.DeferKey).
 func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
 	keys := backfill.KeyColumnNames(t)
 	tr := &tableRun{t: t}
+	if err := restoreKey(ctx, ctrl, t, job); err != nil {
+		return nil, nil, 0, err
+	}
 	var prev *coverage.TableBackfill
 	if job.Resume {
 		var err error
@@ -31,8 +39,11 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 			return nil, nil, 0, err
 		}
 		tr.id = id
-		tr.unwritten, err = coverage.Unwritten(ctx, ctrl, t.TableName)
-		return tr, nil, 0, err
+		if tr.unwritten, err = coverage.Unwritten(ctx, ctrl, t.TableName); err != nil || !tr.unwritten || t.Keyless {
+			return tr, nil, 0, err
+		}
+		tr.keyDeferred = true
+		return tr, nil, 0, apply.DeferKey(ctx, ctrl, t)
 	}
 	if err := coverage.AdoptTableBackfill(ctx, ctrl, prev.ID, runID, job.Slot); err != nil {
 		return nil, nil, 0, err
@@ -144,4 +155,19 @@ where c.relkind <> 'p'`, t.Quoted()).Scan(&n)
 		return 0
 	}
 	return int64(n)
+}
+
+// restoreKey builds target table t's primary key when an interrupted bulk load left it without
+// one (apply.RestoreKey), and logs it.
+func restoreKey(ctx context.Context, ctrl *pgx.Conn, t changebatch.Table, job backfillJob) error {
+	var built bool
+	err := pgx.BeginFunc(ctx, ctrl, func(tx pgx.Tx) error {
+		var err error
+		built, err = apply.RestoreKey(ctx, tx, t)
+		return err
+	})
+	if built {
+		job.Logger.Info("built the primary key an interrupted bulk load of the table had deferred", "table", t.String())
+	}
+	return err
 }

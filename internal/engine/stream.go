@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync/atomic"
@@ -36,7 +37,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables, DescribedAt: describedAt,
 		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
-		SourceWALEnd: func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
+		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/8, 1<<20)),
+		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
 		// The slot is confirmed only as far as the catalog checks vouch for (checkMemberships).
 		ConfirmLimit: func() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) },
 		CheckStart:   func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },

@@ -81,6 +81,7 @@ func TestRunningBackfillHoldsTombstonesBack(t *testing.T) {
 
 	held, release := make(chan struct{}), make(chan struct{})
 	bcfg := testBackfillConfig(t, env, "public.a")
+	bcfg.Workers = 1 // held at its first chunk, the run cannot complete the table meanwhile
 	first := true
 	bcfg.AfterChunk = func(string, int64) {
 		if first {

@@ -3,7 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pgerrcode"
@@ -14,20 +17,16 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
-	"golang.org/x/sync/errgroup"
 )
 
 // chunkAttempts bounds how often a chunk is tried when its target transaction loses a deadlock
 // or a serialization conflict with the stream.
 const chunkAttempts = 3
 
-// backfillWorker applies chunks, each in one transaction over its own target connection, while
-// its reader reads the next chunk ahead over its own source connection, so the target never waits
-// for a chunk's first rows.
+// backfillWorker applies chunks one after another, reading each over its own source connection
+// while it writes it over its own target connection.
 type backfillWorker struct {
-	source    string
 	src, tgt  *pgx.Conn
-	reread    *pgx.Conn // a second source connection for reading a chunk again, opened when needed
 	ap        *apply.Applier
 	snap      backfill.Snapshot
 	batchRows int
@@ -55,17 +54,14 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		src.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &backfillWorker{source: job.Source, src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
+	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
 		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch}, nil
 }
 
 func (w *backfillWorker) close() {
 	ctx := context.Background()
-	for _, c := range []*pgx.Conn{w.src, w.tgt, w.reread} {
-		if c != nil {
-			c.Close(ctx)
-		}
-	}
+	w.src.Close(ctx)
+	w.tgt.Close(ctx)
 }
 
 // chunkRead is a chunk being read: its batches arrive on batches, which closes when reading ended;
@@ -106,55 +102,27 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }}
 }
 
-// run applies the chunks of work until it closes, calling onDone after each; its reader reads one
-// chunk ahead. When it returns, no read of its connections is running.
+// run applies the chunks of work until it closes, calling onDone after each.
 func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone func(chunkWork, chunkDone) error) error {
-	g, gctx := errgroup.WithContext(ctx)
-	ready := make(chan chunkRead, 1)
-	g.Go(func() error {
-		defer close(ready)
-		for cw := range work {
-			r := w.read(gctx, w.src, cw)
-			select {
-			case ready <- r:
-			case <-gctx.Done():
-				drain(r)
-				return gctx.Err()
-			}
-			if _, err := r.wait(); err != nil {
-				return err
-			}
+	for cw := range work {
+		done, err := w.chunk(ctx, cw)
+		if err != nil {
+			return err
 		}
-		return nil
-	})
-	g.Go(func() error {
-		for r := range ready {
-			done, err := w.chunk(gctx, r)
-			if err != nil {
-				return err
-			}
-			if err := onDone(r.cw, done); err != nil {
-				return err
-			}
+		if err := onDone(cw, done); err != nil {
+			return err
 		}
-		return nil
-	})
-	err := g.Wait()
-	for r := range ready { // read ahead, never applied: let its reader end before the connection closes
-		drain(r)
 	}
-	return err
+	return nil
 }
 
-// chunk applies the chunk r reads, retrying after a lost deadlock or serialization conflict, and
-// counts it completed in its table. It first tries the direct COPY, unless that met existing keys
-// of the table maxDirectConflicts times in this run; when the target holds keys of the chunk, the
-// chunk is read again and merged batch by batch.
-func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, error) {
-	cw := r.cw
+// chunk applies chunk cw, retrying after a lost deadlock or serialization conflict, and counts
+// it completed in its table. It first tries the direct COPY, unless that met existing keys of the
+// table maxDirectConflicts times in this run; when the target holds keys of the chunk, the chunk
+// is read again and merged batch by batch.
+func (w *backfillWorker) chunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
 	before, err := coverage.StartChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
 	if err != nil {
-		drain(r)
 		return chunkDone{}, err
 	}
 	cw.tr.mu.Lock()
@@ -166,9 +134,9 @@ func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, err
 	for attempt := 1; ; {
 		var done chunkDone
 		if direct {
-			done, err = w.copyChunk(ctx, r)
+			done, err = w.copyChunk(ctx, cw)
 		} else {
-			done, err = w.mergeChunk(ctx, r, &cw)
+			done, err = w.mergeChunk(ctx, w.read(ctx, w.src, cw), &cw)
 		}
 		total.rows += done.rows
 		total.result.Add(done.result)
@@ -194,12 +162,6 @@ func (w *backfillWorker) chunk(ctx context.Context, r chunkRead) (chunkDone, err
 		default:
 			return chunkDone{}, err
 		}
-		if w.reread == nil || w.reread.IsClosed() {
-			if w.reread, err = pgsession.Connect(ctx, w.source, "source"); err != nil {
-				return chunkDone{}, err
-			}
-		}
-		r = w.read(ctx, w.reread, cw)
 	}
 }
 
@@ -235,29 +197,27 @@ func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
 	return tx, nil
 }
 
-// copyChunk applies the batches r reads with one direct COPY in one target transaction, together
-// with the chunk's ledger row; it fails with errKeysPresent when the target holds any of the
-// chunk's keys. It consumes every batch of r.
-func (w *backfillWorker) copyChunk(ctx context.Context, r chunkRead) (chunkDone, error) {
+// copyChunk copies chunk cw from the source's COPY output straight into the target table with
+// one COPY (apply.Tx.CopySnapshotRows), in one target transaction together with the chunk's
+// ledger row; it fails with errKeysPresent when the target holds any of the chunk's keys.
+func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
 	var done chunkDone
-	defer drain(r)
 	tx, err := w.beginChunkTx(ctx)
 	if err != nil {
 		return done, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	res, conflict, copyErr := tx.CopySnapshot(ctx, r.cw.tr.t, r.batches)
-	drain(r)
-	rows, err := r.wait()
+	t := cw.tr.t
+	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, func(out io.Writer) (int64, error) {
+		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), out)
+	})
 	switch {
 	case err != nil:
 		return done, err
 	case conflict:
 		return done, errKeysPresent
-	case copyErr != nil:
-		return done, copyErr
 	}
-	if err := coverage.ChunkProgress(ctx, tx.Conn(), r.cw.tr.id, r.cw.ordinal, w.snap.LSN, nil, rows, true); err != nil {
+	if err := coverage.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, nil, rows, true); err != nil {
 		return done, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -364,6 +324,13 @@ func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log
 	}
 	if err != nil {
 		return 0, err
+	}
+	if tr.keyDeferred {
+		began := time.Now()
+		if _, err := apply.RestoreKey(ctx, tx.Conn(), tr.t); err != nil {
+			return 0, err
+		}
+		log.Info("built the primary key after the bulk load", "table", tr.t.String(), "seconds", fmt.Sprintf("%.1f", time.Since(began).Seconds()))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err

@@ -1,0 +1,119 @@
+package cdc
+
+import (
+	"context"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pglogrepl"
+)
+
+// applying is a group the target applies in a goroutine of its own while the loop receives the
+// next one: at most one is under way, so groups commit in order, and the group held meanwhile
+// grows with what arrives during the apply. Near the head of the stream that is a transaction or
+// two, so each is applied as soon as it arrives; while catching up it is as large as the limits
+// allow (StreamConfig.GroupRows, MaxPendingBytes), so commits are few. This is group commit
+// applied to a replication consumer.
+type applying struct {
+	batches  []arrow.RecordBatch
+	progress pglogrepl.LSN
+	toast    map[string]toastInsert
+	// ended is canceled when the apply returned, with err set before; it also wakes a receive
+	// that waits for the next message (loop.run).
+	ended  context.Context
+	finish context.CancelFunc
+	err    error
+}
+
+// startApply hands the held group to the target, first waiting for the apply under way, if any.
+// It does nothing when nothing is held and the progress would not move.
+func (l *loop) startApply(ctx, applyCtx context.Context) error {
+	if err := l.reap(ctx, true); err != nil {
+		return err
+	}
+	batches, end := l.asm.take()
+	flushed := pglogrepl.LSN(l.s.flushed.Load())
+	progress := max(flushed, end)
+	if len(batches) == 0 && progress == flushed {
+		return nil
+	}
+	a := &applying{batches: batches, progress: progress, toast: l.asm.takeToastInserts()}
+	a.ended, a.finish = context.WithCancel(context.Background())
+	l.inflight = a
+	go func() {
+		defer a.finish()
+		a.err = l.s.cfg.Apply(applyCtx, batches, progress)
+	}()
+	return nil
+}
+
+// reap finishes the apply under way once it returned (waiting for it when wait is set): it
+// releases the group's batches, returns the apply's error, or moves the flushed position and
+// schedules the status update that reports it. While it waits it keeps sending status updates at
+// the status interval, so that the walsender does not time the connection out behind a slow
+// target (wal_sender_timeout).
+func (l *loop) reap(ctx context.Context, wait bool) error {
+	a := l.inflight
+	if a == nil {
+		return nil
+	}
+	for wait {
+		timer := time.NewTimer(time.Until(l.nextStatus))
+		select {
+		case <-a.ended.Done():
+			wait = false
+		case <-timer.C:
+			if err := l.sendStatus(ctx, false); err != nil {
+				timer.Stop()
+				<-a.ended.Done()
+				l.release(a)
+				return err
+			}
+		}
+		timer.Stop()
+	}
+	select {
+	case <-a.ended.Done():
+	default:
+		return nil
+	}
+	l.release(a)
+	if a.err != nil {
+		return a.err
+	}
+	for table, ti := range a.toast {
+		l.s.cfg.Logger.Warn("the source sent INSERTs without some TOASTed values (PostgreSQL 15 does so for an UPDATE that moves a row into the publication's row filter, with a value it left unchanged): the target rows lack those values, NULL meanwhile and named in _cdc_unknown, until they are read again from a snapshot (the daemon does so at once; else pgconverge verify --repair --table "+table+")",
+			"table", table, "rows", ti.Rows, "first_lsn", ti.First.String(), "slot", l.s.cfg.Slot)
+	}
+	if k := l.s.cfg.Knobs.AfterApply; k != nil {
+		k(a.progress)
+	}
+	l.s.flushed.Store(uint64(a.progress))
+	l.checkCaughtUp()
+	if time.Since(l.lastStatus) >= statusAfterFlushEvery {
+		return l.sendStatus(ctx, false)
+	}
+	// Report the new position soon, not only at the next regular status update.
+	if soon := l.lastStatus.Add(statusAfterFlushEvery); soon.Before(l.nextStatus) {
+		l.nextStatus = soon
+	}
+	return nil
+}
+
+// release frees a's batches and forgets it as the apply under way.
+func (l *loop) release(a *applying) {
+	for _, b := range a.batches {
+		b.Release()
+	}
+	l.inflight = nil
+}
+
+// drainApply waits for the apply under way, if any, and finishes it as reap does; Run calls it
+// before it returns, so that the flushed position it reports last is what the target committed.
+func (l *loop) drainApply(ctx context.Context) error {
+	if l.inflight == nil {
+		return nil
+	}
+	<-l.inflight.ended.Done()
+	return l.reap(ctx, false)
+}
