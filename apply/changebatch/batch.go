@@ -146,7 +146,7 @@ func (b *Builder) Append(c Change) {
 		}
 	}
 	b.rows++
-	b.bytes += 24
+	b.bytes += b.rowOverhead()
 }
 
 // AppendSnapshotRow adds an upsert at version ver whose values are the column texts as the server
@@ -188,13 +188,18 @@ func (b *Builder) appendSnapshot(ver Version, raw [][]byte) {
 	b.op.Append(uint8(OpUpsert))
 	b.unchanged.AppendNull()
 	b.rows++
-	b.bytes += 24
+	b.bytes += b.rowOverhead()
 }
 
 // Rows returns the number of changes appended since the last NewBatch.
 func (b *Builder) Rows() int { return b.rows }
 
-// Bytes returns the approximate size in bytes of the values appended since the last NewBatch.
+// rowOverhead is what a row takes besides its values, in bytes: version (16), operation,
+// occurrence and unchanged list (about 16) and an offset per data column (4).
+func (b *Builder) rowOverhead() int { return 32 + 4*len(b.data) }
+
+// Bytes returns the approximate size in bytes of the rows appended since the last NewBatch: their
+// values and each row's overhead (rowOverhead).
 func (b *Builder) Bytes() int { return b.bytes }
 
 // NewBatch returns the accumulated changes as a record batch and resets the builder. The caller

@@ -60,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var configPath string
 	root.PersistentFlags().StringVar(&configPath, "config", os.Getenv("PGCONVERGE_CONFIG"), "settings file (YAML): keys are flag names, top level for every command that has the flag, or under a command's name; the command line wins ($PGCONVERGE_CONFIG)")
 	budget := byteSize(engine.DefaultMemoryBudget)
-	root.PersistentFlags().Var(&budget, "memory-budget", "memory the process may use (256MiB, 1GiB): the Go runtime's soft limit, and what sizes the stream's groups (an eighth each, two held at most); a source transaction larger than a group is applied in parts, committed with the progress held before it")
+	root.PersistentFlags().Var(&budget, "memory-budget", "memory the process may use (256MiB, 1GiB): the Go runtime's soft limit, and what sizes the stream's groups (a sixteenth each, two held at most); a source transaction larger than a group is applied in parts, committed with the progress held before it")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if configPath != "" {
 			if err := applyConfig(root, cmd, configPath); err != nil {

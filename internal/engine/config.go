@@ -53,8 +53,8 @@ type Config struct {
 	// --tombstone-retention` defaults to 24h.
 	TombstoneRetention time.Duration
 	// MemoryBudget bounds, in bytes, the change data the stream holds: the group being applied
-	// and the next one, each at most an eighth of it (cdc.StreamConfig.MaxPendingBytes), so
-	// that encoding and the Go runtime fit in the rest. A source transaction larger than a group
+	// and the next one, each at most a sixteenth of it (cdc.StreamConfig.MaxPendingBytes), so
+	// that the Arrow buffers' growth, staging and the Go runtime fit in the rest. A source transaction larger than a group
 	// is applied in parts (cdc.StreamConfig.MaxPendingBytes). 0 means 256 MiB. The process-wide
 	// limit (runtime/debug.SetMemoryLimit) is the caller's.
 	MemoryBudget int64

@@ -37,7 +37,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables, DescribedAt: describedAt,
 		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
-		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/8, 1<<20)),
+		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/16, 1<<20)),
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
 		// The slot is confirmed only as far as the catalog checks vouch for (checkMemberships).
 		ConfirmLimit: func() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) },
