@@ -278,3 +278,50 @@ func TestLongBatchIsMergedInPieces(t *testing.T) {
 		t.Errorf("live rows, their balance, the moved row, the old key: %s", d)
 	}
 }
+
+// A staging table keeps its rows past a commit and is emptied at its next use (by TRUNCATE after
+// many rows, else DELETE): every merge sees exactly its own rows, after a large batch, a small
+// one, and a transaction rolled back.
+func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
+	f := setup(t)
+	rowsOf := func(lsn uint64, from, to int) arrow.RecordBatch {
+		var rows []row
+		for i := from; i <= to; i++ {
+			rows = append(rows, row{op: changebatch.OpUpsert, lsn: lsn, seq: uint64(i), id: fmt.Sprint(i), note: s("n"), bal: fmt.Sprint(lsn)})
+		}
+		return batch(t, rows...)
+	}
+	var held int64
+	for _, c := range []struct {
+		name     string
+		rec      arrow.RecordBatch
+		rollback bool
+	}{
+		{"3,000 inserts", rowsOf(100, 1, 3000), false},
+		{"10 updates after a batch over the truncate threshold", rowsOf(200, 1, 10), false},
+		{"5 inserts", rowsOf(300, 3001, 3005), false},
+		{"7 inserts rolled back", rowsOf(400, 3006, 3012), true},
+		{"3 inserts after the rollback", rowsOf(500, 3013, 3015), false},
+	} {
+		var res apply.Result
+		f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+			var err error
+			res, err = tx.Apply(ctx, c.rec)
+			return !c.rollback, err
+		})
+		if want := c.rec.NumRows(); res.Applied != want || res.Suppressed != 0 {
+			t.Errorf("%s: applied %d and suppressed %d, want %d and 0", c.name, res.Applied, res.Suppressed, want)
+		}
+		if !c.rollback {
+			held = c.rec.NumRows()
+		}
+		// The staging table is the session's own temporary table: visible on the same connection.
+		if n := pgtest.Scalar[int64](t, f.env.Target, `select count(*) from pg_temp.pgconverge_stage_1`); n != held {
+			t.Errorf("%s: the staging table holds %d rows, want the last committed batch's %d", c.name, n, held)
+		}
+	}
+	got := pgtest.Rows(t, f.env.Target, `select count(*) || ' ' || count(*) filter (where bal = 200) || ' ' || count(*) filter (where id between 3006 and 3012) from acc`)
+	if d := pgtest.Diff([]string{"3008 10 0"}, got); d != "" {
+		t.Errorf("rows, updated rows, rolled-back rows: %s", d)
+	}
+}

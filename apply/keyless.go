@@ -74,7 +74,7 @@ func keylessStageSQL(t changebatch.Table, stage string) string {
 	for i, c := range t.Columns {
 		cols[i] = pgx.Identifier{c.Name}.Sanitize()
 	}
-	return "create temporary table " + pgx.Identifier{stage}.Sanitize() + " on commit delete rows as select " +
+	return "create temporary table " + pgx.Identifier{stage}.Sanitize() + " as select " +
 		strings.Join(cols, ", ") + ", " + qLSN + ", " + qSeq + ", " + qDeleted + ", " + qOccurrence + ", " +
 		qRowHash + ", 0::int as " + qOrd + ", 0::int as " + qRound + " from " + t.Quoted() + " with no data"
 }
@@ -94,7 +94,7 @@ func dataColumns(t changebatch.Table, rel string) string {
 // stageKeyless copies rows [from, to) of v into the table's staging table with their order
 // (_cdc_ord) and computes their row hashes; deletes are staged with _cdc_deleted true.
 func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int) (string, error) {
-	stage, err := t.stage(ctx, v.Table)
+	stage, err := t.stage(ctx, v.Table, to-from)
 	if err != nil {
 		return "", err
 	}

@@ -57,10 +57,11 @@ func writeColumnsDDL(b *strings.Builder, t changebatch.Table) {
 // taken from the target row of its new key.
 var qMoved = pgx.Identifier{"_cdc_moved"}.Sanitize()
 
-// createStageSQL returns the DDL of the session's staging table for a target table.
+// createStageSQL returns the DDL of the session's staging table for a target table (emptied by
+// Tx.stage, not ON COMMIT DELETE ROWS: see stageTruncateRows).
 func createStageSQL(t changebatch.Table, stage string) string {
 	return "create temporary table " + pgx.Identifier{stage}.Sanitize() +
-		" (like " + t.Quoted() + ", " + qMoved + " boolean not null) on commit delete rows"
+		" (like " + t.Quoted() + ", " + qMoved + " boolean not null)"
 }
 
 // copyColumns lists the staged columns in COPY order: the data columns, then the metadata.

@@ -90,7 +90,7 @@ where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_se
 func TestDDL(t *testing.T) {
 	cases := []struct{ name, got, want string }{
 		{"create table", createTableSQL(accTable), `create table if not exists "public"."Acc" ("id" integer not null, "note" text, "bal" numeric(10,2), "_cdc_lsn" pg_lsn not null, "_cdc_seq" bigint not null, "_cdc_deleted" boolean not null default false, "_cdc_unknown" text[], primary key ("id"))`},
-		{"create stage", createStageSQL(accTable, "pgconverge_stage_1"), `create temporary table "pgconverge_stage_1" (like "public"."Acc", "_cdc_moved" boolean not null) on commit delete rows`},
+		{"create stage", createStageSQL(accTable, "pgconverge_stage_1"), `create temporary table "pgconverge_stage_1" (like "public"."Acc", "_cdc_moved" boolean not null)`},
 		{"copy", copySQL(accTable, "pgconverge_stage_1"), `copy "pg_temp"."pgconverge_stage_1" ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", "_cdc_moved") from stdin`},
 		{"lookup", lookupSQL(accTable), `select "note"::text, "bal"::text, coalesce("_cdc_unknown", '{}'), "_cdc_lsn"::text, "_cdc_seq" from "public"."Acc" where "id" = cast($1::text as integer) and not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($2::pg_lsn, $3) and ("_cdc_lsn", "_cdc_seq") >= ($4::pg_lsn, $5)`},
 		{"tombstone before", tombstoneBeforeSQL(accTable), `update "public"."Acc" set "_cdc_deleted" = true, "_cdc_lsn" = $1::pg_lsn, "_cdc_seq" = $2, "_cdc_unknown" = null where not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($1::pg_lsn, $2)`},
