@@ -50,15 +50,14 @@ func (r *Result) Add(o Result) {
 type Applier struct {
 	conn   *pgx.Conn
 	stages map[string]string // table (quoted) → staging table name, for committed staging tables
-	// staged counts, per staging table, the rows staged since it was last truncated, as of the
-	// last commit (stageTruncateRows).
-	staged map[string]int
+	// staged follows, per staging table, the rows in it as of the last commit (stageRows).
+	staged map[string]stageRows
 	next   int
 }
 
 // New returns an Applier that writes over conn. The caller keeps ownership of conn.
 func New(conn *pgx.Conn) *Applier {
-	return &Applier{conn: conn, stages: map[string]string{}, staged: map[string]int{}}
+	return &Applier{conn: conn, stages: map[string]string{}, staged: map[string]stageRows{}}
 }
 
 // Tx is one target transaction: any number of batches, then optionally the progress LSN, then
@@ -68,7 +67,7 @@ type Tx struct {
 	tx        pgx.Tx
 	newStages map[string]string
 	// staged is Applier.staged as this transaction leaves it, for the tables it staged rows of.
-	staged map[string]int
+	staged map[string]stageRows
 	fences map[string]changebatch.Version // fences locked by lockFence
 	buf    bytes.Buffer
 	// Result accumulates the counts of every Apply in this transaction.
@@ -81,7 +80,7 @@ func (a *Applier) Begin(ctx context.Context) (*Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("begin target transaction: %w", err)
 	}
-	return &Tx{a: a, tx: tx, newStages: map[string]string{}, staged: map[string]int{},
+	return &Tx{a: a, tx: tx, newStages: map[string]string{}, staged: map[string]stageRows{},
 		fences: map[string]changebatch.Version{}}, nil
 }
 
@@ -94,11 +93,20 @@ func (t *Tx) Commit(ctx context.Context) error {
 	for k, v := range t.newStages {
 		t.a.stages[k] = v
 	}
-	for k, n := range t.staged {
-		t.a.staged[k] = n
+	for k, st := range t.staged {
+		if st.dead >= stageVacuumRows {
+			// Outside a transaction, as VACUUM must be; a failure only leaves the rows for later.
+			if _, err := t.a.conn.Exec(ctx, "vacuum "+pgx.Identifier{"pg_temp", t.a.stageName(k)}.Sanitize()); err == nil {
+				st.dead = 0
+			}
+		}
+		t.a.staged[k] = st
 	}
 	return nil
 }
+
+// stageName returns the name of the committed staging table of table key.
+func (a *Applier) stageName(key string) string { return a.stages[key] }
 
 // Rollback abandons the transaction; it is safe to call after Commit.
 func (t *Tx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
@@ -361,18 +369,26 @@ func (t *Tx) lookupOne(ctx context.Context, tab changebatch.Table, from moveSour
 	return src, nil
 }
 
-// stageTruncateRows is how many rows a staging table takes before it is truncated rather than
-// emptied with DELETE (2,000). Staging tables are temporary tables that keep their rows at commit:
-// ON COMMIT DELETE ROWS would truncate every one of the session's staging tables at every commit
-// that touches any temporary table, about 0.5–1 ms each (4.4 ms a commit for pgbench's four
-// tables, the larger part of a small group's apply, and growing with the tables followed).
-// DELETE is cheap for the few rows of a group near the head of the stream, but leaves dead rows
-// that the next merge scans; TRUNCATE gives the table a new file, a catalog update that costs
-// about as much as one ON COMMIT truncation, paid once per stageTruncateRows rows.
-const stageTruncateRows = 2000
+// Staging tables are temporary tables that keep their rows at commit: ON COMMIT DELETE ROWS
+// would truncate every one of the session's staging tables at every commit that touches any
+// temporary table, about 0.5–1 ms each (4.4 ms a commit for pgbench's four tables, the larger
+// part of a small group's apply, and growing with the tables followed). A staging table is
+// emptied at its next use instead: by DELETE, cheap for the few rows of a group near the head of
+// the stream, or by TRUNCATE after a large batch (stageTruncateRows). DELETE leaves dead rows
+// that the next merges would scan; a VACUUM after the commit that brings them to stageVacuumRows
+// removes them, without TRUNCATE's new file and catalog update.
+const (
+	stageTruncateRows = 5000
+	stageVacuumRows   = 2000
+)
+
+// stageRows is what a staging table holds: live, the rows of its last use, still there unless a
+// later use in the same transaction emptied it; dead, the rows deleted since its last VACUUM or
+// TRUNCATE.
+type stageRows struct{ live, dead int }
 
 // stage returns the name of the staging table for table tab, creating it in this session if
-// needed, emptied of what earlier merges staged (stageTruncateRows), for rows more rows.
+// needed, emptied of what earlier merges staged (stageRows), for rows more rows.
 func (t *Tx) stage(ctx context.Context, tab changebatch.Table, rows int) (string, error) {
 	key := tab.String()
 	name, ok := t.a.stages[key]
@@ -395,24 +411,26 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table, rows int) (string
 		}
 		t.newStages[key] = name
 	}
-	staged, ok := t.staged[key]
+	st, ok := t.staged[key]
 	if !ok {
-		staged = t.a.staged[key]
+		st = t.a.staged[key]
 	}
 	q := pgx.Identifier{"pg_temp", name}.Sanitize()
 	switch {
-	case staged >= stageTruncateRows:
+	case st.live >= stageTruncateRows:
 		if _, err := t.tx.Exec(ctx, "truncate "+q); err != nil {
 			return "", fmt.Errorf("empty staging table for %s: %w", tab, err)
 		}
-		staged = 0
-	case staged > 0:
+		st = stageRows{}
+	case st.live > 0:
 		// Rows an earlier merge staged (committed or, in this transaction, not).
 		if _, err := t.tx.Exec(ctx, "delete from "+q); err != nil {
 			return "", fmt.Errorf("empty staging table for %s: %w", tab, err)
 		}
+		st.dead += st.live
 	}
-	t.staged[key] = staged + rows
+	st.live = rows
+	t.staged[key] = st
 	return name, nil
 }
 
