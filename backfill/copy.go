@@ -20,17 +20,11 @@ func CopyChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	if t.Keyless {
 		return 0, fmt.Errorf("copy a chunk of %s: it has no key to read in order (ReadChunk)", t)
 	}
-	if err := checkBounds(t, c); err != nil {
-		return 0, err
-	}
-	tx, err := beginSnapshot(ctx, conn, snap)
+	tx, err := beginChunk(ctx, conn, snap, t, c)
 	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", t, err)
+		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := checkNotRewritten(ctx, tx, t, snap); err != nil {
-		return 0, err
-	}
 	// COPY takes no parameters: the bounds are written as literals.
 	cond := boundsCondition(t, c, quoteLiteral)
 	tag, err := tx.Conn().PgConn().CopyTo(ctx, w, "copy ("+chunkQuery(t, cond)+") to stdout")

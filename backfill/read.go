@@ -100,17 +100,11 @@ where attrelid = $1::regclass and attnum > 0 and not attisdropped and attgenerat
 // (snap.LSN, 0). It returns the number of rows read. The read runs in its own REPEATABLE READ,
 // READ ONLY transaction that imports the snapshot.
 func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, c Chunk, batchRows int, emit EmitFunc) (int64, error) {
-	if err := checkBounds(t, c); err != nil {
-		return 0, err
-	}
-	tx, err := beginSnapshot(ctx, conn, snap)
+	tx, err := beginChunk(ctx, conn, snap, t, c)
 	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", t, err)
+		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := checkNotRewritten(ctx, tx, t, snap); err != nil {
-		return 0, err
-	}
 	cond, args := rangeCondition(t, c)
 	query := chunkQuery(t, cond)
 	if t.Keyless {
@@ -144,6 +138,23 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 		}
 	}
 	return n, w.flush(ctx)
+}
+
+// beginChunk checks c's bounds against t's key and starts the snapshot transaction that reads
+// it, with t locked against rewrites and checked unchanged since the snapshot (checkNotRewritten).
+func beginChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch.Table, c Chunk) (pgx.Tx, error) {
+	if err := checkBounds(t, c); err != nil {
+		return nil, err
+	}
+	tx, err := beginSnapshot(ctx, conn, snap)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", t, err)
+	}
+	if err := checkNotRewritten(ctx, tx, t, snap); err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
 }
 
 // ReadValues reads the rows of keyless table t (changebatch.Table.Keyless) that satisfy cond (SQL
