@@ -26,9 +26,8 @@ const copyThroughBuffer = 256 << 10
 
 // CopySnapshotRows writes the rows that rows writes, every one a snapshot row of tab at version
 // ver (S, 0), with one COPY straight into the target table. The bytes are not parsed: each line
-// only gets the version columns appended. It is CopySnapshot for rows that never were change
-// batches, with the same outcome and the same conditions: the version rule's own outcome when
-// the target holds none of the keys, checked against the table's fence first (locked FOR SHARE
+// only gets the version columns appended. It has the version rule's own outcome when the target
+// holds none of the keys, checked against the table's fence first (locked FOR SHARE
 // until the transaction ends; at or above ver, rows are read and counted as suppressed, and
 // nothing is written). When the target holds one of the keys, the COPY fails with a unique
 // violation and CopySnapshotRows returns conflict true; the transaction is then unusable, and the
@@ -80,6 +79,9 @@ func (t *Tx) CopySnapshotRows(ctx context.Context, tab changebatch.Table, ver ch
 	t.Result.Add(res)
 	return res, n, false, nil
 }
+
+// errCopyEnded ends the writes of CopySnapshotRows's reader once the COPY has ended.
+var errCopyEnded = errors.New("copy ended")
 
 // versionedLines appends suffix (the version columns and the line's end) to every line written
 // through it. After its writer failed (the COPY ended), it drops what it is given and reports

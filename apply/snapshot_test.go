@@ -2,10 +2,12 @@ package apply_test
 
 import (
 	"context"
+	"io"
 	"reflect"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
@@ -21,19 +23,29 @@ func (f fixture) applySnapshot(t *testing.T, rec arrow.RecordBatch) (res apply.R
 	return res
 }
 
-// copySnapshot copies recs with Tx.CopySnapshot in one transaction, committed unless the target
-// held a key.
-func (f fixture) copySnapshot(t *testing.T, recs ...arrow.RecordBatch) (res apply.Result, conflict bool) {
+// copySnapshot copies lines (COPY text rows of acc's columns, as a source's COPY TO prints them)
+// at snapshot version (lsn, 0) with Tx.CopySnapshotRows in one transaction, committed unless the
+// target held a key; it fails the test unless every line was read.
+func (f fixture) copySnapshot(t *testing.T, lsn uint64, lines ...string) (res apply.Result, conflict bool) {
 	t.Helper()
-	ch := make(chan arrow.RecordBatch, len(recs))
-	for _, r := range recs {
-		r.Retain()
-		ch <- r
-	}
-	close(ch)
 	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+		var n int64
 		var err error
-		res, conflict, err = tx.CopySnapshot(ctx, acc, ch)
+		res, n, conflict, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, func(w io.Writer) (int64, error) {
+			for _, l := range lines {
+				// Written in two parts, as a source's COPY output may arrive split anywhere.
+				if _, err := io.WriteString(w, l[:len(l)/2]); err != nil {
+					return 0, err
+				}
+				if _, err := io.WriteString(w, l[len(l)/2:]+"\n"); err != nil {
+					return 0, err
+				}
+			}
+			return int64(len(lines)), nil
+		})
+		if err == nil && n != int64(len(lines)) {
+			t.Errorf("copy read %d of %d rows", n, len(lines))
+		}
 		return !conflict, err
 	})
 	return res, conflict
@@ -63,28 +75,28 @@ func TestSnapshotRowFillsUnknownColumnsOnly(t *testing.T) {
 	f.expect(t, "1|the big note|99|0/1F4#1|f|", "2||7|0/258#1|f|{note}")
 }
 
-// The direct COPY writes rows the target does not hold at their snapshot version; when the target
-// holds one of the keys it reports a conflict and writes nothing.
-func TestCopySnapshot(t *testing.T) {
+// The direct COPY writes rows the target does not hold at their snapshot version, the source's
+// escapes passed through; when the target holds one of the keys it reports a conflict and writes
+// nothing, having read every row.
+func TestCopySnapshotRows(t *testing.T) {
 	f := setup(t)
-	res, conflict := f.copySnapshot(t,
-		batch(t, row{changebatch.OpUpsert, 400, 0, "1", s("tab\there"), "1"}, row{changebatch.OpUpsert, 400, 0, "2", s(`back\slash`), "2"}),
-		batch(t, row{changebatch.OpUpsert, 400, 0, "3", s("line\nbreak"), "3"}))
-	if conflict || !reflect.DeepEqual(res, apply.Result{Applied: 3}) {
-		t.Fatalf("copy = %+v conflict %v, want 3 applied", res, conflict)
+	res, conflict := f.copySnapshot(t, 400, `1	tab\there	1`, `2	back\\slash	2`, `3	line\nbreak	3`, `4	\N	4`)
+	if conflict || !reflect.DeepEqual(res, apply.Result{Applied: 4}) {
+		t.Fatalf("copy = %+v conflict %v, want 4 applied", res, conflict)
 	}
-	f.expect(t, "1|tab\there|1|0/190#0|f|", "2|back\\slash|2|0/190#0|f|", "3|line\nbreak|3|0/190#0|f|")
-	if _, conflict := f.copySnapshot(t, batch(t, row{changebatch.OpUpsert, 500, 0, "4", s("new"), "4"}, row{changebatch.OpUpsert, 500, 0, "2", s("held"), "9"})); !conflict {
+	want := []string{"1|tab\there|1|0/190#0|f|", "2|back\\slash|2|0/190#0|f|", "3|line\nbreak|3|0/190#0|f|", "4||4|0/190#0|f|"}
+	f.expect(t, want...)
+	if _, conflict := f.copySnapshot(t, 500, "5	new	5", "2	held	9", "6	after	6"); !conflict {
 		t.Fatal("copy of a held key: no conflict reported")
 	}
-	f.expect(t, "1|tab\there|1|0/190#0|f|", "2|back\\slash|2|0/190#0|f|", "3|line\nbreak|3|0/190#0|f|")
+	f.expect(t, want...)
 }
 
 // Snapshot rows at or below the table's fence are suppressed by both paths.
 func TestSnapshotRowsBelowTheFence(t *testing.T) {
 	f := setup(t)
 	f.apply(t, batch(t, row{changebatch.OpTruncate, 700, 1, "", nil, ""}))
-	if res, conflict := f.copySnapshot(t, batch(t, row{changebatch.OpUpsert, 600, 0, "1", s("x"), "1"})); conflict || !reflect.DeepEqual(res, apply.Result{Suppressed: 1}) {
+	if res, conflict := f.copySnapshot(t, 600, "1	x	1"); conflict || !reflect.DeepEqual(res, apply.Result{Suppressed: 1}) {
 		t.Fatalf("copy below the fence = %+v conflict %v, want 1 suppressed", res, conflict)
 	}
 	if res := f.applySnapshot(t, batch(t, row{changebatch.OpUpsert, 600, 0, "1", s("x"), "1"})); !reflect.DeepEqual(res, apply.Result{Suppressed: 1}) {
