@@ -96,7 +96,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 	for k, st := range t.staged {
 		if st.dead >= stageVacuumRows {
 			// Outside a transaction, as VACUUM must be; a failure only leaves the rows for later.
-			if _, err := t.a.conn.Exec(ctx, "vacuum "+pgx.Identifier{"pg_temp", t.a.stageName(k)}.Sanitize()); err == nil {
+			if _, err := t.a.conn.Exec(ctx, "vacuum "+pgx.Identifier{"pg_temp", t.a.stages[k]}.Sanitize()); err == nil {
 				st.dead = 0
 			}
 		}
@@ -104,9 +104,6 @@ func (t *Tx) Commit(ctx context.Context) error {
 	}
 	return nil
 }
-
-// stageName returns the name of the committed staging table of table key.
-func (a *Applier) stageName(key string) string { return a.stages[key] }
 
 // Rollback abandons the transaction; it is safe to call after Commit.
 func (t *Tx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
@@ -400,11 +397,8 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table, rows int) (string
 		name = "pgconverge_stage_" + strconv.Itoa(t.a.next)
 		ddl := createStageSQL(tab, name)
 		if tab.Keyless {
-			ddl = keylessStageSQL(tab, name)
-		}
-		if tab.Keyless {
 			// Deletes are applied in rounds, each finding its staged rows by _cdc_round.
-			ddl += "; create index on " + pgx.Identifier{"pg_temp", name}.Sanitize() + " (" + qRound + ")"
+			ddl = keylessStageSQL(tab, name) + "; create index on " + pgx.Identifier{"pg_temp", name}.Sanitize() + " (" + qRound + ")"
 		}
 		if _, err := t.tx.Exec(ctx, ddl); err != nil {
 			return "", fmt.Errorf("create staging table for %s: %w", tab, err)

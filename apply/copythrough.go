@@ -93,6 +93,7 @@ type versionedLines struct {
 	err    error
 }
 
+// Write passes p on with suffix in place of each line end; it always reports all of p written.
 func (l *versionedLines) Write(p []byte) (int, error) {
 	for rest := p; len(rest) > 0 && l.err == nil; {
 		i := bytes.IndexByte(rest, '\n')

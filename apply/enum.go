@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
 // EnumLabel is one label of a source enum: its pg_enum oid, which ALTER TYPE ... RENAME VALUE
@@ -51,7 +52,7 @@ func syncEnum(ctx context.Context, conn *pgx.Conn, qualified string, want []Enum
 		}
 		// Through temporary names first, so that names can be swapped or reused.
 		rename := func(from, to string) error {
-			_, err := tx.Exec(ctx, "alter type "+qualified+" rename value "+quoteLiteral(from)+" to "+quoteLiteral(to))
+			_, err := tx.Exec(ctx, "alter type "+qualified+" rename value "+changebatch.QuoteLiteral(from)+" to "+changebatch.QuoteLiteral(to))
 			if err != nil {
 				return fmt.Errorf("rename label %q to %q: %w", from, to, err)
 			}
@@ -75,11 +76,11 @@ func syncEnum(ctx context.Context, conn *pgx.Conn, qualified string, want []Enum
 			if slices.Contains(have, l.Label) {
 				continue
 			}
-			place := " before " + quoteLiteral(have[0])
+			place := " before " + changebatch.QuoteLiteral(have[0])
 			if i > 0 {
-				place = " after " + quoteLiteral(want[i-1].Label)
+				place = " after " + changebatch.QuoteLiteral(want[i-1].Label)
 			}
-			if _, err := tx.Exec(ctx, "alter type "+qualified+" add value "+quoteLiteral(l.Label)+place); err != nil {
+			if _, err := tx.Exec(ctx, "alter type "+qualified+" add value "+changebatch.QuoteLiteral(l.Label)+place); err != nil {
 				return fmt.Errorf("add label %q: %w", l.Label, err)
 			}
 			changed = append(changed, "+"+l.Label)

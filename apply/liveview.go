@@ -61,7 +61,7 @@ func EnsureLiveView(ctx context.Context, conn *pgx.Conn, t changebatch.Table, su
 			if _, err := tx.Exec(ctx, "create schema "+pgx.Identifier{v.Schema}.Sanitize()); err != nil {
 				return fmt.Errorf("create schema %q of the live views (the target role needs CREATE on the database): %w", v.Schema, err)
 			}
-			if _, err := tx.Exec(ctx, "comment on schema "+pgx.Identifier{v.Schema}.Sanitize()+" is "+quoteLiteral(liveSchemaComment)); err != nil {
+			if _, err := tx.Exec(ctx, "comment on schema "+pgx.Identifier{v.Schema}.Sanitize()+" is "+changebatch.QuoteLiteral(liveSchemaComment)); err != nil {
 				return fmt.Errorf("comment on schema %q: %w", v.Schema, err)
 			}
 		}
@@ -86,7 +86,7 @@ func EnsureLiveView(ctx context.Context, conn *pgx.Conn, t changebatch.Table, su
 			return fmt.Errorf("create live view %s of %s: %w", v, t, err)
 		}
 		comment := liveViewComment + t.String() + ": its rows without tombstones and metadata columns, kept by pgconverge run (--live-suffix)"
-		if _, err := tx.Exec(ctx, "comment on view "+v.Quoted()+" is "+quoteLiteral(comment)); err != nil {
+		if _, err := tx.Exec(ctx, "comment on view "+v.Quoted()+" is "+changebatch.QuoteLiteral(comment)); err != nil {
 			return fmt.Errorf("comment on live view %s: %w", v, err)
 		}
 		return nil

@@ -221,9 +221,6 @@ func EnsureType(ctx context.Context, conn *pgx.Conn, schema, name, ddl string, l
 	return true, nil, nil
 }
 
-// quoteLiteral quotes s as an SQL string literal; pgsession pins standard_conforming_strings on.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
 // HasMetadata reports whether the target has pgconverge's metadata schema (migrations applied by
 // run or backfill).
 func HasMetadata(ctx context.Context, conn *pgx.Conn) (bool, error) {

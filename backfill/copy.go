@@ -26,7 +26,7 @@ func CopyChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// COPY takes no parameters: the bounds are written as literals.
-	cond := boundsCondition(t, c, quoteLiteral)
+	cond := boundsCondition(t, c, changebatch.QuoteLiteral)
 	tag, err := tx.Conn().PgConn().CopyTo(ctx, w, "copy ("+chunkQuery(t, cond)+") to stdout")
 	if err != nil {
 		return 0, fmt.Errorf("read chunk %s of %s at snapshot %s: %w", c, t, snap.LSN, err)
@@ -50,10 +50,4 @@ func chunkQuery(t changebatch.Table, cond string) string {
 	names, _ := keyColumns(t)
 	return "select " + strings.Join(cols, ", ") + " from " + t.SourceRelation("s") + " where " + cond +
 		" order by " + strings.Join(names, ", ")
-}
-
-// quoteLiteral returns s as an escape string constant (PostgreSQL docs §4.1.2.2), which means
-// the same whatever standard_conforming_strings is: quotes and backslashes doubled.
-func quoteLiteral(s string) string {
-	return "E'" + strings.NewReplacer(`'`, `''`, `\`, `\\`).Replace(s) + "'"
 }

@@ -120,3 +120,11 @@ func TestSplitTableList(t *testing.T) {
 		t.Errorf("SplitTableList = %q, want %q", got, want)
 	}
 }
+
+func TestQuoteLiteral(t *testing.T) {
+	for in, want := range map[string]string{"": `E''`, "plain": `E'plain'`, `it's`: `E'it''s'`, `a\b`: `E'a\\b'`, `\'`: `E'\\'''`} {
+		if got := QuoteLiteral(in); got != want {
+			t.Errorf("QuoteLiteral(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -21,6 +21,13 @@ func (n TableName) String() string { return QualifiedName(n.Schema, n.Name) }
 // Quoted returns the table's name quoted for SQL: "schema"."name".
 func (n TableName) Quoted() string { return pgx.Identifier{n.Schema, n.Name}.Sanitize() }
 
+// QuoteLiteral returns s as an SQL escape string constant (PostgreSQL docs §4.1.2.2, "String
+// Constants with C-Style Escapes"), quotes and backslashes doubled, which reads the same whatever
+// standard_conforming_strings is: for statements that take no parameters (COPY, DDL).
+func QuoteLiteral(s string) string {
+	return "E'" + strings.NewReplacer(`'`, `''`, `\`, `\\`).Replace(s) + "'"
+}
+
 var plainName = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
 
 // QualifiedName renders schema.name for people: a part that is lower-case letters, digits and
