@@ -15,6 +15,9 @@ import (
 func waitSpansConfirmed(t *testing.T, env *pgtest.Env, after pglogrepl.LSN, spans int64) {
 	t.Helper()
 	pgtest.Eventually(t, 60*time.Second, "memberships confirmed past "+after.String(), func() (bool, string) {
+		// The stream records a confirmed position with an apply, and an idle one applies only
+		// when the source's WAL moves: a logical message no publication carries moves it.
+		pgtest.Exec(t, env.Source, `select pg_logical_emit_message(false, 'pgconverge-test', 'tick')`)
 		n := pgtest.Scalar[int64](t, env.Target,
 			`select count(*) from pgconverge.table_spans where end_lsn is null and confirmed_lsn >= $1::pg_lsn`, after.String())
 		return n == spans, fmt.Sprintf("%d of %d open spans confirmed past %s", n, spans, after)
