@@ -60,8 +60,8 @@ func New(conn *pgx.Conn) *Applier {
 	return &Applier{conn: conn, stages: map[string]string{}, staged: map[string]stageRows{}}
 }
 
-// Tx is one target transaction: any number of batches, then optionally the progress LSN, then
-// Commit. Nothing it wrote is visible or durable before Commit returns nil.
+// Tx is one target transaction: any number of batches (ApplyGroup: a stream group with its
+// progress LSN), then Commit. Nothing it wrote is visible or durable before Commit returns nil.
 type Tx struct {
 	a         *Applier
 	tx        pgx.Tx
@@ -200,53 +200,70 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		movedUnknown = movedUnknown || rows[i].moved && anyUnchanged(rows[i].values)
 		unchanged = unchanged || anyUnchanged(rows[i].values)
 	}
-	stage, err := t.stage(ctx, v.Table, len(rows))
+	src := source{records: inlineRecords(v.Table, rows)}
+	var err error
+	if src.records != nil {
+		src.stage, err = t.ensureStage(ctx, v.Table)
+	} else {
+		src.stage, err = t.stage(ctx, v.Table, len(rows))
+	}
 	if err != nil {
 		return Result{}, err
 	}
-	t.buf.Reset()
-	encodeCopyText(&t.buf, v.Table, rows)
-	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, stage)); err != nil {
-		return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, describeCopyError(v.Table, rows, err))
+	if src.records == nil {
+		t.buf.Reset()
+		encodeCopyText(&t.buf, v.Table, rows)
+		if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, src.stage)); err != nil {
+			return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, describeCopyError(v.Table, rows, err))
+		}
 	}
 	var applied int64
 	for _, moved := range []bool{false, true} {
 		if moved && !movedUnknown {
 			break
 		}
-		sql, args := upsertSQL(v.Table, stage, moved)
+		sql, args := upsertSQL(v.Table, src, moved)
 		tag, err := t.tx.Exec(ctx, sql, args...)
 		if err != nil {
-			if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidColumnReference {
-				// ON CONFLICT found no key to arbitrate on (bulkkey.go).
-				return Result{}, fmt.Errorf("upsert %d rows into %s: the target table has no primary key, because a bulk load of it is under way and builds the key when it completes (or one was interrupted, and the next backfill or daemon start builds it); this is retried: %w",
-					len(rows), v.Table, err)
-			}
-			return Result{}, fmt.Errorf("upsert %d rows into %s: %w", len(rows), v.Table, describeConstraint(err))
+			return Result{}, upsertError(v.Table, len(rows), src, err)
 		}
 		applied += tag.RowsAffected()
 	}
 	res := Result{Applied: applied, Suppressed: int64(len(rows)) - applied, Merged: int64(merged)}
 	if unchanged {
 		var err error
-		if res.Unknown, err = t.unknownKeys(ctx, v.Table, stage); err != nil {
+		if res.Unknown, err = t.unknownKeys(ctx, v.Table, src); err != nil {
 			return Result{}, err
 		}
 	}
 	return res, nil
 }
 
+// upsertError describes err, the failed upsert of n rows into tab from src.
+func upsertError(tab changebatch.Table, n int, src source, err error) error {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidColumnReference {
+		// ON CONFLICT found no key to arbitrate on (bulkkey.go).
+		return fmt.Errorf("upsert %d rows into %s: the target table has no primary key, because a bulk load of it is under way and builds the key when it completes (or one was interrupted, and the next backfill or daemon start builds it); this is retried: %w",
+			n, tab, err)
+	}
+	if src.records != nil {
+		err = noteInlineError(tab, err)
+	}
+	return fmt.Errorf("upsert %d rows into %s: %w", n, tab, describeConstraint(err))
+}
+
 // unknownKeys returns the keys (text, in KeyOrder) of the staged rows whose live target row has
 // unknown columns after the merge.
-func (t *Tx) unknownKeys(ctx context.Context, tab changebatch.Table, stage string) ([][]string, error) {
+func (t *Tx) unknownKeys(ctx context.Context, tab changebatch.Table, src source) ([][]string, error) {
 	var keys, texts []string
 	for _, i := range tab.KeyOrder() {
 		q := pgx.Identifier{tab.Columns[i].Name}.Sanitize()
 		keys, texts = append(keys, q), append(texts, "tgt."+q+"::text")
 	}
 	k := "(" + strings.Join(keys, ", ") + ")"
+	from, args := src.from(nil)
 	rows, err := t.tx.Query(ctx, "select "+strings.Join(texts, ", ")+" from "+tab.Quoted()+" as tgt where tgt."+qUnknown+
-		" is not null and not tgt."+qDeleted+" and "+k+" in (select "+strings.Join(keys, ", ")+" from "+pgx.Identifier{"pg_temp", stage}.Sanitize()+")")
+		" is not null and not tgt."+qDeleted+" and "+k+" in (select "+strings.Join(keys, ", ")+" from "+from+")", args...)
 	if err != nil {
 		return nil, fmt.Errorf("look up the rows of %s left with unknown values: %w", tab, err)
 	}
@@ -384,27 +401,14 @@ const (
 // TRUNCATE.
 type stageRows struct{ live, dead int }
 
-// stage returns the name of the staging table for table tab, creating it in this session if
-// needed, emptied of what earlier merges staged (stageRows), for rows more rows.
+// stage returns the name of the staging table for table tab (ensureStage), emptied of what
+// earlier merges staged (stageRows), for rows more rows.
 func (t *Tx) stage(ctx context.Context, tab changebatch.Table, rows int) (string, error) {
+	name, err := t.ensureStage(ctx, tab)
+	if err != nil {
+		return "", err
+	}
 	key := tab.String()
-	name, ok := t.a.stages[key]
-	if !ok {
-		name, ok = t.newStages[key]
-	}
-	if !ok {
-		t.a.next++
-		name = "pgconverge_stage_" + strconv.Itoa(t.a.next)
-		ddl := createStageSQL(tab, name)
-		if tab.Keyless {
-			// Deletes are applied in rounds, each finding its staged rows by _cdc_round.
-			ddl = keylessStageSQL(tab, name) + "; create index on " + pgx.Identifier{"pg_temp", name}.Sanitize() + " (" + qRound + ")"
-		}
-		if _, err := t.tx.Exec(ctx, ddl); err != nil {
-			return "", fmt.Errorf("create staging table for %s: %w", tab, err)
-		}
-		t.newStages[key] = name
-	}
 	st, ok := t.staged[key]
 	if !ok {
 		st = t.a.staged[key]
@@ -425,6 +429,30 @@ func (t *Tx) stage(ctx context.Context, tab changebatch.Table, rows int) (string
 	}
 	st.live = rows
 	t.staged[key] = st
+	return name, nil
+}
+
+// ensureStage returns the name of the staging table for table tab, creating it in this session
+// if needed. An inline merge uses it as its rows' type only (inline.go).
+func (t *Tx) ensureStage(ctx context.Context, tab changebatch.Table) (string, error) {
+	key := tab.String()
+	if name, ok := t.a.stages[key]; ok {
+		return name, nil
+	}
+	if name, ok := t.newStages[key]; ok {
+		return name, nil
+	}
+	t.a.next++
+	name := "pgconverge_stage_" + strconv.Itoa(t.a.next)
+	ddl := createStageSQL(tab, name)
+	if tab.Keyless {
+		// Deletes are applied in rounds, each finding its staged rows by _cdc_round.
+		ddl = keylessStageSQL(tab, name) + "; create index on " + pgx.Identifier{"pg_temp", name}.Sanitize() + " (" + qRound + ")"
+	}
+	if _, err := t.tx.Exec(ctx, ddl); err != nil {
+		return "", fmt.Errorf("create staging table for %s: %w", tab, err)
+	}
+	t.newStages[key] = name
 	return name, nil
 }
 
@@ -488,23 +516,6 @@ func (t *Tx) RaiseFence(ctx context.Context, tab changebatch.Table, ver changeba
 func RaiseFenceTx(ctx context.Context, tx pgx.Tx, tab changebatch.TableName, ver changebatch.Version) error {
 	if _, err := tx.Exec(ctx, fenceSQL, tab.Schema, tab.Name, ver.LSN.String(), int64(ver.Seq)); err != nil {
 		return fmt.Errorf("raise fence of %s to %s: %w", tab, ver, err)
-	}
-	return nil
-}
-
-// SetProgress records that the target holds every change of the source up to lsn for slot, in
-// this transaction. It never lowers the stored position.
-func (t *Tx) SetProgress(ctx context.Context, slot string, lsn pglogrepl.LSN) error {
-	return SetProgressTx(ctx, t.tx, slot, lsn)
-}
-
-// SetProgressTx is Tx.SetProgress in a transaction of the caller's.
-func SetProgressTx(ctx context.Context, tx pgx.Tx, slot string, lsn pglogrepl.LSN) error {
-	_, err := tx.Exec(ctx, `insert into pgconverge.progress as p (slot, applied_lsn) values ($1, $2::pg_lsn)
-on conflict (slot) do update set applied_lsn = excluded.applied_lsn, updated_at = now()
-where p.applied_lsn <= excluded.applied_lsn`, slot, lsn.String())
-	if err != nil {
-		return fmt.Errorf("record progress %s of slot %q: %w", lsn, slot, err)
 	}
 	return nil
 }

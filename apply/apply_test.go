@@ -279,11 +279,12 @@ func TestLongBatchIsMergedInPieces(t *testing.T) {
 	}
 }
 
-// A staging table keeps its rows past a commit and is emptied at its next use (by TRUNCATE after
+// A staging table (COPY's, for pieces too large to merge inline) keeps its rows past a commit and is emptied at its next use (by TRUNCATE after
 // many rows, else DELETE): every merge sees exactly its own rows, after a large batch, a small
 // one, and a transaction rolled back.
 func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
 	f := setup(t)
+	apply.StageByCOPY(t, acc.TableName)
 	rowsOf := func(lsn uint64, from, to int) arrow.RecordBatch {
 		var rows []row
 		for i := from; i <= to; i++ {
@@ -323,5 +324,32 @@ func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
 	got := pgtest.Rows(t, f.env.Target, `select count(*) || ' ' || count(*) filter (where bal = 200) || ' ' || count(*) filter (where id between 3006 and 3012) from acc`)
 	if d := pgtest.Diff([]string{"3008 10 0"}, got); d != "" {
 		t.Errorf("rows, updated rows, rolled-back rows: %s", d)
+	}
+}
+
+// A group's leading one-statement batches are pipelined with the fences and the progress; a
+// batch that is not (a TRUNCATE) and every batch after it are applied in order after them, so a
+// late version after the fence is refused, not written and then turned into a tombstone.
+func TestApplyGroupKeepsTheBatchesOrder(t *testing.T) {
+	f := setup(t)
+	recs := []arrow.RecordBatch{
+		batch(t, row{changebatch.OpUpsert, 100, 1, "1", s("a"), "1"}, row{changebatch.OpUpsert, 100, 2, "1", s("b"), "2"}),
+		batch(t, row{changebatch.OpUpsert, 110, 1, "4", s("d"), "4"}),
+		batch(t, row{changebatch.OpTruncate, 200, 1, "", nil, ""}, row{changebatch.OpUpsert, 200, 2, "2", s("c"), "3"}),
+		batch(t, row{changebatch.OpUpsert, 150, 1, "3", s("late"), "9"}),
+	}
+	var got []apply.Result
+	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+		var err error
+		got, err = tx.ApplyGroup(ctx, recs, apply.Progress{Slot: "s1", LSN: 300})
+		return true, err
+	})
+	want := []apply.Result{{Applied: 1, Merged: 1}, {Applied: 1}, {Applied: 1, Truncates: 1}, {Suppressed: 1}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("results = %+v, want %+v", got, want)
+	}
+	f.expect(t, "1|b|2|0/C8#1|t|", "2|c|3|0/C8#2|f|", "4|d|4|0/C8#1|t|")
+	if lsn := pgtest.Scalar[string](t, f.env.Target, `select applied_lsn::text from pgconverge.progress where slot = 's1'`); lsn != "0/12C" {
+		t.Errorf("progress = %s, want 0/12C", lsn)
 	}
 }

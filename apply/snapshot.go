@@ -3,12 +3,9 @@ package apply
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -55,37 +52,6 @@ func snapshotVersion(v *changebatch.View) (changebatch.Version, error) {
 		}
 	}
 	return ver, nil
-}
-
-// lockFence returns tab's fence, locking its row in pgconverge.tables until the transaction ends:
-// FOR SHARE, or FOR UPDATE for a keyless table.
-func (t *Tx) lockFence(ctx context.Context, tab changebatch.Table) (changebatch.Version, error) {
-	key := tab.String()
-	if f, ok := t.fences[key]; ok {
-		return f, nil
-	}
-	var lsn string
-	var seq int64
-	// Writers of a keyless table take turns: each matches deletes with the entries it finds.
-	lock := "share"
-	if tab.Keyless {
-		lock = "update"
-	}
-	err := t.tx.QueryRow(ctx, `select fence_lsn::text, fence_seq from pgconverge.tables
-where schema_name = $1 and table_name = $2 for `+lock, tab.Schema, tab.Name).Scan(&lsn, &seq)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return changebatch.Version{}, fmt.Errorf("table %s is not registered in pgconverge.tables on the target (apply.EnsureTable registers it)", tab)
-	}
-	if err != nil {
-		return changebatch.Version{}, fmt.Errorf("lock the fence of %s: %w", tab, err)
-	}
-	l, err := pglogrepl.ParseLSN(lsn)
-	if err != nil {
-		return changebatch.Version{}, fmt.Errorf("lock the fence of %s: %w", tab, err)
-	}
-	f := changebatch.Version{LSN: l, Seq: uint64(seq)}
-	t.fences[key] = f
-	return f, nil
 }
 
 // writeCopyValues writes row i of v's data columns in COPY text format, each followed by a tab.

@@ -57,11 +57,13 @@ func writeColumnsDDL(b *strings.Builder, t changebatch.Table) {
 // taken from the target row of its new key.
 var qMoved = pgx.Identifier{"_cdc_moved"}.Sanitize()
 
-// createStageSQL returns the DDL of the session's staging table for a target table (emptied by
-// Tx.stage, not ON COMMIT DELETE ROWS: see stageTruncateRows).
+// createStageSQL returns the DDL of the session's staging table for a target table: the columns
+// of copyColumns in that order, with the target's types and type modifiers, then _cdc_moved, so
+// that its row type is also what an inline merge's record literals spell (inline.go). It is
+// emptied by Tx.stage, not ON COMMIT DELETE ROWS: see stageTruncateRows.
 func createStageSQL(t changebatch.Table, stage string) string {
-	return "create temporary table " + pgx.Identifier{stage}.Sanitize() +
-		" (like " + t.Quoted() + ", " + qMoved + " boolean not null)"
+	return "create temporary table " + pgx.Identifier{stage}.Sanitize() + " as select " +
+		strings.Join(copyColumns(t), ", ") + ", false as " + qMoved + " from " + t.Quoted() + " with no data"
 }
 
 // copyColumns lists the staged columns in COPY order: the data columns, then the metadata.
@@ -79,8 +81,8 @@ func copySQL(t changebatch.Table, stage string) string {
 		" (" + strings.Join(append(copyColumns(t), qMoved), ", ") + ") from stdin"
 }
 
-// upsertSQL returns the guarded merge of the staging table into the target table and its
-// arguments, for the staged rows whose _cdc_moved equals moved. A staged row is written only when
+// upsertSQL returns the guarded merge of a piece's rows (src: the staging table, or inline
+// records) into the target table and its arguments, for the staged rows whose _cdc_moved equals moved. A staged row is written only when
 // its version is above the table's TRUNCATE fence and, for an existing key, above the stored
 // version. Keys equal by the key type's equality but spelled differently (numeric 1.0 and 1.00)
 // are first reduced, over all staged rows, to the newest version (DISTINCT ON), an upsert before a
@@ -93,7 +95,7 @@ func copySQL(t changebatch.Table, stage string) string {
 // target row with unknown columns fills just those columns and changes nothing else: the stream
 // left them unchanged since before the snapshot, so the snapshot holds their value (docs/design.md,
 // "The version rule").
-func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
+func upsertSQL(t changebatch.Table, src source, moved bool) (string, []any) {
 	cols := strings.Join(copyColumns(t), ", ")
 	args := []any{t.Schema, t.Name, moved}
 	newer := "(tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")"
@@ -129,10 +131,11 @@ func upsertSQL(t changebatch.Table, stage string, moved bool) (string, []any) {
 	}
 	sets = append(sets, ifNewer(qLSN, "excluded."+qLSN), ifNewer(qSeq, "excluded."+qSeq), ifNewer(qDeleted, "excluded."+qDeleted), unknown)
 	keyList := strings.Join(keys, ", ")
+	from, args := src.from(args)
 	var b strings.Builder
 	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
 	b.WriteString("select " + cols + " from (select distinct on (" + keyList + ") " + cols + ", " + qMoved +
-		" from " + pgx.Identifier{"pg_temp", stage}.Sanitize() + " as stg\n")
+		" from " + from + "\n")
 	b.WriteString("  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
 		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n")
 	b.WriteString("  order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted + ") as newest\n")

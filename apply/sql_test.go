@@ -29,7 +29,7 @@ on conflict ("id") do update set
   "_cdc_unknown" = case when not (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then null when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
 where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")
   or (excluded."_cdc_seq" = 0 and not excluded."_cdc_deleted" and not tgt."_cdc_deleted" and tgt."_cdc_unknown" is not null)`
-	got, args := upsertSQL(accTable, "pgconverge_stage_1", false)
+	got, args := upsertSQL(accTable, source{stage: "pgconverge_stage_1"}, false)
 	if got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
 	}
@@ -55,7 +55,7 @@ on conflict ("id") do update set
   "_cdc_deleted" = excluded."_cdc_deleted",
   "_cdc_unknown" = excluded."_cdc_unknown"
 where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")`
-	got, args := upsertSQL(accTable, "pgconverge_stage_1", true)
+	got, args := upsertSQL(accTable, source{stage: "pgconverge_stage_1"}, true)
 	if got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
 	}
@@ -82,7 +82,7 @@ on conflict ("a", "b") do update set
   "_cdc_unknown" = case when not (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq") then null when excluded."_cdc_unknown" is null then null when tgt."_cdc_deleted" then excluded."_cdc_unknown" else nullif(array(select unnest(excluded."_cdc_unknown") intersect select unnest(tgt."_cdc_unknown")), '{}') end
 where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_seq")
   or (excluded."_cdc_seq" = 0 and not excluded."_cdc_deleted" and not tgt."_cdc_deleted" and tgt."_cdc_unknown" is not null)`
-	if got, _ := upsertSQL(tab, "st", false); got != want {
+	if got, _ := upsertSQL(tab, source{stage: "st"}, false); got != want {
 		t.Errorf("upsertSQL:\n%s\nwant:\n%s", got, want)
 	}
 }
@@ -90,7 +90,7 @@ where (tgt."_cdc_lsn", tgt."_cdc_seq") < (excluded."_cdc_lsn", excluded."_cdc_se
 func TestDDL(t *testing.T) {
 	cases := []struct{ name, got, want string }{
 		{"create table", createTableSQL(accTable), `create table if not exists "public"."Acc" ("id" integer not null, "note" text, "bal" numeric(10,2), "_cdc_lsn" pg_lsn not null, "_cdc_seq" bigint not null, "_cdc_deleted" boolean not null default false, "_cdc_unknown" text[], primary key ("id"))`},
-		{"create stage", createStageSQL(accTable, "pgconverge_stage_1"), `create temporary table "pgconverge_stage_1" (like "public"."Acc", "_cdc_moved" boolean not null)`},
+		{"create stage", createStageSQL(accTable, "pgconverge_stage_1"), `create temporary table "pgconverge_stage_1" as select "id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", false as "_cdc_moved" from "public"."Acc" with no data`},
 		{"copy", copySQL(accTable, "pgconverge_stage_1"), `copy "pg_temp"."pgconverge_stage_1" ("id", "note", "bal", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_unknown", "_cdc_moved") from stdin`},
 		{"lookup", lookupSQL(accTable), `select "note"::text, "bal"::text, coalesce("_cdc_unknown", '{}'), "_cdc_lsn"::text, "_cdc_seq" from "public"."Acc" where "id" = cast($1::text as integer) and not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($2::pg_lsn, $3) and ("_cdc_lsn", "_cdc_seq") >= ($4::pg_lsn, $5)`},
 		{"tombstone before", tombstoneBeforeSQL(accTable), `update "public"."Acc" set "_cdc_deleted" = true, "_cdc_lsn" = $1::pg_lsn, "_cdc_seq" = $2, "_cdc_unknown" = null where not "_cdc_deleted" and ("_cdc_lsn", "_cdc_seq") < ($1::pg_lsn, $2)`},

@@ -91,21 +91,24 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		if now.Sub(l.lastLog) >= cfg.StatusInterval {
 			l.logProgress(now)
 		}
-		rctx, cancel := context.WithDeadline(ctx, l.receiveDeadline())
-		stopWake := func() bool { return false }
-		if l.inflight != nil {
-			// The apply's end wakes the receive, so the next group starts at once.
-			stopWake = context.AfterFunc(l.inflight.ended, cancel)
+		// The read waits until the deadline, or until the apply under way ends (startApply) or ctx
+		// does (run's caller), which both move the deadline to now: a deadline on the connection
+		// itself, not a context per message, which pgconn would watch with a goroutine of its own.
+		if err := l.conn.Conn().SetReadDeadline(l.receiveDeadline()); err != nil {
+			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)
 		}
-		msg, err := l.conn.ReceiveMessage(rctx)
-		woken := rctx.Err() != nil
-		stopWake()
-		cancel()
+		if l.inflight != nil && l.inflight.ended.Err() != nil {
+			continue // ended before the deadline was set: reap it first
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		msg, err := l.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if woken || pgconn.Timeout(err) {
+			if pgconn.Timeout(err) {
 				continue
 			}
 			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)

@@ -18,11 +18,13 @@ type applying struct {
 	batches  []arrow.RecordBatch
 	progress pglogrepl.LSN
 	toast    map[string]toastInsert
-	// ended is canceled when the apply returned, with err set before; it also wakes a receive
-	// that waits for the next message (loop.run).
+	// ended is canceled when the apply returned, with err set before; the loop is then woken
+	// (loop.wake) from a receive that waits for the next message.
 	ended  context.Context
 	finish context.CancelFunc
-	err    error
+	// woken is closed once the apply's goroutine woke the loop, its last step.
+	woken chan struct{}
+	err   error
 }
 
 // startApply hands the held group to the target, first waiting for the apply under way, if any.
@@ -39,10 +41,13 @@ func (l *loop) startApply(ctx, applyCtx context.Context) error {
 	}
 	a := &applying{batches: batches, progress: progress, toast: l.asm.takeToastInserts()}
 	a.ended, a.finish = context.WithCancel(context.Background())
+	a.woken = make(chan struct{})
 	l.inflight = a
 	go func() {
-		defer a.finish()
 		a.err = l.s.cfg.Apply(applyCtx, batches, progress)
+		a.finish()
+		l.wake()
+		close(a.woken)
 	}()
 	return nil
 }
@@ -114,6 +119,10 @@ func (l *loop) drainApply(ctx context.Context) error {
 	if l.inflight == nil {
 		return nil
 	}
-	<-l.inflight.ended.Done()
+	<-l.inflight.woken
 	return l.reap(ctx, false)
 }
+
+// wake ends the receive the loop waits in, if any, at once: its read deadline moves to now
+// (loop.run sets a new one before each receive). Safe to call from any goroutine.
+func (l *loop) wake() { _ = l.conn.Conn().SetReadDeadline(time.Now()) }

@@ -218,10 +218,13 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
 	defer stop()
+	wakeOnEnd := context.AfterFunc(ctx, l.wake)
 	err = l.run(ctx, applyCtx)
+	wakeOnEnd()
 	final, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancelFinal()
 	derr := l.drainApply(final)
+	_ = conn.Conn().SetReadDeadline(time.Time{})
 	if ctx.Err() == nil {
 		return cmp.Or(err, derr)
 	}

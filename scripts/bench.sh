@@ -53,6 +53,14 @@
 # The tables and summary are also written to ROOT/results.txt; logs (pgconverge's, pgbench's, the
 # lag samples) are under ROOT/logs; both stay after the run, the clusters' data do not.
 #
+# Placement: pgconverge runs in a session of its own (setsid, which execs in place here: a
+# background job of a script leads no process group), as a service does and as the servers do
+# (pg_ctl detaches the postmaster; native replication's apply worker is a target server process).
+# With the kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled), each session
+# shares one CPU share: run from the bench's session, pgconverge shared pgbench's, and the
+# source's walsender, in the source server's group with the four pgbench backends, stalled for
+# seconds waiting on the run queue (steady lag p99 3–10x native's; 1.02x in its own session).
+#
 # Environment: BENCH_QUICK=1 (a smoke run: scale 1, 1 round, 5 s, 100,000 rows, 10 MiB; each of
 # these still yields to its own variable), BENCH_SCALE, BENCH_ROUNDS, BENCH_SECONDS,
 # BENCH_SAMPLE (0.2 is fine), BENCH_PHASES, BENCH_LOAD_EXTRA=0, BENCH_MEM_ROWS, BENCH_TOAST_MB,

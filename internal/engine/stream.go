@@ -92,14 +92,16 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// The fences, the progress and the merges of small batches share one round trip.
+	results, err := tx.ApplyGroup(ctx, batches, apply.Progress{Slot: s.cfg.Slot, LSN: end})
+	if err != nil {
+		return err
+	}
 	rows := map[string]RowCounts{}
 	var replays []coverage.SuppressedReplay
 	var unknown map[string][][]string // table → keys left with unknown values
-	for _, b := range batches {
-		res, err := tx.Apply(ctx, b)
-		if err != nil {
-			return err
-		}
+	for i, b := range batches {
+		res := results[i]
 		tab, err := changebatch.TableOf(b.Schema())
 		if err != nil {
 			return err
@@ -120,9 +122,6 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	// The audit of what had no effect is written in the transaction it describes (tables with
 	// nothing suppressed are left out).
 	if err := coverage.RecordSuppressedReplays(ctx, tx.Conn(), replays); err != nil {
-		return err
-	}
-	if err := tx.SetProgress(ctx, s.cfg.Slot, end); err != nil {
 		return err
 	}
 	confirmed := pglogrepl.LSN(s.confirmed.Load())

@@ -5,7 +5,8 @@
 #           bench_native (default settings) to publication bench_native; started with ALTER
 #           SUBSCRIPTION … ENABLE, stopped with DISABLE (and waiting until its slot is inactive);
 #   conv    database `conv`: `pgconverge run --tables …` (publication and slot `pgconverge`),
-#           started as a daemon (DAEMON_PID), stopped with SIGTERM and waiting for its exit.
+#           started as a daemon (DAEMON_PID) in a session of its own (setsid: see bench.sh),
+#           stopped with SIGTERM and waiting for its exit.
 # Both follow STREAM_TABLES; pgconverge also bench_toast (memory phase). The position a
 # consumer has applied (applied_sql C) is what the target committed:
 #   native  pg_replication_origin_status.remote_lsn of the subscription's origin (pg_<oid>): set
@@ -58,7 +59,7 @@ native_stop() {
 conv_start() {
 	[ -z "$DAEMON_PID" ] || bench_die "conv_start: the daemon already runs (pid $DAEMON_PID)"
 	printf '\n===== %s pgconverge run (%s)\n' "$(date -Is)" "$1" >>"$LOGS/daemon.log"
-	"$BIN" run --source "$SRC" --target "$CONV_URL" --tables "$(csv_tables "${STREAM_TABLES[@]}" bench_toast)" \
+	setsid "$BIN" run --source "$SRC" --target "$CONV_URL" --tables "$(csv_tables "${STREAM_TABLES[@]}" bench_toast)" \
 		--log-format text >>"$LOGS/daemon.log" 2>&1 &
 	DAEMON_PID=$!
 }

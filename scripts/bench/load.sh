@@ -40,7 +40,7 @@ load_attempt() {
 	conv*)
 		[ "$c" = conv ] || workers=(--workers "${c#conv}")
 		t0=$EPOCHREALTIME
-		/usr/bin/time -f %M -o "$LOGS/$db.rss" "$BIN" backfill --source "$SRC" --target "$url" \
+		/usr/bin/time -f %M -o "$LOGS/$db.rss" setsid "$BIN" backfill --source "$SRC" --target "$url" \
 			--table "public.$LOAD_TABLE" "${workers[@]}" --log-format json \
 			>"$LOGS/$db.out" 2>"$LOGS/$db.log" || rc=$?
 		secs=$(calc "$EPOCHREALTIME - $t0")
