@@ -59,7 +59,7 @@
 # With the kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled), each session
 # shares one CPU share: run from the bench's session, pgconverge shared pgbench's, and the
 # source's walsender, in the source server's group with the four pgbench backends, stalled for
-# seconds waiting on the run queue (steady lag p99 3–10x native's; 1.02x in its own session).
+# seconds waiting on the run queue (steady lag p99 2–10x native's; 1.02x in its own session).
 #
 # Environment: BENCH_QUICK=1 (a smoke run: scale 1, 1 round, 5 s, 100,000 rows, 10 MiB; each of
 # these still yields to its own variable), BENCH_SCALE, BENCH_ROUNDS, BENCH_SECONDS,
