@@ -82,9 +82,9 @@ func copySQL(t changebatch.Table, stage string) string {
 }
 
 // upsertSQL returns the guarded merge of a piece's rows (src: the staging table, or inline
-// records) into the target table and its arguments, for the staged rows whose _cdc_moved equals moved. A staged row is written only when
-// its version is above the table's TRUNCATE fence and, for an existing key, above the stored
-// version. Keys equal by the key type's equality but spelled differently (numeric 1.0 and 1.00)
+// records) into the target table and its arguments, for the rows whose _cdc_moved equals moved.
+// A row is written only when its version is above the table's TRUNCATE fence and, for an
+// existing key, above the stored version. Keys equal by the key type's equality but spelled differently (numeric 1.0 and 1.00)
 // are first reduced, over all staged rows, to the newest version (DISTINCT ON), an upsert before a
 // tombstone of the same version; then the moved or unmoved ones are taken.
 //

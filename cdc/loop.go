@@ -97,8 +97,8 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		if err := l.conn.Conn().SetReadDeadline(l.receiveDeadline()); err != nil {
 			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)
 		}
-		if l.inflight != nil && l.inflight.ended.Err() != nil {
-			continue // ended before the deadline was set: reap it first
+		if l.inflight != nil && l.inflight.returned.Load() {
+			continue // returned before the deadline was armed: reap it first
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -18,13 +19,14 @@ type applying struct {
 	batches  []arrow.RecordBatch
 	progress pglogrepl.LSN
 	toast    map[string]toastInsert
-	// ended is canceled when the apply returned, with err set before; the loop is then woken
-	// (loop.wake) from a receive that waits for the next message.
-	ended  context.Context
-	finish context.CancelFunc
-	// woken is closed once the apply's goroutine woke the loop, its last step.
-	woken chan struct{}
-	err   error
+	// returned is set once the apply returned; the goroutine then wakes the loop from the
+	// receive it may wait in (loop.wake). The loop looks at it after arming its read deadline,
+	// so that a wake-up before the deadline was armed is not lost.
+	returned atomic.Bool
+	// exited is closed after that wake-up, the goroutine's last use of the connection, with err
+	// set before: the group is reaped only then.
+	exited chan struct{}
+	err    error
 }
 
 // startApply hands the held group to the target, first waiting for the apply under way, if any.
@@ -40,14 +42,13 @@ func (l *loop) startApply(ctx, applyCtx context.Context) error {
 		return nil
 	}
 	a := &applying{batches: batches, progress: progress, toast: l.asm.takeToastInserts()}
-	a.ended, a.finish = context.WithCancel(context.Background())
-	a.woken = make(chan struct{})
+	a.exited = make(chan struct{})
 	l.inflight = a
 	go func() {
+		defer close(a.exited)
 		a.err = l.s.cfg.Apply(applyCtx, batches, progress)
-		a.finish()
+		a.returned.Store(true)
 		l.wake()
-		close(a.woken)
 	}()
 	return nil
 }
@@ -65,12 +66,12 @@ func (l *loop) reap(ctx context.Context, wait bool) error {
 	for wait {
 		timer := time.NewTimer(time.Until(l.nextStatus))
 		select {
-		case <-a.ended.Done():
+		case <-a.exited:
 			wait = false
 		case <-timer.C:
 			if err := l.sendStatus(ctx, false); err != nil {
 				timer.Stop()
-				<-a.ended.Done()
+				<-a.exited
 				l.release(a)
 				return err
 			}
@@ -78,7 +79,7 @@ func (l *loop) reap(ctx context.Context, wait bool) error {
 		timer.Stop()
 	}
 	select {
-	case <-a.ended.Done():
+	case <-a.exited:
 	default:
 		return nil
 	}
@@ -119,7 +120,7 @@ func (l *loop) drainApply(ctx context.Context) error {
 	if l.inflight == nil {
 		return nil
 	}
-	<-l.inflight.woken
+	<-l.inflight.exited
 	return l.reap(ctx, false)
 }
 

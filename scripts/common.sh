@@ -1,4 +1,4 @@
-# common.sh — sourced (not run) by demo.sh, bench.sh and the bench-*.sh scripts: makes the repository root
+# common.sh — sourced (not run) by demo.sh and the bench*.sh scripts: makes the repository root
 # the working directory, puts /usr/local/go/bin on PATH when `go` is missing, and sets
 #   REPO       the repository root;
 #   PGBIN      PostgreSQL 15's binaries (default /usr/lib/postgresql/15/bin), exported;
