@@ -2,6 +2,7 @@ package apply_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"reflect"
 	"testing"
@@ -31,7 +32,10 @@ func (f fixture) copySnapshot(t *testing.T, lsn uint64, lines ...string) (res ap
 	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
 		var n int64
 		var err error
-		res, n, conflict, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, func(w io.Writer) (int64, error) {
+		res, n, conflict, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, "", func(w io.Writer, binary bool) (int64, error) {
+			if binary {
+				return 0, errors.New("binary rows asked for without the source's version")
+			}
 			for _, l := range lines {
 				// Written in two parts, as a source's COPY output may arrive split anywhere.
 				if _, err := io.WriteString(w, l[:len(l)/2]); err != nil {

@@ -13,12 +13,25 @@ import (
 // Chunk is the key range (Lower, Upper] of a table in the order of its key's index: key column
 // values in text form, in changebatch.Table.KeyOrder; a nil bound is unbounded. The chunks of a
 // plan are disjoint and together cover every possible key, whatever rows a later snapshot shows.
+//
+// A chunk of a block plan (ByBlock, NewBlockPlanner) is instead the rows stored in blocks
+// [Lower, Upper) of the table's file: one block number each, in decimal; Upper nil is unbounded.
+// Its chunks cover every row of one snapshot, read in no particular order.
 type Chunk struct {
 	Lower, Upper []string
+	ByBlock      bool
 }
 
-// String renders the range for logs, for example (100, 200], ((x, 1), (x, 3)] or (-inf, +inf).
+// String renders the range for logs, for example (100, 200], ((x, 1), (x, 3)], (-inf, +inf) or
+// blocks [0, 4096).
 func (c Chunk) String() string {
+	if c.ByBlock {
+		upper := "+inf"
+		if c.Upper != nil {
+			upper = c.Upper[0]
+		}
+		return "blocks [" + strings.Join(c.Lower, "") + ", " + upper + ")"
+	}
 	b := func(k []string, inf string) string {
 		switch len(k) {
 		case 0:
@@ -63,9 +76,12 @@ func rangeCondition(t changebatch.Table, c Chunk) (string, []any) {
 	return cond, args
 }
 
-// boundsCondition returns c's range over t's key columns as SQL, each bound value written as
-// value renders it (a parameter or a literal), cast to its column's type.
+// boundsCondition returns c's range over t's key columns (or its blocks) as SQL, each bound value
+// written as value renders it (a parameter or a literal), cast to its column's type.
 func boundsCondition(t changebatch.Table, c Chunk, value func(string) string) string {
+	if c.ByBlock {
+		return blockCondition(c, value)
+	}
 	names, types := keyColumns(t)
 	var conds []string
 	bound := func(k []string, op string) {
@@ -86,8 +102,20 @@ func boundsCondition(t changebatch.Table, c Chunk, value func(string) string) st
 	return strings.Join(conds, " and ")
 }
 
-// checkBounds returns an error when a bound of c does not have one value per key column of t.
+// checkBounds returns an error when a bound of c does not have one value per key column of t, or,
+// for a block chunk, is not one block number (Lower is required).
 func checkBounds(t changebatch.Table, c Chunk) error {
+	if c.ByBlock {
+		if _, err := parseBlock(c.Lower); err != nil {
+			return fmt.Errorf("chunk %s of %s: %w", c, t, err)
+		}
+		if c.Upper != nil {
+			if _, err := parseBlock(c.Upper); err != nil {
+				return fmt.Errorf("chunk %s of %s: %w", c, t, err)
+			}
+		}
+		return nil
+	}
 	n := len(t.KeyOrder())
 	if (c.Lower != nil && len(c.Lower) != n) || (c.Upper != nil && len(c.Upper) != n) {
 		return fmt.Errorf("chunk %s of %s: a bound does not have %d key values", c, t, n)

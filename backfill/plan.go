@@ -17,7 +17,8 @@ const condMark = "\x00chunk condition\x00"
 // Planner cuts a table into chunks of about a fixed number of rows, in key order, by keyset
 // pagination on the key's index inside one snapshot: each boundary is the key of the n-th row
 // after the previous boundary. Only the key index is read, never the rows. A keyless table
-// (changebatch.Table.Keyless) is one chunk.
+// (changebatch.Table.Keyless) is one chunk. A block plan (NewBlockPlanner) cuts the table's
+// file into ranges of blocks instead.
 //
 // Each boundary is read in its own short transaction that imports the snapshot, so the planner
 // holds no lock on the table while it waits for workers to take its chunks: a TRUNCATE or ALTER
@@ -32,6 +33,11 @@ type Planner struct {
 	query string
 	// keyless marks a keyless table (changebatch.Table.Keyless): one unbounded chunk.
 	keyless bool
+	// byBlock marks a block plan (NewBlockPlanner): chunks of step blocks from block next, of the
+	// blocks the file had, cut from file node file.
+	byBlock            bool
+	next, step, blocks int64
+	file               uint32
 }
 
 // NewPlanner prepares planning table t in snapshot snap over conn (a source connection not in a
@@ -70,6 +76,9 @@ func (p *Planner) Next(ctx context.Context) (Chunk, bool, error) {
 	if p.keyless {
 		p.done = true
 		return Chunk{}, true, nil
+	}
+	if p.byBlock {
+		return p.nextBlocks(), true, nil
 	}
 	tx, err := beginSnapshot(ctx, p.conn, p.snap)
 	if err != nil {

@@ -94,7 +94,8 @@ where attrelid = $1::regclass and attnum > 0 and not attisdropped and attgenerat
 	return nil
 }
 
-// ReadChunk reads every row of chunk c of table t that snapshot snap shows, in key order, over
+// ReadChunk reads every row of chunk c of table t that snapshot snap shows, in key order (a block
+// chunk's in no particular order), over
 // conn (an ordinary SQL connection to the source, not in a transaction), and emits them as upsert
 // batches of at most batchRows rows and about MaxBatchBytes bytes, each row at version
 // (snap.LSN, 0). It returns the number of rows read. The read runs in its own REPEATABLE READ,
@@ -106,7 +107,7 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	cond, args := rangeCondition(t, c)
-	query := chunkQuery(t, cond)
+	query := chunkQuery(t, cond, c.ByBlock)
 	if t.Keyless {
 		cols := make([]string, len(t.Columns))
 		for i, c := range t.Columns {

@@ -110,8 +110,12 @@ type ChunkRecord struct {
 
 // TableBackfill is a table's backfill as the ledger holds it.
 type TableBackfill struct {
-	ID     int64
-	Chunks []ChunkRecord
+	ID int64
+	// KeyColumns are the columns its plan was cut by (backfill.BlockPlanColumns for a block
+	// plan); SourceFile is the source table's file node a block plan was cut from, 0 otherwise.
+	KeyColumns []string
+	SourceFile uint32
+	Chunks     []ChunkRecord
 }
 
 // Planned reports whether the chunk plan is complete (its last chunk, unbounded above, exists).
@@ -120,28 +124,30 @@ func (b *TableBackfill) Planned() bool {
 }
 
 // Resumable returns the latest backfill of t when it was interrupted (not completed, not
-// abandoned), was chunked by keyCols, read t through the same row filter and column list
+// abandoned), was chunked by one of plans (each a list of the columns a plan is cut by), read t through the same row filter and column list
 // (Table.Shape) and wrote into the target table's current file (not one since dropped, truncated
 // or rewritten), with its chunks in order, or nil when there is none to
 // resume. The caller must hold t's backfill
 // lock (LockBackfill), so a backfill recorded as running is one whose process died.
-func Resumable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, keyCols []string) (*TableBackfill, error) {
+func Resumable(ctx context.Context, conn *pgx.Conn, t changebatch.Table, plans ...[]string) (*TableBackfill, error) {
 	var id int64
 	var status string
 	var cols []string
 	var sameFile bool
 	var sameShape bool
+	var sourceFile uint32
 	err := conn.QueryRow(ctx, `select id, status, key_columns, target_filenode is not distinct from pg_relation_filenode($3::regclass),
-  source_shape is not distinct from nullif($4, '')
+  source_shape is not distinct from nullif($4, ''), coalesce(source_filenode, 0)
 from pgconverge.backfills where schema_name = $1 and table_name = $2 order by id desc limit 1`,
-		t.Schema, t.Name, t.Quoted(), t.Shape()).Scan(&id, &status, &cols, &sameFile, &sameShape)
+		t.Schema, t.Name, t.Quoted(), t.Shape()).Scan(&id, &status, &cols, &sameFile, &sameShape, &sourceFile)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read last backfill of %s: %w", t, err)
 	}
-	if (status != "running" && status != "failed") || !slices.Equal(cols, keyCols) || !sameFile || !sameShape {
+	samePlan := slices.ContainsFunc(plans, func(p []string) bool { return slices.Equal(cols, p) })
+	if (status != "running" && status != "failed") || !samePlan || !sameFile || !sameShape {
 		return nil, nil
 	}
 	rows, err := conn.Query(ctx, `select chunk, lower_key, upper_key, completed_at is not null, coalesce(snapshot_lsn::text, ''),
@@ -151,7 +157,7 @@ from pgconverge.backfill_chunks where backfill_id = $1 order by chunk`, id)
 		return nil, fmt.Errorf("read chunks of backfill %d of %s: %w", id, t, err)
 	}
 	defer rows.Close()
-	b := &TableBackfill{ID: id}
+	b := &TableBackfill{ID: id, KeyColumns: cols, SourceFile: sourceFile}
 	for rows.Next() {
 		var c ChunkRecord
 		var s string
@@ -191,6 +197,15 @@ values ($1, $2, $3, $4::pg_lsn, nullif($5, ''), 'running', $6, pg_relation_filen
 		return 0, fmt.Errorf("record backfill of %s at %s: %w", t, s, err)
 	}
 	return id, nil
+}
+
+// RecordSourceFile records, for table backfill id cut by block ranges, the source table's file
+// node file its plan was cut from.
+func RecordSourceFile(ctx context.Context, conn *pgx.Conn, id int64, file uint32) error {
+	if _, err := conn.Exec(ctx, `update pgconverge.backfills set source_filenode = $2 where id = $1`, id, file); err != nil {
+		return fmt.Errorf("record the source file of backfill %d: %w", id, err)
+	}
+	return nil
 }
 
 // AdoptTableBackfill moves the interrupted table backfill id into run runID, whose stream slot is

@@ -14,9 +14,12 @@ type Span struct {
 
 // Chunk is one key range (Lower, Upper] of a completed backfill, in the source key's order, as
 // key column values in text form (nil bound = unbounded), and the snapshot LSN S its rows were
-// read at: the backfill delivered the range's history of every commit LSN below S.
+// read at: the backfill delivered the range's history of every commit LSN below S. A chunk of a
+// block plan (Blocks) is instead the rows stored in blocks [Lower, Upper) of the source table at
+// S, one block number each.
 type Chunk struct {
 	Lower, Upper []string
+	Blocks       bool
 	S            pglogrepl.LSN
 }
 

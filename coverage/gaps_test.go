@@ -72,3 +72,15 @@ func TestFormatKeyRangesQuotesAmbiguousValues(t *testing.T) {
 		t.Fatalf("FormatKeyRanges = %s, want %s", got, want)
 	}
 }
+
+// A block plan's chunks are named by their blocks, adjacent ones merged as key ranges are.
+func TestBlockRangesAreNamedByBlocks(t *testing.T) {
+	chunks := []Chunk{{Lower: []string{"0"}, Upper: []string{"8"}, Blocks: true},
+		{Lower: []string{"8"}, Upper: []string{"16"}, Blocks: true}, {Lower: []string{"16"}, Blocks: true}}
+	if got, want := DescribeKeys(chunks, []int{0, 1}), "blocks [0, 16)"; got != want {
+		t.Errorf("DescribeKeys = %q, want %q", got, want)
+	}
+	if got, want := DescribeKeys(chunks, []int{2}), "blocks [16, +inf)"; got != want {
+		t.Errorf("DescribeKeys = %q, want %q", got, want)
+	}
+}

@@ -139,19 +139,19 @@ order by t.id`)
 }
 
 // readBackfills adds the chunks of each table's latest completed backfill of its current
-// generation (one chunk at the backfill's S for a backfill recorded without chunks), without the
+// generation (a block plan's marked Blocks: its key_columns are {ctid}, migration 010) (one chunk at the backfill's S for a backfill recorded without chunks), without the
 // chunks read at or before the table's schema_changed_lsn: their rows lack a column's values (a
 // chunk read at exactly that position may predate the target table's change: the position need
 // not move in between; a backfill started later reads at a later one, as creating its slot writes
 // WAL).
 func readBackfills(ctx context.Context, db DB, out map[changebatch.TableName]*TableState) error {
 	rows, err := db.Query(ctx, `with latest as (
-  select distinct on (b.schema_name, b.table_name) b.id, b.schema_name, b.table_name, b.snapshot_lsn
+  select distinct on (b.schema_name, b.table_name) b.id, b.schema_name, b.table_name, b.snapshot_lsn, b.key_columns
   from pgconverge.backfills b
   join pgconverge.tables g on g.schema_name = b.schema_name and g.table_name = b.table_name and g.generation = b.generation
   where b.status = 'completed'
   order by b.schema_name, b.table_name, b.id desc)
-select l.schema_name, l.table_name, l.id, c.lower_key, c.upper_key, coalesce(c.snapshot_lsn, l.snapshot_lsn)::text
+select l.schema_name, l.table_name, l.id, c.lower_key, c.upper_key, l.key_columns = '{ctid}', coalesce(c.snapshot_lsn, l.snapshot_lsn)::text
 from latest l left join pgconverge.backfill_chunks c on c.backfill_id = l.id
 join pgconverge.tables g on g.schema_name = l.schema_name and g.table_name = l.table_name
 where coalesce(c.snapshot_lsn, l.snapshot_lsn) > coalesce(g.schema_changed_lsn, '0/0')
@@ -165,12 +165,14 @@ order by l.id, c.chunk`)
 		var id int64
 		var c Chunk
 		var s string
-		if err := rows.Scan(&n.Schema, &n.Name, &id, &c.Lower, &c.Upper, &s); err != nil {
+		var blocks *bool
+		if err := rows.Scan(&n.Schema, &n.Name, &id, &c.Lower, &c.Upper, &blocks, &s); err != nil {
 			return fmt.Errorf("read coverage ledger backfills: %w", err)
 		}
 		if c.S, err = pglogrepl.ParseLSN(s); err != nil {
 			return fmt.Errorf("read coverage ledger backfills: %w", err)
 		}
+		c.Blocks = blocks != nil && *blocks
 		st := out[n]
 		if st == nil {
 			continue

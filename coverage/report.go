@@ -134,10 +134,12 @@ type GapReport struct {
 }
 
 // KeyRange is the key range (Lower, Upper] of a backfill chunk, key column values in text form;
-// a nil bound is unbounded.
+// a nil bound is unbounded. With Blocks, it is a block plan's chunk: the rows stored in blocks
+// [Lower, Upper) of the source table when the chunk was read, one block number each.
 type KeyRange struct {
-	Lower []string `json:"lower"`
-	Upper []string `json:"upper"`
+	Lower  []string `json:"lower"`
+	Upper  []string `json:"upper"`
+	Blocks bool     `json:"blocks,omitempty"`
 }
 
 // Facts are what a report needs beyond the ledger: what the source says, and the backfill locks
@@ -339,7 +341,7 @@ func keyRanges(chunks []Chunk, idx []int) []KeyRange {
 			out[len(out)-1].Upper = chunks[i].Upper
 			continue
 		}
-		out = append(out, KeyRange{Lower: chunks[i].Lower, Upper: chunks[i].Upper})
+		out = append(out, KeyRange{Lower: chunks[i].Lower, Upper: chunks[i].Upper, Blocks: chunks[i].Blocks})
 	}
 	return out
 }
@@ -364,7 +366,8 @@ func DescribeKeys(chunks []Chunk, idx []int) string {
 
 // FormatKeyRanges prints key ranges as "(lower, upper]" each, -inf and +inf for unbounded ends,
 // a composite key's values in parentheses; a value that is empty or holds a comma, a parenthesis,
-// a bracket, a space or a quote is quoted (strconv.Quote).
+// a bracket, a space or a quote is quoted (strconv.Quote). A block plan's range is printed
+// "blocks [lower, upper)".
 func FormatKeyRanges(ranges []KeyRange) string {
 	bound := func(k []string, inf string) string {
 		if k == nil {
@@ -385,6 +388,9 @@ func FormatKeyRanges(ranges []KeyRange) string {
 	parts := make([]string, len(ranges))
 	for i, r := range ranges {
 		parts[i] = "(" + bound(r.Lower, "-inf") + ", " + bound(r.Upper, "+inf") + "]"
+		if r.Blocks {
+			parts[i] = "blocks [" + bound(r.Lower, "0") + ", " + bound(r.Upper, "+inf") + ")"
+		}
 	}
 	return strings.Join(parts, " ")
 }

@@ -179,6 +179,9 @@ func keysText(keys []engine.KeyRange) string {
 	if keys == nil {
 		return "all keys"
 	}
+	if keys[0].Blocks {
+		return "the rows of " + engine.FormatKeyRanges(keys)
+	}
 	return "keys " + engine.FormatKeyRanges(keys)
 }
 

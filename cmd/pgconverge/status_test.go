@@ -203,9 +203,11 @@ func TestStatusRunningBackfill(t *testing.T) {
 	if r.Trigger != "manual" || !r.Alive || r.Slot != "" || r.StartedAt.IsZero() || r.RunningSeconds < 0 || r.Workers != 1 || r.ChunkRows != 1000 {
 		t.Errorf("running backfill run: %+v, want a live manual run with 1 worker of 1000-row chunks", r)
 	}
+	// A bulk load cuts the table by blocks: the chunks done hold the rows the target committed.
+	copied := pgtest.Scalar[int64](t, env.Target, `select count(*) from b`)
 	if tb.Table != "public.b" || tb.Status != "running" || tb.ChunksDone < 1 || tb.ChunksPlanned < tb.ChunksDone ||
-		tb.Rows != int64(1000*tb.ChunksDone) || tb.StartedAt.IsZero() {
-		t.Errorf("running backfill of public.b: %+v, want 1000 rows per chunk done", tb)
+		tb.Rows != copied || tb.Rows < 500 || tb.StartedAt.IsZero() {
+		t.Errorf("running backfill of public.b: %+v, want the %d rows copied (about 1000 per chunk done)", tb, copied)
 	}
 	requireKeys(t, "backfill", first(t, raw, "backfills"), "run_id", "trigger", "started_at", "running_seconds", "alive", "workers", "chunk_rows", "tables")
 	requireKeys(t, "backfill table", first(t, first(t, raw, "backfills").(map[string]any), "tables"), "table", "status", "started_at",

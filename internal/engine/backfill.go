@@ -111,6 +111,8 @@ type tableRun struct {
 	// keyDeferred is true when this run dropped the table's primary key for a bulk load
 	// (apply.DeferKey); completing the table builds it.
 	keyDeferred bool
+	// byBlock is true when the table's plan is cut by block ranges (backfill.NewBlockPlanner).
+	byBlock bool
 }
 
 // chunkWork is one chunk for a worker.
@@ -225,7 +227,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 	pending := make([][]chunkWork, len(tables))
 	var total int64
 	for i, t := range tables {
-		tr, work, kept, err := startTable(ctx, ctrl, job, rep.RunID, snap.LSN, t)
+		tr, work, kept, err := startTable(ctx, ctrl, src, job, rep.RunID, snap.LSN, t)
 		if err != nil {
 			return err
 		}

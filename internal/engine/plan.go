@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -15,12 +16,14 @@ import (
 // or planning it anew.
 
 // startTable records table t in run runID, adopting its interrupted backfill when job.Resume, and
-// returns its state, the recorded chunks still to read, and the rows of the chunks it keeps.
+// returns its state, the recorded chunks still to read, and the rows of the chunks it keeps. src
+// is a source connection.
 //
 // A table left without its primary key by an interrupted bulk load gets it back first; a new
 // backfill of a table that holds no row and that no stream follows is a bulk load: its key is
-// dropped until it completes (apply.DeferKey).
-func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
+// dropped until it completes (apply.DeferKey), and it is cut by block ranges where the source
+// allows it (backfill.BlockPlanOK).
+func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
 	keys := backfill.KeyColumnNames(t)
 	tr := &tableRun{t: t}
 	if err := restoreKey(ctx, ctrl, t, job); err != nil {
@@ -29,21 +32,38 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 	var prev *coverage.TableBackfill
 	if job.Resume {
 		var err error
-		if prev, err = coverage.Resumable(ctx, ctrl, t, keys); err != nil {
+		if prev, err = coverage.Resumable(ctx, ctrl, t, keys, backfill.BlockPlanColumns); err != nil {
 			return nil, nil, 0, err
+		}
+		if prev != nil && slices.Equal(prev.KeyColumns, backfill.BlockPlanColumns) {
+			file, err := backfill.SourceFile(ctx, src, t)
+			if err != nil {
+				return nil, nil, 0, err
+			}
+			if file != prev.SourceFile {
+				job.Logger.Info("not resuming the interrupted backfill: the source table was rewritten since its plan cut its blocks (VACUUM FULL, CLUSTER or a rewriting ALTER TABLE), so its rows moved; the table is read again whole",
+					"table", t.String(), "backfill", prev.ID)
+				prev = nil
+			}
+			tr.byBlock = prev != nil
 		}
 	}
 	if prev == nil {
-		id, err := coverage.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, job.SourceID, keys)
+		unwritten, err := coverage.Unwritten(ctx, ctrl, t.TableName)
 		if err != nil {
 			return nil, nil, 0, err
 		}
-		tr.id = id
-		if tr.unwritten, err = coverage.Unwritten(ctx, ctrl, t.TableName); err != nil || !tr.unwritten || t.Keyless {
+		bulk := unwritten && !t.Keyless
+		tr.unwritten, tr.byBlock = unwritten, bulk && backfill.BlockPlanOK(src, t)
+		plan := keys
+		if tr.byBlock {
+			plan = backfill.BlockPlanColumns
+		}
+		if tr.id, err = coverage.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, job.SourceID, plan); err != nil || !bulk {
 			return tr, nil, 0, err
 		}
 		tr.keyDeferred = true
-		return tr, nil, 0, apply.DeferKey(ctx, ctrl, t)
+		return tr, nil, 0, apply.DeferKey(ctx, ctrl, t, changebatch.Version{LSN: s})
 	}
 	if err := coverage.AdoptTableBackfill(ctx, ctrl, prev.ID, runID, job.Slot); err != nil {
 		return nil, nil, 0, err
@@ -60,7 +80,7 @@ func startTable(ctx context.Context, ctrl *pgx.Conn, job backfillJob, runID int6
 			done++
 			continue
 		}
-		cw := chunkWork{tr: tr, ordinal: c.Ordinal, chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper}}
+		cw := chunkWork{tr: tr, ordinal: c.Ordinal, chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper, ByBlock: tr.byBlock}}
 		switch {
 		case c.DoneKey != nil && keep:
 			cw.doneKey = c.DoneKey
@@ -119,8 +139,16 @@ func planTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap b
 		}
 		after, next = last.Upper, last.Ordinal+1
 	}
-	p, err := backfill.NewPlanner(src, snap, tr.t, job.ChunkRows, after)
-	if err != nil {
+	var p *backfill.Planner
+	var err error
+	if tr.byBlock {
+		if p, err = backfill.NewBlockPlanner(ctx, src, snap, tr.t, job.ChunkRows, after); err != nil {
+			return err
+		}
+		if err := coverage.RecordSourceFile(ctx, ctrl, tr.id, p.SourceFile()); err != nil {
+			return err
+		}
+	} else if p, err = backfill.NewPlanner(src, snap, tr.t, job.ChunkRows, after); err != nil {
 		return err
 	}
 	for ; ; next++ {

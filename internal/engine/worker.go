@@ -208,8 +208,9 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t := cw.tr.t
-	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, func(out io.Writer) (int64, error) {
-		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), out)
+	sourceVersion := w.src.PgConn().ParameterStatus("server_version")
+	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, sourceVersion, func(out io.Writer, binary bool) (int64, error) {
+		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, out)
 	})
 	switch {
 	case err != nil:
@@ -262,11 +263,13 @@ func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, 
 	if err != nil || v.Len() == 0 {
 		return err
 	}
-	// A keyless table's chunk has no key to resume after: an interrupted one is read again whole
-	// from a new snapshot (its progress is reset).
+	// A keyless table's chunk has no key to resume after, and a block chunk is read in no key
+	// order: an interrupted one is read again whole from a new snapshot (its progress is reset).
 	var last []string
-	for _, k := range keys {
-		last = append(last, v.Value(v.Len()-1, k).Text)
+	if !cw.chunk.ByBlock {
+		for _, k := range keys {
+			last = append(last, v.Value(v.Len()-1, k).Text)
+		}
 	}
 	tx, err := w.beginChunkTx(ctx)
 	if err != nil {

@@ -1,0 +1,99 @@
+package apply_test
+
+import (
+	"context"
+	"io"
+	"reflect"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// During a bulk load at (S, 0) (DeferKey) the direct COPY names the data columns alone and the
+// target fills the version from its defaults: the source's text passes through unchanged, and,
+// between servers of one major version and built-in types, its binary output does. A COPY at
+// another version still appends the version to each line. RestoreKey builds the key and drops
+// the defaults.
+func TestBulkLoadCopiesWithTheVersionDefaults(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	typed := acc
+	typed.Columns = []changebatch.Column{
+		{Name: "id", Type: "integer", TypeOID: 23, Key: true},
+		{Name: "note", Type: "text", TypeOID: 25},
+		{Name: "bal", Type: "integer", TypeOID: 23},
+	}
+	if err := apply.DeferKey(ctx, f.env.Target, typed, changebatch.Version{LSN: 400}); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, f.env.Source, `create table acc (id int primary key, note text, bal int)`,
+		`insert into acc values (3, E'tab\there, back\\slash', 30), (4, null, 40), (5, '\N', 50)`)
+	sourceVersion := f.env.Source.PgConn().ParameterStatus("server_version")
+	var asked []bool
+	bulkCopy := func(lsn uint64, version string, rows CopyLines) apply.Result {
+		var res apply.Result
+		f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
+			var conflict bool
+			var err error
+			res, _, conflict, err = tx.CopySnapshotRows(ctx, typed, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, version,
+				func(w io.Writer, binary bool) (int64, error) {
+					asked = append(asked, binary)
+					return rows(ctx, w, binary)
+				})
+			if conflict {
+				t.Fatal("bulk copy: conflict")
+			}
+			return true, err
+		})
+		return res
+	}
+	lines := func(ls ...string) CopyLines {
+		return func(_ context.Context, w io.Writer, _ bool) (int64, error) {
+			for _, l := range ls {
+				if _, err := io.WriteString(w, l+"\n"); err != nil {
+					return 0, err
+				}
+			}
+			return int64(len(ls)), nil
+		}
+	}
+	fromSource := func(ctx context.Context, w io.Writer, binary bool) (int64, error) {
+		sql := "copy (select id, note, bal from acc order by id) to stdout"
+		if binary {
+			sql += " with (format binary)"
+		}
+		tag, err := f.env.Source.PgConn().CopyTo(ctx, w, sql)
+		return tag.RowsAffected(), err
+	}
+	if res := bulkCopy(400, "", lines("1\tone\t10", `2	\\N	20`)); !reflect.DeepEqual(res, apply.Result{Applied: 2}) {
+		t.Fatalf("text bulk copy = %+v, want 2 applied", res)
+	}
+	if res := bulkCopy(400, sourceVersion, fromSource); !reflect.DeepEqual(res, apply.Result{Applied: 3}) {
+		t.Fatalf("binary bulk copy = %+v, want 3 applied", res)
+	}
+	if res := bulkCopy(500, sourceVersion, lines("6\tsix\t60")); !reflect.DeepEqual(res, apply.Result{Applied: 1}) {
+		t.Fatalf("copy at another version = %+v, want 1 applied", res)
+	}
+	if want := []bool{false, true, false}; !reflect.DeepEqual(asked, want) {
+		t.Errorf("binary asked for %v, want %v (text without the source's version, binary in the bulk load, text at another version)", asked, want)
+	}
+	f.expect(t, "1|one|10|0/190#0|f|", `2|\N|20|0/190#0|f|`, "3|tab\there, back\\slash|30|0/190#0|f|", "4||40|0/190#0|f|",
+		`5|\N|50|0/190#0|f|`, "6|six|60|0/1F4#0|f|")
+
+	if err := pgx.BeginFunc(ctx, f.env.Target, func(tx pgx.Tx) error { _, err := apply.RestoreKey(ctx, tx, typed); return err }); err != nil {
+		t.Fatal(err)
+	}
+	got := pgtest.Rows(t, f.env.Target, `select a.attname || ' ' || pg_get_expr(d.adbin, d.adrelid) from pg_attrdef d
+join pg_attribute a on a.attrelid = d.adrelid and a.attnum = d.adnum where d.adrelid = 'acc'::regclass
+union all select conname::text from pg_constraint where conrelid = 'acc'::regclass and contype = 'p'`)
+	if d := pgtest.Diff([]string{"_cdc_deleted false", "acc_pkey"}, got); d != "" {
+		t.Errorf("after RestoreKey (defaults, key): %s", d)
+	}
+}
+
+// CopyLines writes rows for a COPY as CopyRows does, with the test's context.
+type CopyLines func(ctx context.Context, w io.Writer, binary bool) (int64, error)
