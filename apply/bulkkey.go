@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
@@ -34,23 +35,61 @@ const bulkIndexMemory = 256 << 20
 
 // DeferKey drops the primary key of keyed target table t, over conn (not in a transaction), for a
 // bulk load at snapshot version ver (S, 0) that restores it when it completes, and makes ver the
-// defaults of the version columns. It returns an error for a keyless table or a version that is
-// not a snapshot's.
+// defaults of the version columns (also when the key is missing already). It returns an error for a keyless table or a version
+// that is not a snapshot's.
 func DeferKey(ctx context.Context, conn *pgx.Conn, t changebatch.Table, ver changebatch.Version) error {
 	if t.Keyless || ver.Seq != 0 {
 		return fmt.Errorf("defer the key of %s for a bulk load at %s: only a keyed table loaded at a snapshot version (S, 0) can", t, ver)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		name, err := primaryKeyName(ctx, tx, t)
-		if err != nil || name == "" {
+		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "alter table "+t.Quoted()+" drop constraint "+pgx.Identifier{name}.Sanitize()+
-			", alter column "+qLSN+" set default "+bulkLSNDefault(ver)+", alter column "+qSeq+" set default 0"); err != nil {
+		alter := "alter table " + t.Quoted() + " alter column " + qLSN + " set default " + bulkLSNDefault(ver) +
+			", alter column " + qSeq + " set default 0"
+		if name != "" {
+			alter += ", drop constraint " + pgx.Identifier{name}.Sanitize()
+		}
+		if _, err := tx.Exec(ctx, alter); err != nil {
 			return fmt.Errorf("drop the primary key of target table %s for its bulk load: %w", t, err)
 		}
 		return nil
 	})
+}
+
+// EmptyInterruptedBulkLoad empties target table t, over conn (not in a transaction), when every
+// row it holds is a live row an interrupted bulk load wrote, at one of its chunks' snapshot
+// versions (S, 0) for S in loadedAt, so that a new bulk load starts it over. A row any other
+// writer left (a streamed change, a tombstone, a repair at a snapshot of its own) keeps the table
+// as it is. It reports whether it emptied the table; the check reads the whole table.
+func EmptyInterruptedBulkLoad(ctx context.Context, conn *pgx.Conn, t changebatch.Table, loadedAt []pglogrepl.LSN) (bool, error) {
+	if t.Keyless {
+		return false, nil
+	}
+	lsns := make([]string, len(loadedAt))
+	for i, l := range loadedAt {
+		lsns[i] = l.String()
+	}
+	emptied := false
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "lock table only "+t.Quoted()+" in access exclusive mode"); err != nil {
+			return fmt.Errorf("lock target table %s to empty it: %w", t, err)
+		}
+		err := tx.QueryRow(ctx, "select not exists (select from only "+t.Quoted()+" where "+qDeleted+" or "+qSeq+" <> 0 or not "+
+			qLSN+" = any($1::pg_lsn[]))", lsns).Scan(&emptied)
+		if err != nil {
+			return fmt.Errorf("read the versions of target table %s: %w", t, err)
+		}
+		if !emptied {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, "truncate only "+t.Quoted()); err != nil {
+			return fmt.Errorf("empty target table %s of its interrupted bulk load: %w", t, err)
+		}
+		return nil
+	})
+	return emptied, err
 }
 
 // bulkLSNDefault is the default of _cdc_lsn during a bulk load at ver, as DeferKey sets it and as

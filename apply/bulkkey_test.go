@@ -2,9 +2,11 @@ package apply_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -97,3 +99,53 @@ union all select conname::text from pg_constraint where conrelid = 'acc'::regcla
 
 // CopyLines writes rows for a COPY as CopyRows does, with the test's context.
 type CopyLines func(ctx context.Context, w io.Writer, binary bool) (int64, error)
+
+// A bulk load's COPY and another process's RestoreKey (a daemon or a second backfill starting
+// while the load runs) race: the COPY must not read the version defaults, wait for the ALTER
+// TABLE that drops them, and then copy without them (a NOT NULL violation). It waits before it
+// reads them, then appends the version itself.
+func TestBulkCopyWaitsForAConcurrentRestoreKey(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	if err := apply.DeferKey(ctx, f.env.Target, acc, changebatch.Version{LSN: 400}); err != nil {
+		t.Fatal(err)
+	}
+	other := pgtest.Connect(t, f.env.TargetURL)
+	restoring, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer restoring.Rollback(ctx)
+	if _, err := apply.RestoreKey(ctx, restoring, acc); err != nil {
+		t.Fatal(err)
+	}
+	copied := make(chan error, 1)
+	go func() {
+		tx, err := f.ap.Begin(ctx)
+		if err != nil {
+			copied <- err
+			return
+		}
+		defer tx.Rollback(ctx)
+		_, _, _, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: 400}, "", func(w io.Writer, _ bool) (int64, error) {
+			_, err := io.WriteString(w, "1\tone\t10\n")
+			return 1, err
+		})
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		copied <- err
+	}()
+	watch := pgtest.Connect(t, f.env.TargetURL)
+	pgtest.Eventually(t, 30*time.Second, "the copy waits for the ALTER TABLE's lock", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, watch, `select count(*) from pg_locks where relation = 'acc'::regclass and not granted`)
+		return n == 1, fmt.Sprintf("%d lock requests waiting", n)
+	})
+	if err := restoring.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-copied; err != nil {
+		t.Fatalf("bulk copy during a concurrent RestoreKey: %v", err)
+	}
+	f.expect(t, "1|one|10|0/190#0|f|")
+}

@@ -54,6 +54,12 @@ func (t *Tx) CopySnapshotRows(ctx context.Context, tab changebatch.Table, ver ch
 		t.Result.Add(res)
 		return res, n, false, err
 	}
+	// The lock the COPY takes anyway, taken first: an ALTER TABLE of another process (RestoreKey,
+	// which drops the defaults) then waits for this transaction, so the defaults read below are
+	// the ones the COPY meets.
+	if _, err := t.tx.Exec(ctx, "lock table "+tab.Quoted()+" in row exclusive mode"); err != nil {
+		return res, 0, false, fmt.Errorf("lock %s for its copy: %w", tab, err)
+	}
 	bulk, err := bulkDefaults(ctx, t.tx, tab, ver)
 	if err != nil {
 		return res, 0, false, err

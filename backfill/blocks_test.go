@@ -39,17 +39,7 @@ func TestBlockPlanReadsEveryRowOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var chunks []Chunk
-	for {
-		c, ok, err := p.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ok {
-			break
-		}
-		chunks = append(chunks, c)
-	}
+	chunks := allChunks(t, p)
 	// 5,000 rows of about 226 per block (analyzed): chunks of 4 blocks, the file's size (with the
 	// blocks written after the snapshot) cut into adjacent ranges, the last unbounded.
 	n := len(chunks)

@@ -39,17 +39,9 @@ func readPlan(t *testing.T, env *pgtest.Env, name string, chunkRows int) ([]Chun
 	if err != nil {
 		t.Fatal(err)
 	}
-	var chunks []Chunk
+	chunks := allChunks(t, p)
 	var rows [][]string
-	for {
-		c, ok, err := p.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ok {
-			break
-		}
-		chunks = append(chunks, c)
+	for _, c := range chunks {
 		var got []string
 		n, err := ReadChunk(ctx, env.Source, exp.Snapshot, tab, c, 2, func(_ context.Context, rec arrow.RecordBatch) error {
 			v, err := changebatch.NewView(rec)
@@ -73,6 +65,22 @@ func readPlan(t *testing.T, env *pgtest.Env, name string, chunkRows int) ([]Chun
 		rows = append(rows, got)
 	}
 	return chunks, rows
+}
+
+// allChunks returns every chunk p plans.
+func allChunks(t *testing.T, p *Planner) []Chunk {
+	t.Helper()
+	var chunks []Chunk
+	for {
+		c, ok, err := p.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return chunks
+		}
+		chunks = append(chunks, c)
+	}
 }
 
 func joined(rows [][]string) []string {

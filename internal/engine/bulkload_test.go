@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -51,41 +50,53 @@ func (k *keyWatch) take(t *testing.T) []int64 {
 	return seen
 }
 
-// A backfill of an empty target table that no stream follows is a bulk load: the rows are copied
-// without the primary key, which is built when the table completes, and the table is cut by
-// block ranges. Killed after five chunks, it leaves the table without its key; the next run
-// builds the key before it copies anything, keeps the five chunks, and the table ends equal to
-// the source with every key once.
-func TestBulkLoadBuildsTheKeyAtTheEndAndAfterAKill(t *testing.T) {
+// killedBulkLoad makes a source table big of 20,000 rows (analyzed; partitioned when
+// partitioned is set) and a `pgconverge backfill` of it into the empty target in a child
+// process, SIGKILLed after chunks chunks of about 1,000 rows completed. A plain table's first
+// 300 rows are deleted and vacuumed away first, so its first blocks have room for new rows.
+func killedBulkLoad(t *testing.T, chunks int, partitioned bool) *pgtest.Env {
+	t.Helper()
 	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
-		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
-	out, err := crashChildCmd(env, "backfill-chunk", 5).CombinedOutput()
+	if partitioned {
+		pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text) partition by range (id)`,
+			`create table big_low partition of big for values from (minvalue) to (10001)`,
+			`create table big_high partition of big for values from (10001) to (maxvalue)`)
+	} else {
+		pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`)
+	}
+	pgtest.Exec(t, env.Source, `insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
+	if !partitioned {
+		pgtest.Exec(t, env.Source, `delete from big where id <= 300`, `vacuum big`)
+	}
+	pgtest.Exec(t, env.Source, `analyze big`)
+	out, err := crashChildCmd(env, "backfill-chunk", chunks).CombinedOutput()
 	requireKilled(t, err, out)
+	return env
+}
+
+// A backfill of an empty target table that no stream follows is a bulk load: the rows are copied
+// without the primary key, which is built when the table completes. Cut along its key (a
+// partitioned table) and killed after five chunks, it leaves the table without its key; the next
+// run builds the key before it copies anything, keeps the five chunks, and the table ends equal
+// to the source with every key once.
+func TestBulkLoadBuildsTheKeyAtTheEndAndAfterAKill(t *testing.T) {
+	env := killedBulkLoad(t, 5, true)
 	if n := primaryKeys(t, env, "big"); n != 0 {
 		t.Errorf("after the kill mid-load the target table has %d primary keys, want 0 (deferred)", n)
 	}
-	// The rows were stored in id order: the five chunks of blocks hold ids 1 to kept.
-	kept := pgtest.Scalar[int64](t, env.Target, `select count(*) from big`)
-	if top := pgtest.Scalar[int64](t, env.Target, `select coalesce(max(id), 0) from big`); kept < 4000 || kept > 6000 || top != kept {
-		t.Fatalf("after the kill the target holds %d rows up to id %d, want ids 1 to about 5,000 (5 chunks of about 1,000)", kept, top)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from big`); n != 5000 {
+		t.Errorf("after the kill the target holds %d rows, want the 5 chunks of 1,000", n)
 	}
-	got := pgtest.Rows(t, env.Target, `select key_columns::text || ' ' || (source_filenode > 0)::text from pgconverge.backfills`)
-	if d := pgtest.Diff([]string{"{ctid} true"}, got); d != "" {
-		t.Errorf("the bulk load's plan (key columns, source file recorded): %s", d)
-	}
-	// Changes outside the kept chunks (no stream follows the table to bring those of kept ones;
-	// the updated rows' new versions are stored in new blocks).
-	pgtest.Exec(t, env.Source, fmt.Sprintf(`delete from big where id > %d and id %% 1000 = 0`, kept),
-		fmt.Sprintf(`update big set v = 'changed' where id > %d and id %% 999 = 0`, kept), `insert into big values (20001, 'new')`)
-	rest := pgtest.Scalar[int64](t, env.Source, `select count(*) from big where id > $1`, kept)
+	// Changes outside the kept chunks (no stream follows the table to bring those of kept ones).
+	pgtest.Exec(t, env.Source, `delete from big where id > 5000 and id % 1000 = 0`, `update big set v = 'changed' where id > 5000 and id % 999 = 0`,
+		`insert into big values (20001, 'new')`)
 	cfg := testBackfillConfig(t, env, "public.big")
 	watch := &keyWatch{conn: pgtest.Connect(t, env.TargetURL)}
 	cfg.AfterChunk = watch.note
 	rep := backfillNow(t, cfg)
 	keyed := watch.take(t)
-	if rep.Kept != kept || rep.Rows != rest {
-		t.Errorf("kept %d rows and read %d, want %d and %d", rep.Kept, rep.Rows, kept, rest)
+	if rep.Kept != 5000 || rep.Rows != 14986 {
+		t.Errorf("kept %d rows and read %d, want 5000 and 14986", rep.Kept, rep.Rows)
 	}
 	for i, n := range keyed {
 		if n != 1 {
@@ -105,15 +116,54 @@ func TestBulkLoadBuildsTheKeyAtTheEndAndAfterAKill(t *testing.T) {
 	}
 }
 
+// A bulk load of a plain table is cut by block ranges. Killed after five chunks and run again
+// without a stream following the table, it is not resumed: rows stored outside the copied blocks
+// may have moved into them since (here updated rows' new versions and inserted rows, stored in
+// the space the deleted first rows left), and only a stream would bring them. The table, which
+// holds only the interrupted load's rows, is emptied and bulk loaded again, and ends equal.
+func TestBlockPlanStartsOverWithoutAStream(t *testing.T) {
+	env := killedBulkLoad(t, 5, false)
+	if n := primaryKeys(t, env, "big"); n != 0 {
+		t.Errorf("after the kill mid-load the target table has %d primary keys, want 0 (deferred)", n)
+	}
+	copied := pgtest.Scalar[int64](t, env.Target, `select count(*) from big`)
+	if copied < 3000 || copied > 7000 {
+		t.Fatalf("after the kill the target holds %d rows, want about 5,000 (5 chunks of about 1,000)", copied)
+	}
+	got := pgtest.Rows(t, env.Target, `select key_columns::text || ' ' || (source_filenode > 0)::text from pgconverge.backfills`)
+	if d := pgtest.Diff([]string{"{ctid} true"}, got); d != "" {
+		t.Errorf("the bulk load's plan (key columns, source file recorded): %s", d)
+	}
+	pgtest.Exec(t, env.Source, `update big set v = 'moved' where id between 19001 and 19100`,
+		`insert into big select g, 'new' from generate_series(30001, 30100) g`)
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from big where (id between 19001 and 19100 or id > 30000) and ctid < '(3,0)'`); n == 0 {
+		t.Fatal("no changed row was stored in the first blocks: the test shows nothing")
+	}
+	cfg := testBackfillConfig(t, env, "public.big")
+	watch := &keyWatch{conn: pgtest.Connect(t, env.TargetURL)}
+	cfg.AfterChunk = watch.note
+	rep := backfillNow(t, cfg)
+	if want := pgtest.Scalar[int64](t, env.Source, `select count(*) from big`); rep.Kept != 0 || rep.Rows != want {
+		t.Errorf("kept %d rows and read %d, want 0 and %d", rep.Kept, rep.Rows, want)
+	}
+	if keyed := watch.take(t); len(keyed) == 0 || slices.Max(keyed) != 0 {
+		t.Errorf("primary keys after each chunk of the second run %v, want none: a bulk load again", keyed)
+	}
+	pgtest.WaitConverged(t, env, "big", "id")
+	if n := primaryKeys(t, env, "big"); n != 1 {
+		t.Errorf("after the second run the target table has %d primary keys, want 1", n)
+	}
+	got = pgtest.Rows(t, env.Target, `select status || ' ' || key_columns::text from pgconverge.backfills order by id`)
+	if d := pgtest.Diff([]string{"abandoned {ctid}", "completed {ctid}"}, got); d != "" {
+		t.Errorf("table backfills: %s", d)
+	}
+}
+
 // An interrupted bulk load is not resumed once the source table was rewritten (VACUUM FULL moves
 // every row to other blocks without a change to stream): the next run reads the table whole,
 // abandons the old backfill, and the table ends equal with every key once.
 func TestBlockPlanNotResumedAfterARewrite(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
-		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
-	out, err := crashChildCmd(env, "backfill-chunk", 2).CombinedOutput()
-	requireKilled(t, err, out)
+	env := killedBulkLoad(t, 2, false)
 	pgtest.Exec(t, env.Source, `delete from big where id % 3 = 0`, `vacuum full big`)
 	rep := backfillNow(t, testBackfillConfig(t, env, "public.big"))
 	if want := pgtest.Scalar[int64](t, env.Source, `select count(*) from big`); rep.Kept != 0 || rep.Rows != want {

@@ -19,34 +19,47 @@ import (
 // returns its state, the recorded chunks still to read, and the rows of the chunks it keeps. src
 // is a source connection.
 //
-// A table left without its primary key by an interrupted bulk load gets it back first; a new
-// backfill of a table that holds no row and that no stream follows is a bulk load: its key is
-// dropped until it completes (apply.DeferKey), and it is cut by block ranges where the source
-// allows it (backfill.BlockPlanOK).
+// A table left without its primary key by an interrupted bulk load gets it back first. An
+// interrupted load cut by blocks that cannot be resumed (blockPlanNotResumable) is started over:
+// the table, when it holds only that load's rows (apply.EmptyInterruptedBulkLoad), is emptied
+// and bulk loaded again. A new backfill of a table that holds
+// no row and that no stream follows is a bulk load: its key is dropped until it completes
+// (apply.DeferKey), and it is cut by block ranges where the source allows it
+// (backfill.BlockPlanOK).
 func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
 	keys := backfill.KeyColumnNames(t)
 	tr := &tableRun{t: t}
-	if err := restoreKey(ctx, ctrl, t, job); err != nil {
-		return nil, nil, 0, err
-	}
 	var prev *coverage.TableBackfill
 	if job.Resume {
 		var err error
 		if prev, err = coverage.Resumable(ctx, ctrl, t, keys, backfill.BlockPlanColumns); err != nil {
 			return nil, nil, 0, err
 		}
-		if prev != nil && slices.Equal(prev.KeyColumns, backfill.BlockPlanColumns) {
-			file, err := backfill.SourceFile(ctx, src, t)
+	}
+	if prev != nil && slices.Equal(prev.KeyColumns, backfill.BlockPlanColumns) {
+		why, err := blockPlanNotResumable(ctx, src, job, prev, t)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		tr.byBlock = why == ""
+		if why != "" {
+			var loadedAt []pglogrepl.LSN
+			for _, c := range prev.Chunks {
+				if c.S != 0 {
+					loadedAt = append(loadedAt, c.S)
+				}
+			}
+			emptied, err := apply.EmptyInterruptedBulkLoad(ctx, ctrl, t, loadedAt)
 			if err != nil {
 				return nil, nil, 0, err
 			}
-			if file != prev.SourceFile {
-				job.Logger.Info("not resuming the interrupted backfill: the source table was rewritten since its plan cut its blocks (VACUUM FULL, CLUSTER or a rewriting ALTER TABLE), so its rows moved; the table is read again whole",
-					"table", t.String(), "backfill", prev.ID)
-				prev = nil
-			}
-			tr.byBlock = prev != nil
+			job.Logger.Info("not resuming the interrupted bulk load: "+why+"; the table is read again whole", "table", t.String(),
+				"backfill", prev.ID, "emptied_target_table", emptied)
+			prev = nil
 		}
+	}
+	if err := restoreKey(ctx, ctrl, t, job); err != nil {
+		return nil, nil, 0, err
 	}
 	if prev == nil {
 		unwritten, err := coverage.Unwritten(ctx, ctrl, t.TableName)
@@ -108,6 +121,25 @@ func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID
 			"table", t.String())
 	}
 	return tr, work, kept, nil
+}
+
+// blockPlanNotResumable says why the interrupted block plan prev of table t cannot be resumed,
+// "" when it can: its chunks hold the rows stored in their blocks at their snapshots, and a row
+// stored outside them then may have moved into them since (an update's new version, an insert
+// into space a VACUUM freed), which only a stream from before those snapshots brings; and a
+// rewrite of the source table moved every row without a change to stream. src is a source
+// connection.
+func blockPlanNotResumable(ctx context.Context, src *pgx.Conn, job backfillJob, prev *coverage.TableBackfill, t changebatch.Table) (string, error) {
+	file, err := backfill.SourceFile(ctx, src, t)
+	switch {
+	case err != nil:
+		return "", err
+	case file != prev.SourceFile:
+		return "the source table was rewritten since its plan cut its blocks (VACUUM FULL, CLUSTER, TRUNCATE or a rewriting ALTER TABLE), so its rows moved", nil
+	case job.Slot == "":
+		return "no stream follows the table to bring the rows that moved into the blocks already copied since (an update's new version, an insert into freed space)", nil
+	}
+	return "", nil
 }
 
 // planTable hands tr's adopted chunks to the workers, then plans and records the rest of the table
