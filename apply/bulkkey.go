@@ -127,6 +127,15 @@ func RestoreKey(ctx context.Context, tx pgx.Tx, t changebatch.Table) (bool, erro
 	if err != nil || name != "" {
 		return false, err
 	}
+	// Missing: take the lock the build takes anyway, then look again. Another process (a daemon
+	// or a backfill starting while a bulk load ends) may have built it meanwhile; a second build
+	// would fail ("multiple primary keys") and end that process's run.
+	if _, err := tx.Exec(ctx, "lock table only "+t.Quoted()+" in access exclusive mode"); err != nil {
+		return false, fmt.Errorf("lock target table %s to build its primary key: %w", t, err)
+	}
+	if name, err = primaryKeyName(ctx, tx, t); err != nil || name != "" {
+		return false, err
+	}
 	if _, err := tx.Exec(ctx, `select set_config('maintenance_work_mem',
   greatest(pg_size_bytes(current_setting('maintenance_work_mem')), $1) / 1024 || 'kB', true)`, int64(bulkIndexMemory)); err != nil {
 		return false, fmt.Errorf("raise maintenance_work_mem to build the primary key of %s: %w", t, err)

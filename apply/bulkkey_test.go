@@ -149,3 +149,47 @@ func TestBulkCopyWaitsForAConcurrentRestoreKey(t *testing.T) {
 	}
 	f.expect(t, "1|one|10|0/190#0|f|")
 }
+
+// Two processes that find a bulk load's key missing (the loader completing it, and a daemon or a
+// backfill starting meanwhile) both restore it: the second waits for the first and then finds the
+// key built, rather than failing on a second primary key.
+func TestConcurrentRestoreKeysBuildOneKey(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	if err := apply.DeferKey(ctx, f.env.Target, acc, changebatch.Version{LSN: 400}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := pgtest.Connect(t, f.env.TargetURL).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if built, err := apply.RestoreKey(ctx, first, acc); err != nil || !built {
+		t.Fatalf("first RestoreKey = %v, %v; want built", built, err)
+	}
+	type outcome struct {
+		built bool
+		err   error
+	}
+	second := make(chan outcome, 1)
+	go func() {
+		var o outcome
+		o.err = pgx.BeginFunc(ctx, f.env.Target, func(tx pgx.Tx) error {
+			var err error
+			o.built, err = apply.RestoreKey(ctx, tx, acc)
+			return err
+		})
+		second <- o
+	}()
+	watch := pgtest.Connect(t, f.env.TargetURL)
+	pgtest.Eventually(t, 30*time.Second, "the second RestoreKey waits for the first", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, watch, `select count(*) from pg_locks where relation = 'acc'::regclass and not granted`)
+		return n == 1, fmt.Sprintf("%d lock requests waiting", n)
+	})
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-second; o.err != nil || o.built {
+		t.Fatalf("second RestoreKey = %v, %v; want the key found built by the first", o.built, o.err)
+	}
+}

@@ -330,10 +330,13 @@ func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log
 	}
 	if tr.keyDeferred {
 		began := time.Now()
-		if _, err := apply.RestoreKey(ctx, tx.Conn(), tr.t); err != nil {
+		built, err := apply.RestoreKey(ctx, tx.Conn(), tr.t)
+		if err != nil {
 			return 0, err
 		}
-		log.Info("built the primary key after the bulk load", "table", tr.t.String(), "seconds", fmt.Sprintf("%.1f", time.Since(began).Seconds()))
+		if built { // else another process built it meanwhile (a daemon or a backfill starting)
+			log.Info("built the primary key after the bulk load", "table", tr.t.String(), "seconds", fmt.Sprintf("%.1f", time.Since(began).Seconds()))
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
