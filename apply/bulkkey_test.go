@@ -136,11 +136,7 @@ func TestBulkCopyWaitsForAConcurrentRestoreKey(t *testing.T) {
 		}
 		copied <- err
 	}()
-	watch := pgtest.Connect(t, f.env.TargetURL)
-	pgtest.Eventually(t, 30*time.Second, "the copy waits for the ALTER TABLE's lock", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, watch, `select count(*) from pg_locks where relation = 'acc'::regclass and not granted`)
-		return n == 1, fmt.Sprintf("%d lock requests waiting", n)
-	})
+	f.waitForALockOnAcc(t, "the copy waits for the ALTER TABLE's lock")
 	if err := restoring.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -181,15 +177,21 @@ func TestConcurrentRestoreKeysBuildOneKey(t *testing.T) {
 		})
 		second <- o
 	}()
-	watch := pgtest.Connect(t, f.env.TargetURL)
-	pgtest.Eventually(t, 30*time.Second, "the second RestoreKey waits for the first", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, watch, `select count(*) from pg_locks where relation = 'acc'::regclass and not granted`)
-		return n == 1, fmt.Sprintf("%d lock requests waiting", n)
-	})
+	f.waitForALockOnAcc(t, "the second RestoreKey waits for the first")
 	if err := first.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if o := <-second; o.err != nil || o.built {
 		t.Fatalf("second RestoreKey = %v, %v; want the key found built by the first", o.built, o.err)
 	}
+}
+
+// waitForALockOnAcc waits until one session waits for a lock on the target's acc table.
+func (f fixture) waitForALockOnAcc(t *testing.T, what string) {
+	t.Helper()
+	watch := pgtest.Connect(t, f.env.TargetURL)
+	pgtest.Eventually(t, 30*time.Second, what, func() (bool, string) {
+		n := pgtest.Scalar[int64](t, watch, `select count(*) from pg_locks where relation = 'acc'::regclass and not granted`)
+		return n == 1, fmt.Sprintf("%d lock requests waiting", n)
+	})
 }
