@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -34,14 +35,14 @@ func TestBulkLoadCopiesWithTheVersionDefaults(t *testing.T) {
 	}
 	pgtest.Exec(t, f.env.Source, `create table acc (id int primary key, note text, bal int)`,
 		`insert into acc values (3, E'tab\there, back\\slash', 30), (4, null, 40), (5, '\N', 50)`)
-	sourceVersion := f.env.Source.PgConn().ParameterStatus("server_version")
+	sourceMajor := pgsession.MajorVersion(f.env.Source.PgConn())
 	var asked []bool
-	bulkCopy := func(lsn uint64, version string, rows CopyLines) apply.Result {
+	bulkCopy := func(lsn uint64, sourceMajor int, rows CopyLines) apply.Result {
 		var res apply.Result
 		f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
 			var conflict bool
 			var err error
-			res, _, conflict, err = tx.CopySnapshotRows(ctx, typed, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, version,
+			res, _, conflict, err = tx.CopySnapshotRows(ctx, typed, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, sourceMajor,
 				func(w io.Writer, binary bool) (int64, error) {
 					asked = append(asked, binary)
 					return rows(ctx, w, binary)
@@ -71,13 +72,13 @@ func TestBulkLoadCopiesWithTheVersionDefaults(t *testing.T) {
 		tag, err := f.env.Source.PgConn().CopyTo(ctx, w, sql)
 		return tag.RowsAffected(), err
 	}
-	if res := bulkCopy(400, "", lines("1\tone\t10", `2	\\N	20`)); !reflect.DeepEqual(res, apply.Result{Applied: 2}) {
+	if res := bulkCopy(400, 0, lines("1\tone\t10", `2	\\N	20`)); !reflect.DeepEqual(res, apply.Result{Applied: 2}) {
 		t.Fatalf("text bulk copy = %+v, want 2 applied", res)
 	}
-	if res := bulkCopy(400, sourceVersion, fromSource); !reflect.DeepEqual(res, apply.Result{Applied: 3}) {
+	if res := bulkCopy(400, sourceMajor, fromSource); !reflect.DeepEqual(res, apply.Result{Applied: 3}) {
 		t.Fatalf("binary bulk copy = %+v, want 3 applied", res)
 	}
-	if res := bulkCopy(500, sourceVersion, lines("6\tsix\t60")); !reflect.DeepEqual(res, apply.Result{Applied: 1}) {
+	if res := bulkCopy(500, sourceMajor, lines("6\tsix\t60")); !reflect.DeepEqual(res, apply.Result{Applied: 1}) {
 		t.Fatalf("copy at another version = %+v, want 1 applied", res)
 	}
 	if want := []bool{false, true, false}; !reflect.DeepEqual(asked, want) {
@@ -127,7 +128,7 @@ func TestBulkCopyWaitsForAConcurrentRestoreKey(t *testing.T) {
 			return
 		}
 		defer tx.Rollback(ctx)
-		_, _, _, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: 400}, "", func(w io.Writer, _ bool) (int64, error) {
+		_, _, _, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: 400}, 0, func(w io.Writer, _ bool) (int64, error) {
 			_, err := io.WriteString(w, "1\tone\t10\n")
 			return 1, err
 		})

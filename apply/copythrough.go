@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // CopyRows writes snapshot rows of a table to w as a source COPY TO prints them
@@ -37,10 +38,10 @@ const copyThroughBuffer = 256 << 10
 // suppressed, and nothing is written). When the target holds one of the keys, the COPY fails with
 // a unique violation and CopySnapshotRows returns conflict true; the transaction is then unusable,
 // and the caller rolls it back and merges the rows instead. It returns how many rows rows wrote.
-// sourceVersion is the source's server_version. rows runs in a goroutine of its own; after the
+// sourceMajor is the source's major version (pgsession.MajorVersion). rows runs in a goroutine of its own; after the
 // target's COPY ended early it keeps reading and drops what it reads, so its source connection
 // stays usable.
-func (t *Tx) CopySnapshotRows(ctx context.Context, tab changebatch.Table, ver changebatch.Version, sourceVersion string, rows CopyRows) (res Result, n int64, conflict bool, err error) {
+func (t *Tx) CopySnapshotRows(ctx context.Context, tab changebatch.Table, ver changebatch.Version, sourceMajor int, rows CopyRows) (res Result, n int64, conflict bool, err error) {
 	if tab.Keyless || ver.Seq != 0 {
 		return res, 0, false, fmt.Errorf("copy snapshot rows of %s at %s: only a keyed table's rows at a snapshot version (S, 0) can be copied", tab, ver)
 	}
@@ -66,7 +67,7 @@ func (t *Tx) CopySnapshotRows(ctx context.Context, tab changebatch.Table, ver ch
 	}
 	binary := false
 	if bulk {
-		if binary, err = binaryOK(ctx, t.tx, tab, sourceVersion); err != nil {
+		if binary, err = binaryOK(ctx, t.tx, tab, sourceMajor); err != nil {
 			return res, 0, false, err
 		}
 	}
@@ -178,8 +179,8 @@ func (p *passThrough) Flush() error {
 	return p.err
 }
 
-// binaryOK reports whether the rows of tab can pass from a source of server_version
-// sourceVersion into the target in COPY's binary format (PostgreSQL docs, COPY, "Binary
+// binaryOK reports whether the rows of tab can pass from a source of major version sourceMajor
+// into the target in COPY's binary format (PostgreSQL docs, COPY, "Binary
 // Format"): both servers are of one major version, and every column has the same type on both
 // sides, one of binaryTypes or an array of one. Those are built-in types (the same OIDs in every
 // database of a version) whose binary form names no other object and takes back every value the
@@ -187,9 +188,8 @@ func (p *passThrough) Flush() error {
 // text: the reg* types, whose binary form is an OID of the source's catalog where the text form
 // names the object; int2vector and oidvector, whose receive functions refuse an empty value;
 // aclitem, which has no binary form; enums, domains and extensions' types.
-func binaryOK(ctx context.Context, tx pgx.Tx, tab changebatch.Table, sourceVersion string) (bool, error) {
-	target := tx.Conn().PgConn().ParameterStatus("server_version")
-	if majorVersion(sourceVersion) == "" || majorVersion(sourceVersion) != majorVersion(target) {
+func binaryOK(ctx context.Context, tx pgx.Tx, tab changebatch.Table, sourceMajor int) (bool, error) {
+	if sourceMajor == 0 || sourceMajor != pgsession.MajorVersion(tx.Conn().PgConn()) {
 		return false, nil
 	}
 	names := make([]string, len(tab.Columns))
@@ -217,13 +217,3 @@ where c.typ = any($4::oid[]) or exists (select from pg_type e where e.typarray =
 var binaryTypes = []uint32{16, 17, 18, 19, 20, 21, 23, 25, 26, 114, 600, 601, 602, 603, 604, 628, 700, 701, 718,
 	790, 829, 650, 869, 774, 1042, 1043, 1082, 1083, 1114, 1184, 1186, 1266, 1560, 1562, 1700, 2950, 3220, 3802,
 	3904, 3906, 3908, 3910, 3912, 3926}
-
-// majorVersion returns the major version in a server_version such as "15.18 (Debian ...)" or
-// "16beta1": its leading digits, "" when there are none.
-func majorVersion(v string) string {
-	i := 0
-	for i < len(v) && v[i] >= '0' && v[i] <= '9' {
-		i++
-	}
-	return v[:i]
-}

@@ -32,7 +32,7 @@ func (f fixture) copySnapshot(t *testing.T, lsn uint64, lines ...string) (res ap
 	f.inTx(t, func(ctx context.Context, tx *apply.Tx) (bool, error) {
 		var n int64
 		var err error
-		res, n, conflict, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, "", func(w io.Writer, binary bool) (int64, error) {
+		res, n, conflict, err = tx.CopySnapshotRows(ctx, acc, changebatch.Version{LSN: pglogrepl.LSN(lsn)}, 0, func(w io.Writer, binary bool) (int64, error) {
 			if binary {
 				return 0, errors.New("binary rows asked for without the source's version")
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // A bulk load (a target table that holds no row and that no stream follows) reads the source
@@ -39,17 +40,7 @@ const sampleBlocks = 16
 // connection: t is keyed, not partitioned (its partitions are files of their own) and read
 // without a row filter, and the source runs PostgreSQL 14 or later (TID range scans).
 func BlockPlanOK(conn *pgx.Conn, t changebatch.Table) bool {
-	major, err := strconv.Atoi(leadingDigits(conn.PgConn().ParameterStatus("server_version")))
-	return err == nil && major >= 14 && !t.Keyless && !t.Partitioned && t.RowFilter == ""
-}
-
-// leadingDigits returns the digits v starts with ("15" of "15.18 (Debian ...)").
-func leadingDigits(v string) string {
-	i := 0
-	for i < len(v) && v[i] >= '0' && v[i] <= '9' {
-		i++
-	}
-	return v[:i]
+	return pgsession.MajorVersion(conn.PgConn()) >= 14 && !t.Keyless && !t.Partitioned && t.RowFilter == ""
 }
 
 // NewBlockPlanner prepares cutting table t (BlockPlanOK) into block ranges of about chunkRows

@@ -208,8 +208,7 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t := cw.tr.t
-	sourceVersion := w.src.PgConn().ParameterStatus("server_version")
-	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, sourceVersion, func(out io.Writer, binary bool) (int64, error) {
+	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, pgsession.MajorVersion(w.src.PgConn()), func(out io.Writer, binary bool) (int64, error) {
 		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, out)
 	})
 	switch {

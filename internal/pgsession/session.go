@@ -125,3 +125,15 @@ func CreateSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary
 	}
 	return Slot{Name: res.SlotName, ConsistentPoint: lsn, SnapshotName: res.SnapshotName}, nil
 }
+
+// MajorVersion returns the major version of the server c is connected to, from the
+// server_version it reports at startup (such as "15.18 (Debian 15.18-0+deb12u1)" or "17beta1":
+// its leading digits), 0 when it reports none.
+func MajorVersion(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	n := 0
+	for i := 0; i < len(v) && v[i] >= '0' && v[i] <= '9'; i++ {
+		n = n*10 + int(v[i]-'0')
+	}
+	return n
+}
