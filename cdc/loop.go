@@ -62,7 +62,11 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		// at its limits, or a transaction too large to hold whole, waits for the apply under way.
 		rows, bytes := l.asm.pending()
 		whole := !l.asm.inTxn && l.asm.txns > 0
-		if whole && (l.inflight == nil || rows >= cfg.GroupRows) || bytes >= cfg.MaxPendingBytes {
+		limit := cfg.GroupRows
+		if !l.behind {
+			limit = cfg.HeadGroupRows
+		}
+		if whole && (l.inflight == nil || rows >= limit) || bytes >= cfg.MaxPendingBytes {
 			if err := l.startApply(ctx, applyCtx); err != nil {
 				return err
 			}

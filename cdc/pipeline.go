@@ -35,6 +35,8 @@ func (l *loop) startApply(ctx, applyCtx context.Context) error {
 	if err := l.reap(ctx, true); err != nil {
 		return err
 	}
+	changes, _ := l.asm.pending()
+	head := !l.behind
 	batches, end := l.asm.take()
 	flushed := pglogrepl.LSN(l.s.flushed.Load())
 	progress := max(flushed, end)
@@ -46,6 +48,9 @@ func (l *loop) startApply(ctx, applyCtx context.Context) error {
 	l.inflight = a
 	go func() {
 		defer close(a.exited)
+		if k := l.s.cfg.Knobs.OnGroup; k != nil {
+			k(changes, head)
+		}
 		a.err = l.s.cfg.Apply(applyCtx, batches, progress)
 		a.returned.Store(true)
 		l.wake()

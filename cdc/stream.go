@@ -31,6 +31,9 @@ type Knobs struct {
 	// AfterApply runs after ApplyFunc returned (the target committed end) and before the flush
 	// position is reported to the source.
 	AfterApply func(end pglogrepl.LSN)
+	// OnGroup runs in the apply goroutine before ApplyFunc, with the group's changes and whether
+	// the stream was at the head when the group was formed (StreamConfig.HeadGroupRows).
+	OnGroup func(changes int, head bool)
 }
 
 // StreamConfig configures a Streamer.
@@ -54,8 +57,15 @@ type StreamConfig struct {
 	// GroupRows bounds a group of whole transactions (one target commit): while the target applies
 	// one group, the next grows until it holds this many changes, and then waits (default 10,000).
 	// A group is handed to the target as soon as the target is free, so near the head of the
-	// stream groups are small and while catching up they are large.
+	// stream groups are small and while catching up they are large. This bound holds while the
+	// stream is behind (from its start, or once its lag exceeded 16 MiB, until it caught up).
 	GroupRows int
+	// HeadGroupRows bounds a group instead of GroupRows while the stream is at the head (default
+	// 1,000 changes). A walsender sends WAL as the source flushes it, so a burst of a flush's
+	// transactions arrives at once (with synchronous_commit off, every wal_writer_delay); applied
+	// as one group, the target's position would only move when all of it committed, and applied
+	// in groups of this size it moves as each commits, at a small cost per commit.
+	HeadGroupRows int
 	// MaxPendingBytes bounds the memory held for one group (default 64 MiB); at most two groups
 	// are held, the one being applied and the next. A transaction larger than that is applied in
 	// parts, and the progress LSN stays before it until its commit.
@@ -106,6 +116,9 @@ func (c *StreamConfig) Validate() error {
 func (c *StreamConfig) defaults() {
 	if c.GroupRows <= 0 {
 		c.GroupRows = 10_000
+	}
+	if c.HeadGroupRows <= 0 {
+		c.HeadGroupRows = 1_000
 	}
 	if c.MaxPendingBytes <= 0 {
 		c.MaxPendingBytes = 64 << 20

@@ -60,10 +60,14 @@
 # shares one CPU share: run from the bench's session, pgconverge shared pgbench's, and the
 # source's walsender, in the source server's group with the four pgbench backends, stalled for
 # seconds waiting on the run queue (steady lag p99 2–10x native's; 1.02x in its own session).
+# The bench's source commits with synchronous_commit = off, so the walsender sends the
+# transactions of each WAL writer flush (wal_writer_delay) at once: a steady lag of about one
+# flush interval is the walsender's, for every contender.
 #
 # Environment: BENCH_QUICK=1 (a smoke run: scale 1, 1 round, 5 s, 100,000 rows, 10 MiB; each of
 # these still yields to its own variable), BENCH_SCALE, BENCH_ROUNDS, BENCH_SECONDS,
-# BENCH_SAMPLE (0.2 is fine), BENCH_PHASES, BENCH_LOAD_EXTRA=0, BENCH_MEM_ROWS, BENCH_TOAST_MB,
+# BENCH_SAMPLE (0.2 is fine), BENCH_STEADY_RATE (pgbench -R in the steady phase, transactions/s;
+# default 0, unthrottled: pgbench's 4 clients then saturate both CPUs), BENCH_PHASES, BENCH_LOAD_EXTRA=0, BENCH_MEM_ROWS, BENCH_TOAST_MB,
 # BENCH_POLL (default 0.02), BENCH_PORT (source port, default 54401; the target uses the next),
 # PGCONVERGE_BIN (use this binary instead of building ./cmd/pgconverge), PGCONVERGE_KEEP=1 (leave
 # the clusters running, with the target databases; slots are dropped either way), PGBIN.
@@ -84,6 +88,7 @@ PGBENCH_SECS=${BENCH_SECONDS:-$d_secs}
 MEM_ROWS=${BENCH_MEM_ROWS:-$d_rows}
 TOAST_MB=${BENCH_TOAST_MB:-$d_mb}
 SAMPLE=${BENCH_SAMPLE:-1}
+STEADY_RATE=${BENCH_STEADY_RATE:-0}
 POLL=${BENCH_POLL:-0.02}
 LOAD_EXTRA=${BENCH_LOAD_EXTRA:-1}
 PHASES=${BENCH_PHASES:-load,catchup,steady,memory}
@@ -162,7 +167,7 @@ T_START=$SECONDS
 {
 	echo "pgconverge bench, $(date -Is), $(nproc) CPUs, PostgreSQL $(q "$SRC" "SHOW server_version")"
 	echo "pgconverge: $BUILT"
-	echo "scale $SCALE ($N rows in pgbench_accounts), $ROUNDS round(s), pgbench $PGBENCH_SECS s, lag sampled every $SAMPLE s, phases $PHASES$([ "$QUICK" = 1 ] && echo ' (BENCH_QUICK=1)')"
+	echo "scale $SCALE ($N rows in pgbench_accounts), $ROUNDS round(s), pgbench $PGBENCH_SECS s, lag sampled every $SAMPLE s$([ "$STEADY_RATE" != 0 ] && echo ", steady pgbench -R $STEADY_RATE"), phases $PHASES$([ "$QUICK" = 1 ] && echo ' (BENCH_QUICK=1)')"
 } | out
 echo "== pgbench -i -s $SCALE on the source"
 PGOPTIONS='-c client_min_messages=warning' "$PGBIN/pgbench" -i -s "$SCALE" -q "$SRC" 2>"$LOGS/pgbench-init.log" ||

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -186,5 +188,101 @@ func TestClusterRestartMidStream(t *testing.T) {
 			pgtest.WaitSlotCaughtUp(t, env)
 			d.RequireRunning(t)
 		})
+	}
+}
+
+// At the head of the stream a burst of transactions that arrives while the target is busy is
+// applied in groups of at most HeadGroupRows changes (plus the transaction that reached the
+// bound), so the target's position moves as each commits instead of once at the burst's end.
+// The target is held busy (Knobs.Stream.OnGroup blocks) until every transaction the cap lets
+// the stream read has arrived: without the cap the stream would read the whole burst into one
+// group meanwhile.
+func TestBurstAtTheHeadIsAppliedInSmallGroups(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table burst (id int primary key, txn int)`)
+	cfg := testConfig(t, env)
+	const perTxn, txns, headRows = 300, 12, 1000
+	var (
+		mu      sync.Mutex
+		groups  []int // changes of each group formed at the head after the gate was armed
+		gated   bool
+		commits int
+	)
+	blocked, release := make(chan struct{}), make(chan struct{})
+	cfg.Knobs.Stream.OnMessage = func(m pglogrepl.Message) {
+		if _, ok := m.(*pglogrepl.CommitMessage); ok {
+			mu.Lock()
+			commits++
+			mu.Unlock()
+		}
+	}
+	var head atomic.Bool
+	cfg.Knobs.Stream.OnGroup = func(changes int, atHead bool) {
+		head.Store(atHead)
+		mu.Lock()
+		if !gated {
+			mu.Unlock()
+			return
+		}
+		first := groups == nil
+		if atHead {
+			groups = append(groups, changes)
+		} else {
+			groups = append(groups, -changes)
+		}
+		mu.Unlock()
+		if first {
+			close(blocked)
+			<-release
+		}
+	}
+	startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	// The stream starts behind; it is at the head once a group formed there.
+	n := 0
+	pgtest.Eventually(t, 30*time.Second, "a group formed at the head", func() (bool, string) {
+		n++
+		pgtest.Exec(t, env.Source, fmt.Sprintf(`insert into burst values (%d, 0)`, -n))
+		return head.Load(), ""
+	})
+	pgtest.WaitConverged(t, env, "burst", "id")
+	mu.Lock()
+	gated = true
+	mu.Unlock()
+	pgtest.Exec(t, env.Source, `insert into burst values (0, 0)`)
+	<-blocked
+	mu.Lock()
+	before := commits
+	mu.Unlock()
+	for i := 1; i <= txns; i++ {
+		pgtest.Exec(t, env.Source, fmt.Sprintf(`insert into burst select %d * 1000 + g, %d from generate_series(1, %d) g`, i, i, perTxn))
+	}
+	// The cap lets the stream read transactions until it holds headRows changes; then it waits.
+	readable := (headRows + perTxn - 1) / perTxn
+	pgtest.Eventually(t, 30*time.Second, "the stream read the transactions the cap allows", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return commits-before >= readable, fmt.Sprintf("%d commits read", commits-before)
+	})
+	// Give an uncapped stream the time to read the whole burst: the walsender has sent it all.
+	end := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_lsn()::text`)
+	pgtest.Eventually(t, 30*time.Second, "the walsender sent the burst", func() (bool, string) {
+		return pgtest.Scalar[bool](t, env.Source, `select coalesce((select r.sent_lsn >= $1::pg_lsn from pg_replication_slots s
+join pg_stat_replication r on r.pid = s.active_pid where s.slot_name = $2), false)`, end, env.Name), ""
+	})
+	close(release)
+	pgtest.WaitConverged(t, env, "burst", "id")
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for _, g := range groups[1:] {
+		if g < 0 || g > readable*perTxn {
+			t.Errorf("groups after the gate %v: each at the head and of at most %d changes", groups, readable*perTxn)
+			break
+		}
+		total += g
+	}
+	if groups[0] != 1 || total != perTxn*txns {
+		t.Errorf("groups after the gate %v: want the gated one row, then %d changes in all", groups, perTxn*txns)
 	}
 }

@@ -124,9 +124,12 @@ checkpoint() {
 	q "$TGT_ADMIN" CHECKPOINT
 }
 
-# run_pgbench SECONDS LOG: pgbench -n -c 4 -j 2 on the source; sets TXNS and TPS.
+# run_pgbench SECONDS LOG [RATE]: pgbench -n -c 4 -j 2 on the source, throttled to RATE
+# transactions/s (pgbench -R) when RATE is given and not 0; sets TXNS and TPS.
 run_pgbench() {
-	"$PGBIN/pgbench" -n -c 4 -j 2 -T "$1" "$SRC" >"$2" 2>&1 || { cat "$2" >&2; bench_die "pgbench failed"; }
+	local rate=()
+	if [ "${3:-0}" != 0 ]; then rate=(-R "$3"); fi
+	"$PGBIN/pgbench" -n -c 4 -j 2 "${rate[@]}" -T "$1" "$SRC" >"$2" 2>&1 || { cat "$2" >&2; bench_die "pgbench failed"; }
 	TXNS=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$2")
 	# shellcheck disable=SC2034 # read by the phases
 	TPS=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$2" | head -n 1)

@@ -31,7 +31,7 @@ steady_turn() {
 	rm -f "$f" "$stop"
 	sampler "$c" "$f" "$stop" &
 	SAMPLER_PID=$!
-	run_pgbench "$PGBENCH_SECS" "$LOGS/pgbench-steady-$c-$r.log"
+	run_pgbench "$PGBENCH_SECS" "$LOGS/pgbench-steady-$c-$r.log" "$STEADY_RATE"
 	t_end=$EPOCHREALTIME
 	end=$(mark)
 	touch "$stop"
