@@ -15,11 +15,14 @@ import (
 type Progress struct {
 	Slot string
 	LSN  pglogrepl.LSN
+	// Epoch, when not 0, is the leader epoch of Slot the writer holds (Lead): the transaction
+	// checks it as CheckLeaderTx does and fails with a *FencedError when another leader took over.
+	Epoch int64
 }
 
 // queueStart queues in b what a stream transaction does before it merges: it locks the fence
 // rows of tabs not locked yet (as lockFence would, table by table) and records p when p.Slot is
-// set (SetProgressTx). It returns the function that reads those results from the batch's
+// set (SetProgressTx), after checking p.Epoch when set (CheckLeaderTx). It returns the function that reads those results from the batch's
 // results, in order, before any later statement's, and checks that every table is registered
 // in pgconverge.tables.
 func (t *Tx) queueStart(b *pgx.Batch, tabs []changebatch.Table, p Progress) func(pgx.BatchResults) error {
@@ -47,6 +50,9 @@ func (t *Tx) queueStart(b *pgx.Batch, tabs []changebatch.Table, p Progress) func
 where (schema_name, table_name) in (select * from unnest($1::text[], $2::text[])) for `+lock, l[0], l[1])
 		locks++
 	}
+	if p.Slot != "" && p.Epoch != 0 {
+		b.Queue(leaderSQL, p.Slot)
+	}
 	if p.Slot != "" {
 		b.Queue(progressSQL, p.Slot, p.LSN.String())
 	}
@@ -54,6 +60,11 @@ where (schema_name, table_name) in (select * from unnest($1::text[], $2::text[])
 		for range locks {
 			if err := t.readFences(br); err != nil {
 				return fmt.Errorf("lock the fences of %d tables: %w", len(tabs), err)
+			}
+		}
+		if p.Slot != "" && p.Epoch != 0 {
+			if err := checkLeader(br.QueryRow(), p.Slot, p.Epoch); err != nil {
+				return err
 			}
 		}
 		if p.Slot != "" {

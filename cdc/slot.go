@@ -108,6 +108,46 @@ func (s SlotInfo) Busy(name string) error {
 	return nil
 }
 
+// TakeSlot ends the walsender that streams slot name to another client, the way a new leader
+// takes the slot from a daemon that lost its leadership (whose walsender the source may not
+// notice for wal_sender_timeout when the network, not the process, failed): it terminates the
+// slot's active process when it is a walsender (pg_terminate_backend, PostgreSQL docs §9.27.2;
+// the role needs to be the walsender's role, or a member of pg_signal_backend), and waits up to
+// timeout for the slot to be free. A session that only peeks at the slot (a regular backend) is
+// left alone. It returns the process it ended, 0 for none.
+func TakeSlot(ctx context.Context, conn *pgx.Conn, name string, timeout time.Duration) (int32, error) {
+	var pid *int32
+	err := conn.QueryRow(ctx, `select s.active_pid from pg_replication_slots s join pg_stat_activity a on a.pid = s.active_pid
+where s.slot_name = $1 and a.backend_type = 'walsender'`, name).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && pid == nil {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("look up the walsender of slot %q: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, `select pg_terminate_backend($1)`, *pid); err != nil {
+		return 0, fmt.Errorf("end walsender %d of slot %q (the source role needs to be the walsender's role or a member of pg_signal_backend): %w", *pid, name, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var active bool
+		if err := conn.QueryRow(ctx, `select coalesce((select active_pid = $2 from pg_replication_slots where slot_name = $1), false)`, name, *pid).Scan(&active); err != nil {
+			return 0, fmt.Errorf("look up slot %q: %w", name, err)
+		}
+		if !active {
+			return *pid, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%w: walsender %d of slot %q did not end within %s of pg_terminate_backend", ErrSlotBusy, *pid, name, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // Usable returns an error naming the problem and the fix when the existing slot cannot be streamed
 // from database db: another plugin, another database. A slot whose WAL was removed (Lost) is
 // usable by no one; the daemon replaces it.

@@ -30,6 +30,7 @@ type metrics struct {
 	backfillRows *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
 	retries      *prometheus.CounterVec
+	leader       *prometheus.GaugeVec
 
 	discFound      *prometheus.CounterVec
 	discRepaired   *prometheus.CounterVec
@@ -93,7 +94,9 @@ func newMetrics() *metrics {
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_session_retries_total",
 		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, slot-busy, schema, watch, restart, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
-	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.retries} {
+	m.leader = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_leader",
+		Help: "1 while this daemon leads the slot (streams and writes), 0 while it waits as a standby for the daemon that does; absent before it first tried."}, []string{"slot"})
+	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.retries, m.leader} {
 		f(c)
 	}
 	// Every reason's series exists from the start, so the first retry of a kind is an increase
@@ -222,6 +225,17 @@ func (m *metrics) DiscrepanciesRepaired(table string, n int64) {
 // DiscrepanciesSuppressed counts discrepancies found again under a known id.
 func (m *metrics) DiscrepanciesSuppressed(table string, n int64) {
 	m.discSuppressed.WithLabelValues(table).Add(float64(n))
+}
+
+// Leading sets the leader gauge of slot; /readyz says a standby waits.
+func (m *metrics) Leading(slot string, leading bool) {
+	v := 0.0
+	if leading {
+		v = 1
+	} else {
+		m.ready.set(false, fmt.Sprintf("standby: another daemon leads slot %s; this one takes over when that one stops or loses its connection to the target", slot))
+	}
+	m.leader.WithLabelValues(slot).Set(v)
 }
 
 // SessionRetried counts a session started again after a failure; /readyz says it reconnects.

@@ -133,6 +133,13 @@ func printSlotStatus(w io.Writer, s engine.SlotStatus) {
 			fmt.Fprintf(w, "  note: %s\n", s.HolderNote)
 		}
 	}
+	if l := s.Leader; l != nil {
+		state := "led by"
+		if !l.Alive {
+			state = "last led by"
+		}
+		fmt.Fprintf(w, "  %s %s (epoch %d, since %s), %d standby(s) waiting\n", state, l.Holder, l.Epoch, l.Since, l.Standbys)
+	}
 	if s.Exists && s.WALStatus != "lost" {
 		safe := "unlimited"
 		if s.SafeWALSizeBytes != nil {

@@ -30,6 +30,11 @@ type backfillJob struct {
 	Trigger string
 	// Slot names the slot whose stream follows the tables; "" when none does.
 	Slot string
+	// LeaderSlot and Epoch, set in a daemon's runs, are the slot the daemon leads and its leader
+	// epoch: every chunk transaction checks them (apply.CheckLeaderTx), so a daemon that lost its
+	// leadership commits no chunk after a new leader took over.
+	LeaderSlot string
+	Epoch      int64
 	// Workers is the number of chunks read and applied at once; ChunkRows the rows per chunk;
 	// BatchRows the rows per change batch within a chunk.
 	Workers, ChunkRows, BatchRows int

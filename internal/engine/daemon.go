@@ -51,9 +51,12 @@ func Run(ctx context.Context, cfg Config) error {
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "hint", h)
 		}
-		if d == restart {
+		switch {
+		case lostLeadership(err):
+			cfg.Logger.Warn("lost the leadership of the slot: this daemon stopped writing and waits as a standby", attrs...)
+		case d == restart:
 			cfg.Logger.Info("restarting the session to follow a change on the source", attrs...)
-		} else {
+		default:
 			cfg.Logger.Error("session failed, reconnecting", attrs...)
 		}
 		select {

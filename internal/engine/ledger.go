@@ -34,6 +34,9 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := apply.CheckLeaderTx(ctx, tx, cfg.Slot, s.epoch); err != nil {
+		return err
+	}
 	latest, err := coverage.LatestSpans(ctx, tx, cfg.Slot, s.names)
 	if err != nil {
 		return err

@@ -35,6 +35,9 @@ type Monitor interface {
 	DiscrepanciesFound(table, kind string, n int64)
 	DiscrepanciesRepaired(table string, n int64)
 	DiscrepanciesSuppressed(table string, n int64)
+	// Leading reports whether this daemon leads slot (streams and writes) or waits as a standby
+	// for the daemon that does (apply.LockLeader).
+	Leading(slot string, leading bool)
 }
 
 // StreamStats are a streamer's counters (cdc.Stats): Flushed is the watermark, the LSN up to which
@@ -69,6 +72,7 @@ func (nopMonitor) BackfillChunk(string, int64, RowCounts)            {}
 func (nopMonitor) SlotHealth(SlotHealth)                             {}
 func (nopMonitor) CoverageGap(string, uint64)                        {}
 func (nopMonitor) SessionRetried(string)                             {}
+func (nopMonitor) Leading(string, bool)                              {}
 func (nopMonitor) BackfillProgress(_ string, p Progress) Progress    { return p }
 func (nopMonitor) DiscrepanciesFound(string, string, int64)          {}
 func (nopMonitor) DiscrepanciesRepaired(string, int64)               {}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 )
@@ -77,7 +78,7 @@ func decide(err error) decision {
 	case errors.As(err, &perm):
 		return stop
 	case errors.Is(err, errMembershipChanged), errors.Is(err, errSlotMoved), errors.Is(err, errEnumChanged),
-		errors.As(err, &schema):
+		errors.As(err, &schema), lostLeadership(err):
 		return restart
 	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
@@ -101,6 +102,13 @@ func decide(err error) decision {
 	return stop
 }
 
+// lostLeadership reports whether err ended a session because the daemon lost its leadership of
+// the slot: its lock connection failed, or a write found a newer leader's epoch.
+func lostLeadership(err error) bool {
+	var fenced *apply.FencedError
+	return errors.Is(err, errLeadershipLost) || errors.As(err, &fenced)
+}
+
 // isCode reports whether err wraps a *pgconn.PgError with SQLSTATE code.
 func isCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
@@ -112,15 +120,17 @@ func isCode(err error, code string) bool {
 func retryable(err error) bool { return decide(err) != stop }
 
 // RetryReasons are the values reason returns, the labels of the session retry metric.
-var RetryReasons = []string{"restart", "watch", "slot-busy", "schema", "lock", "constraint", "conflict", "resources", "connection", "other"}
+var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "schema", "lock", "constraint", "conflict", "resources", "connection", "other"}
 
-// reason names the kind of failure err is, for the session retry metric: "restart" for a restart
-// on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
+// reason names the kind of failure err is, for the session retry metric: "leadership" when the
+// daemon lost its leadership of the slot, "restart" for another restart on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
 // "connection", "slot-busy", "watch", "schema" (a table changed while it was read), or "other".
 func reason(err error) string {
 	var pgErr *pgconn.PgError
 	var watch watchError
 	switch {
+	case lostLeadership(err):
+		return "leadership"
 	case decide(err) == restart:
 		return "restart"
 	case errors.As(err, &watch):

@@ -18,7 +18,6 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/reconcile"
-	"github.com/pgconverge/pgconverge/migrations"
 )
 
 // session is one connected attempt of the daemon: checks, preparation, loads, then streaming.
@@ -31,6 +30,12 @@ type session struct {
 	tgt         *pgx.Conn
 	repl        *pgconn.PgConn
 	ap          *apply.Applier
+	// lock holds the slot's leader lock for the session (lead); epoch is the session's leader
+	// epoch, which its stream and backfill transactions check; watching is closed when the
+	// goroutine that watches lock has returned.
+	lock     *pgx.Conn
+	epoch    int64
+	watching chan struct{}
 	// tables are the streamed tables; snapshotOnly those no publication can carry
 	// (changebatch.Table.SnapshotOnly), kept by backfills alone.
 	tables       []changebatch.Table
@@ -80,9 +85,16 @@ var errMembershipChanged = errors.New("publication membership changed")
 // rather than stops on what it could not tell apart. It also reports, as connected, whether the
 // session reached both the source and the target.
 func runSession(ctx context.Context, cfg Config) (connected bool, err error) {
+	ctx, lost := context.WithCancelCause(ctx)
 	s := &session{cfg: cfg, mon: cfg.monitor()}
 	defer s.close()
-	err = s.run(ctx)
+	defer lost(nil)
+	err = s.run(ctx, lost)
+	if cause := context.Cause(ctx); errors.Is(cause, errLeadershipLost) {
+		err = cause
+	} else if err != nil && ctx.Err() == nil {
+		err = s.explainByTakeover(ctx, err)
+	}
 	connected = s.src != nil && s.tgt != nil
 	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && isCode(err, pgerrcode.InvalidTextRepresentation) {
 		changed, cerr := s.enumChange(ctx)
@@ -106,10 +118,19 @@ func (e enumCheckError) Error() string { return e.err.Error() }
 // Unwrap returns the refusal.
 func (e enumCheckError) Unwrap() error { return e.err }
 
-// run is the session's work in order: connect and check, prepare the tables, the publication and
-// the slot (loading what needs it), then stream.
-func (s *session) run(ctx context.Context) error {
-	describedAt, err := s.connect(ctx)
+// run is the session's work in order: connect and check, lead the slot (waiting as a standby
+// while another daemon leads it; lost ends the session when the leader lock's connection fails),
+// prepare the tables, the publication and the slot (loading what needs it), then stream.
+func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
+	if err := s.connect(ctx); err != nil {
+		return err
+	}
+	if err := s.lead(ctx, lost); err != nil {
+		return err
+	}
+	// A source position read before the tables are described: a Relation message of a later
+	// transaction that differs from a description is a schema change the description has not seen.
+	describedAt, err := cdc.CurrentLSN(ctx, s.src)
 	if err != nil {
 		return err
 	}
@@ -136,38 +157,31 @@ func (s *session) run(ctx context.Context) error {
 	return s.stream(ctx, start, describedAt)
 }
 
-// connect opens the source and target connections and checks the source; it returns a source
-// position read before the tables are described: a Relation message of a later transaction that
-// differs from a description is a schema change the description has not seen.
-func (s *session) connect(ctx context.Context) (pglogrepl.LSN, error) {
+// connect opens the source and target connections and checks the source.
+func (s *session) connect(ctx context.Context) error {
 	var err error
 	if s.src, err = pgsession.Connect(ctx, s.cfg.Source, "source"); err != nil {
-		return 0, err
+		return err
 	}
 	if s.tgt, err = pgsession.Connect(ctx, s.cfg.Target, "target"); err != nil {
-		return 0, err
+		return err
 	}
 	s.ap = apply.New(s.tgt)
 	if err := checkDistinct(ctx, s.src, s.tgt); err != nil {
-		return 0, err
-	}
-	if err := cdc.CheckSource(ctx, s.src); err != nil {
-		return 0, permanent(err)
-	}
-	if s.sourceID, err = cdc.SourceID(ctx, s.src); err != nil {
-		return 0, err
-	}
-	return cdc.CurrentLSN(ctx, s.src)
-}
-
-// prepareTarget applies the metadata schema, checks that the ledger follows this source (and
-// that the source was not rewound behind it) before it writes anything else, creates or reshapes
-// the target tables and forgets the tables the slot no longer replicates.
-func (s *session) prepareTarget(ctx context.Context) error {
-	cfg := s.cfg
-	if err := migrations.Apply(ctx, s.tgt); err != nil {
 		return err
 	}
+	if err := cdc.CheckSource(ctx, s.src); err != nil {
+		return permanent(err)
+	}
+	s.sourceID, err = cdc.SourceID(ctx, s.src)
+	return err
+}
+
+// prepareTarget checks that the ledger follows this source (and that the source was not rewound
+// behind it) before it writes anything else, creates or reshapes the target tables and forgets
+// the tables the slot no longer replicates. The metadata schema is up to date (lead).
+func (s *session) prepareTarget(ctx context.Context) error {
+	cfg := s.cfg
 	if err := coverage.CheckSource(ctx, s.tgt, cfg.Slot, s.sourceID); err != nil {
 		return permanent(err)
 	}
@@ -250,7 +264,10 @@ func (s *session) preparePublication(ctx context.Context, names []changebatch.Ta
 
 func (s *session) close() {
 	ctx := context.Background()
-	for _, c := range []*pgx.Conn{s.src, s.tgt} {
+	if s.watching != nil {
+		<-s.watching
+	}
+	for _, c := range []*pgx.Conn{s.src, s.tgt, s.lock} {
 		if c != nil {
 			c.Close(ctx)
 		}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,6 +14,9 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
+
+// takeSlotWait bounds the wait for a walsender the leader ended to release its slot.
+const takeSlotWait = 10 * time.Second
 
 // prepareSlot makes sure a usable slot exists, records in the coverage ledger where this
 // session's stream covers what, loads the tables that need it, and returns the LSN to start
@@ -37,7 +41,17 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 		if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
 			return 0, permanent(err)
 		}
-		if err := slot.Busy(cfg.Slot); err != nil {
+		if err := slot.Busy(cfg.Slot); err != nil && slot.ActivePID != 0 {
+			// This daemon leads the slot (lead): whoever streams it lost the leadership.
+			pid, terr := cdc.TakeSlot(ctx, s.src, cfg.Slot, takeSlotWait)
+			if terr != nil || pid == 0 {
+				return 0, errors.Join(err, terr)
+			}
+			cfg.Logger.Warn("ended the walsender that streamed the slot to a daemon that lost its leadership", "slot", cfg.Slot, "source_pid", pid, "epoch", s.epoch)
+			if slot, err = cdc.ReadSlot(ctx, s.src, cfg.Slot); err != nil {
+				return 0, err
+			}
+		} else if err != nil {
 			return 0, err
 		}
 	}
@@ -155,6 +169,7 @@ func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) 
 	cfg := s.cfg
 	return backfillJob{
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
+		LeaderSlot: cfg.Slot, Epoch: s.epoch,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
 		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon,
 		Progress: s.mon.BackfillProgress(trigger, NewLogProgress(cfg.Logger, what, 10*time.Second)),

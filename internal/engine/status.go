@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
 )
@@ -101,6 +102,23 @@ type SlotStatus struct {
 	// HolderNote says why the fields above are partly nil when the role cannot see them;
 	// omitted otherwise.
 	HolderNote string `json:"holder_note,omitempty"`
+	// Leader is the daemon that leads the slot on the target (pgconverge.leaders, README
+	// "High availability"); nil when no daemon ever led it there.
+	Leader *LeaderStatus `json:"leader"`
+}
+
+// LeaderStatus is a slot's leading daemon and its standbys, from the target.
+type LeaderStatus struct {
+	// Holder is the leader's host and process id; Epoch its leader epoch; Since when it took the
+	// lead (target clock, as text).
+	Holder string `json:"holder"`
+	Epoch  int64  `json:"epoch"`
+	Since  string `json:"since"`
+	// Alive is true while a session holds the slot's leader lock: false after the leader stopped
+	// or died and before a standby took over.
+	Alive bool `json:"alive"`
+	// Standbys counts the daemons waiting to take over.
+	Standbys int `json:"standbys"`
 }
 
 // BackfillRunStatus is a backfill run recorded as running (pgconverge.backfill_runs).
@@ -188,6 +206,15 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 		Tables: []TableStatus{}, Backfills: []BackfillRunStatus{}}
 	if out.Slots, err = slotStatuses(ctx, src, rep); err != nil {
 		return StatusReport{}, err
+	}
+	leaders, err := apply.ReadLeaders(ctx, tgt)
+	if err != nil {
+		return StatusReport{}, err
+	}
+	for i, s := range out.Slots {
+		if l, ok := leaders[s.Name]; ok {
+			out.Slots[i].Leader = &LeaderStatus{Holder: l.Holder, Epoch: l.Epoch, Since: l.AcquiredAt, Alive: l.Alive, Standbys: l.Standbys}
+		}
 	}
 	bySlot := map[string]SlotStatus{}
 	for _, s := range out.Slots {

@@ -93,7 +93,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// The fences, the progress and the merges of small batches share one round trip.
-	results, err := tx.ApplyGroup(ctx, batches, apply.Progress{Slot: s.cfg.Slot, LSN: end})
+	results, err := tx.ApplyGroup(ctx, batches, apply.Progress{Slot: s.cfg.Slot, LSN: end, Epoch: s.epoch})
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,9 @@ type backfillWorker struct {
 	log       *slog.Logger
 	// afterMergedBatch is backfillJob.AfterMergedBatch.
 	afterMergedBatch func()
+	// slot and epoch are backfillJob.LeaderSlot and Epoch.
+	slot  string
+	epoch int64
 }
 
 // chunkDone is what applying one chunk did.
@@ -55,7 +58,7 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		return nil, err
 	}
 	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
-		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch}, nil
+		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -184,7 +187,7 @@ var errKeysPresent = errors.New("the target holds keys of the chunk")
 // beginChunkTx starts a target transaction for backfill rows. Its commit does not wait for the WAL
 // flush: the rows commit with their ledger row and nothing outside the target learns of the
 // commit, so if a crash loses it they are simply read again; the daemon's progress commits, which
-// must wait, flush it along with theirs.
+// must wait, flush it along with theirs. A daemon's chunk transaction checks its leader epoch.
 func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
 	tx, err := w.ap.Begin(ctx)
 	if err != nil {
@@ -193,6 +196,12 @@ func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
 	if _, err := tx.Conn().Exec(ctx, `set local synchronous_commit = off`); err != nil {
 		tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
+	}
+	if w.epoch != 0 {
+		if err := apply.CheckLeaderTx(ctx, tx.Conn(), w.slot, w.epoch); err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+			return nil, err
+		}
 	}
 	return tx, nil
 }

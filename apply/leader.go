@@ -1,0 +1,158 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Several daemons may run for one slot: exactly one leads (streams and writes), the others wait
+// as standbys. Two mechanisms make that safe, the usual pair of a lease and a fencing token
+// (Kleppmann, "How to do distributed locking", 2016; Burrows, "The Chubby lock service", §2.4
+// sequencers, OSDI 2006):
+//   - the leader lock: a session advisory lock on the target (PostgreSQL docs §13.3.5 "Advisory
+//     Locks") that the leader holds on a connection of its own; PostgreSQL releases it when that
+//     session ends, whether the daemon stopped, was killed or lost the connection, and a
+//     standby waiting for it gets it then;
+//   - the epoch: pgconverge.leaders holds per slot a number that each new leader raises once it
+//     holds the lock. Every transaction a leader writes the slot's progress or rows in locks the
+//     row FOR SHARE and compares the epoch with its own; raising it takes the row's update lock,
+//     which waits for those transactions. So once a new leader raised it, a daemon that lost the
+//     lock without knowing it (its lock connection cut, its writes on other connections going on)
+//     can never commit again.
+
+// leaderLockClass is the first key of the session advisory lock that makes one daemon the leader
+// of a slot ("pgcL"); the second is hashtext of the slot's name.
+const leaderLockClass = 0x7067634c
+
+// LockLeader takes the leader lock of slot in conn's session, which holds it until the session
+// ends. With wait it waits for the lock (until ctx ends: pgx then cancels the wait), else it
+// returns false at once when another session holds it.
+func LockLeader(ctx context.Context, conn *pgx.Conn, slot string, wait bool) (bool, error) {
+	q := `select pg_try_advisory_lock($1, hashtext($2))`
+	if wait {
+		q = `select true from pg_advisory_lock($1, hashtext($2))`
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, q, leaderLockClass, slot).Scan(&ok); err != nil {
+		return false, fmt.Errorf("take the leader lock of slot %q on the target: %w", slot, err)
+	}
+	return ok, nil
+}
+
+// Leader is the row of pgconverge.leaders for one slot: its current epoch, who holds it
+// (host and process) and since when.
+type Leader struct {
+	Epoch      int64
+	Holder     string
+	AcquiredAt string
+}
+
+// ReadLeader returns slot's leader row, and false when no daemon ever led it.
+func ReadLeader(ctx context.Context, conn *pgx.Conn, slot string) (Leader, bool, error) {
+	var l Leader
+	err := conn.QueryRow(ctx, `select epoch, holder, acquired_at::text from pgconverge.leaders where slot = $1`, slot).
+		Scan(&l.Epoch, &l.Holder, &l.AcquiredAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	}
+	if err != nil {
+		return l, false, fmt.Errorf("read the leader of slot %q: %w", slot, err)
+	}
+	return l, true, nil
+}
+
+// LeaderState is a slot's leader as the target shows it: its row (Leader), whether a session holds
+// the slot's leader lock now (Alive), and how many sessions wait for it (Standbys).
+type LeaderState struct {
+	Leader
+	Alive    bool
+	Standbys int
+}
+
+// ReadLeaders returns the leader state of every slot that ever had a leader, by slot; an empty
+// map when the target's schema predates leaders (version 11).
+func ReadLeaders(ctx context.Context, conn *pgx.Conn) (map[string]LeaderState, error) {
+	rows, err := conn.Query(ctx, `select l.slot, l.epoch, l.holder, l.acquired_at::text,
+  count(k.*) filter (where k.granted) > 0, count(k.*) filter (where not k.granted)
+from pgconverge.leaders l left join pg_locks k on k.locktype = 'advisory' and k.objsubid = 2
+  and k.database = (select oid from pg_database where datname = current_database())
+  and k.classid = $1::int::oid and k.objid = hashtext(l.slot)::oid
+group by l.slot, l.epoch, l.holder, l.acquired_at`, leaderLockClass)
+	if err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+			return map[string]LeaderState{}, nil
+		}
+		return nil, fmt.Errorf("read the slots' leaders: %w", err)
+	}
+	out := map[string]LeaderState{}
+	var slot string
+	var st LeaderState
+	_, err = pgx.ForEachRow(rows, []any{&slot, &st.Epoch, &st.Holder, &st.AcquiredAt, &st.Alive, &st.Standbys}, func() error {
+		out[slot] = st
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the slots' leaders: %w", err)
+	}
+	return out, nil
+}
+
+// Lead raises slot's epoch and records holder as its leader; the caller holds the leader lock
+// (LockLeader). It waits for the transactions that locked the row under the previous epoch
+// (CheckLeaderTx) and returns the new epoch, 1 for a slot never led before.
+func Lead(ctx context.Context, conn *pgx.Conn, slot, holder string) (int64, error) {
+	var epoch int64
+	err := conn.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder) values ($1, 1, $2)
+on conflict (slot) do update set epoch = l.epoch + 1, holder = excluded.holder, acquired_at = now()
+returning epoch`, slot, holder).Scan(&epoch)
+	if err != nil {
+		return 0, fmt.Errorf("record the new leader of slot %q: %w", slot, err)
+	}
+	return epoch, nil
+}
+
+// FencedError is a write refused because another daemon became the slot's leader since this one
+// did: this daemon lost the leader lock (its lock connection ended) and must stop writing.
+type FencedError struct {
+	Slot string
+	// Epoch is this daemon's; Current and Holder the slot's leader now.
+	Epoch, Current int64
+	Holder         string
+}
+
+// Error names the slot, both epochs and the new leader.
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("slot %q is led by %s since epoch %d, after this daemon's epoch %d: this daemon lost its leader lock (its lock connection to the target ended) and writes nothing more; it waits as a standby",
+		e.Slot, e.Holder, e.Current, e.Epoch)
+}
+
+// leaderSQL locks slot $1's leader row against a new leader's Lead until the transaction ends.
+const leaderSQL = `select epoch, holder from pgconverge.leaders where slot = $1 for share`
+
+// CheckLeaderTx fails with a *FencedError unless epoch is still slot's epoch, and holds the row
+// so that no new leader raises it before tx ends: whatever tx commits, it commits as the leader.
+func CheckLeaderTx(ctx context.Context, tx pgx.Tx, slot string, epoch int64) error {
+	return checkLeader(tx.QueryRow(ctx, leaderSQL, slot), slot, epoch)
+}
+
+// checkLeader reads leaderSQL's row and compares its epoch with epoch.
+func checkLeader(row pgx.Row, slot string, epoch int64) error {
+	var current int64
+	var holder string
+	err := row.Scan(&current, &holder)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &FencedError{Slot: slot, Epoch: epoch, Holder: "no daemon (the leader row is gone)"}
+	}
+	if err != nil {
+		return fmt.Errorf("check the leader of slot %q: %w", slot, err)
+	}
+	if current != epoch {
+		return &FencedError{Slot: slot, Epoch: epoch, Current: current, Holder: holder}
+	}
+	return nil
+}

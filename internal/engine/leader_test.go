@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// leaderLocks counts the target's sessions that hold (granted) or wait for (not granted) a leader
+// lock (apply.LockLeader: advisory class 0x7067634c).
+const leaderLocks = `select count(*) filter (where granted) || ' ' || count(*) filter (where not granted) from pg_locks
+where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2`
+
+// haPair starts a leader in a child process (the crash child, killed only by the test) under
+// the workload, waits until it streams, then starts a standby in this process and waits until it
+// waits for the leader lock. It returns the leader's process and output.
+func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *bytes.Buffer) {
+	t.Helper()
+	leader := crashChildCmd(env, "none", 0)
+	var out bytes.Buffer
+	leader.Stdout, leader.Stderr = &out, &out
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = leader.Process.Kill(); _ = leader.Wait() })
+	pgtest.WaitStreaming(t, env)
+	holder := fmt.Sprintf("pid %d", leader.Process.Pid)
+	if l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name); !strings.HasPrefix(l, "1 ") || !strings.HasSuffix(l, holder) {
+		t.Fatalf("leader row %q, want epoch 1 held by the child (%s)", l, holder)
+	}
+	startDaemon(t, testConfig(t, env))
+	pgtest.Eventually(t, 30*time.Second, "the second daemon waits as a standby", func() (bool, string) {
+		l := pgtest.Scalar[string](t, env.Target, leaderLocks)
+		return l == "1 1", "leader locks held and waiting: " + l
+	})
+	rep, err := Status(context.Background(), StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Slots {
+		if l := s.Leader; s.Name == env.Name && (l == nil || !l.Alive || l.Epoch != 1 || l.Standbys != 1 || !strings.HasSuffix(l.Holder, holder)) {
+			t.Errorf("status of slot %s: leader %+v, want alive at epoch 1 held by %s with 1 standby", s.Name, l, holder)
+		}
+	}
+	return leader.Process, &out
+}
+
+// waitTakeover waits until this process leads the slot at epoch and returns how long it took
+// from since.
+func waitTakeover(t *testing.T, env *pgtest.Env, epoch int, since time.Time) time.Duration {
+	t.Helper()
+	want := fmt.Sprintf("%d %s", epoch, holder())
+	pgtest.Eventually(t, 30*time.Second, "the standby leads", func() (bool, string) {
+		l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name)
+		return l == want, "leader row " + l
+	})
+	return time.Since(since)
+}
+
+// A standby takes over from a leader killed with SIGKILL under load: nothing is lost or doubled,
+// the stream's coverage has no break, and it takes a few seconds at most.
+func TestStandbyTakesOverFromAKilledLeader(t *testing.T) {
+	env := pgtest.New(t)
+	setupCrashTables(t, env)
+	stopWorkload := workload(t, env)
+	leader, out := haPair(t, env)
+	// The standby writes nothing while it waits: the leader's epoch and progress are its alone.
+	killedAt := time.Now()
+	if err := leader.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	took := waitTakeover(t, env, 2, killedAt)
+	t.Logf("the standby led %s after the leader's SIGKILL", took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("takeover took %s, want a few seconds", took)
+	}
+	finishUnderNewLeader(t, env, stopWorkload, out)
+}
+
+// A leader whose lock connection to the target ends (its other connections live on) stops
+// writing and waits as a standby; the standby takes over the lock, the epoch and the slot.
+func TestStandbyTakesOverFromALeaderThatLostItsLock(t *testing.T) {
+	env := pgtest.New(t)
+	setupCrashTables(t, env)
+	stopWorkload := workload(t, env)
+	leader, out := haPair(t, env)
+	cutAt := time.Now()
+	pgtest.Exec(t, env.Target, `select pg_terminate_backend(pid) from pg_locks
+where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2 and granted`)
+	took := waitTakeover(t, env, 2, cutAt)
+	t.Logf("the standby led %s after the leader's lock connection ended", took.Round(time.Millisecond))
+	// The old leader, alive, now waits for the lock as a standby.
+	pgtest.Eventually(t, 30*time.Second, "the old leader waits as a standby", func() (bool, string) {
+		l := pgtest.Scalar[string](t, env.Target, leaderLocks)
+		return l == "1 1", "leader locks held and waiting: " + l
+	})
+	if err := leader.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the old leader exited: %v\n%s", err, out)
+	}
+	finishUnderNewLeader(t, env, stopWorkload, out)
+	if !strings.Contains(out.String(), "lost the leadership of the slot") {
+		t.Errorf("the old leader did not log that it lost the leadership:\n%s", out)
+	}
+}
+
+// finishUnderNewLeader waits until the new leader streams live changes, stops the workload and
+// requires equal tables, a caught-up slot, full coverage and no stream segment ended.
+func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *bytes.Buffer) {
+	t.Helper()
+	from := pgtest.Scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
+	pgtest.Eventually(t, 60*time.Second, "the new leader streams live changes", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target, `select coalesce(max(txn), 0) from ledger`)
+		return n > from+20, fmt.Sprintf("target at transaction %d, takeover at %d", n, from)
+	})
+	stopWorkload()
+	pgtest.WaitConverged(t, env, "acct", "id")
+	pgtest.WaitConverged(t, env, "ledger", "id")
+	pgtest.WaitSlotCaughtUp(t, env)
+	waitCovered(t, env)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_segments where end_lsn is not null`); n != 0 {
+		t.Errorf("%d stream segments ended across a takeover that kept the slot, want 0\n%s", n, out)
+	}
+}
