@@ -93,27 +93,44 @@ func TestInterruptedBackfillFails(t *testing.T) {
 }
 
 // Names that need quoting everywhere — a schema with a space, a table with double quotes, another
-// with a comma, columns in mixed case, with a space, a reserved word and a non-ASCII letter —
-// pass through --tables, the coverage report and the metrics labels.
+// with a comma, one whose schema and name hold a semicolon, a backslash, a quote and a newline,
+// columns in mixed case, with a space, a reserved word, a non-ASCII letter, SQL-looking text and
+// a newline — pass through --tables, the stream, backfills, verify, the coverage report and the
+// metrics labels.
 func TestQuotedNamesEverywhere(t *testing.T) {
 	env := pgtest.New(t)
 	const items, comma = `"Sales Dept"."Order ""Items"""`, `"Sales Dept"."a,b"`
+	const odd = `"x; drop schema public --\"."t'1;` + "\n" + `""x"""`
 	pgtest.Exec(t, env.Source, `create schema "Sales Dept"`,
 		`create table `+items+` ("OrderId" int, "line no" int, "select" text, "prix€" numeric, primary key ("OrderId", "line no"))`,
 		`create table `+comma+` ("Key" text primary key)`,
 		`insert into `+items+` select g / 3, g % 3, 'sel ' || g, g * 1.5 from generate_series(1, 30) g`,
-		`insert into `+comma+` values ('x'), ('y')`)
+		`insert into `+comma+` values ('x'), ('y')`,
+		`create schema "x; drop schema public --\"`,
+		`create table `+odd+` ("k;'\" int primary key, "v`+"\n"+`""); --" text)`,
+		`insert into `+odd+` select g, 'v' || g from generate_series(1, 5) g`)
 	metrics := freeAddr(t)
-	startRun(t, env, "--tables", items+", "+comma, "--metrics-addr", metrics)
+	startRun(t, env, "--tables", items+", "+comma+", "+odd, "--metrics-addr", metrics)
 	pgtest.WaitStreaming(t, env)
 	pgtest.Exec(t, env.Source, `update `+items+` set "select" = 'upd', "prix€" = -1 where "line no" = 0`,
 		`update `+items+` set "OrderId" = "OrderId" + 100 where "OrderId" = 1`, `delete from `+items+` where "OrderId" = 2`,
-		`insert into `+comma+` values ('z')`)
+		`insert into `+comma+` values ('z')`,
+		`update `+odd+` set "v`+"\n"+`""); --" = 'w' where "k;'\" = 2`, `delete from `+odd+` where "k;'\" = 3`,
+		`insert into `+odd+` values (6, 'six')`)
 	pgtest.WaitConverged(t, env, items, `"OrderId", "line no"`)
 	pgtest.WaitConverged(t, env, comma, `"Key"`)
+	pgtest.WaitConverged(t, env, odd, `"k;'\"`)
+	var vout bytes.Buffer
+	if err := run(context.Background(), []string{"verify", "--source", env.SourceURL, "--target", env.TargetURL,
+		"--table", odd, "--format", "json"}, &vout, io.Discard); err != nil {
+		t.Errorf("verify of %s: %v\n%s", odd, err, vout.String())
+	}
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_namespace where nspname = 'public'`); n != 1 {
+		t.Fatalf("schema public is gone: a name was run as SQL")
+	}
 
 	rep := waitCovered(t, env)
-	for _, name := range []string{items, comma} {
+	for _, name := range []string{items, comma, odd} {
 		if tr, _ := rep.Table(name); tr.Status != engine.Covered {
 			t.Errorf("coverage of %s: %s", name, tr.Status)
 		}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"time"
 
@@ -126,9 +127,23 @@ func newMetrics() *metrics {
 	return m
 }
 
-// serve serves /metrics, /healthz and /readyz (health.go) on addr until ctx ends; it returns once
-// the listener is up.
+// metricsListenAddr returns addr with the loopback address 127.0.0.1 as its host when it names a
+// port only (":9187" or "9187"): the endpoint is reachable from other hosts only when the
+// operator names an address (0.0.0.0:9187, a host's own). Other forms are returned as given.
+func metricsListenAddr(addr string) string {
+	if !strings.Contains(addr, ":") {
+		return net.JoinHostPort("127.0.0.1", addr)
+	}
+	if host, port, err := net.SplitHostPort(addr); err == nil && host == "" {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
+
+// serve serves /metrics, /healthz and /readyz (health.go) on addr (metricsListenAddr) until ctx
+// ends; it returns once the listener is up.
 func (m *metrics) serve(ctx context.Context, addr string, withProfiles bool, log *slog.Logger) error {
+	addr = metricsListenAddr(addr)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen for metrics on %s: %w", addr, err)

@@ -86,3 +86,16 @@ func TestMetrics(t *testing.T) {
 		return got[`pgconverge_watermark_lsn`] != "0", "watermark 0"
 	})
 }
+
+// A metrics address without a host listens on the loopback address only; one with a host is
+// used as given.
+func TestMetricsListenAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		":9187": "127.0.0.1:9187", "9187": "127.0.0.1:9187", "127.0.0.1:9187": "127.0.0.1:9187",
+		"0.0.0.0:9187": "0.0.0.0:9187", "[::1]:9187": "[::1]:9187", "db-host.example:9187": "db-host.example:9187",
+	} {
+		if got := metricsListenAddr(in); got != want {
+			t.Errorf("metricsListenAddr(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -86,7 +86,7 @@ published tables that are not selected are skipped: such a table is loaded again
 	f.StringVar(&cfg.OnGap, "on-gap", engine.OnGapBackfill, "what to do with a table whose coverage has a gap (a dropped or invalidated slot, a table that rejoined the publication, a failed backfill) when a session starts: backfill it before streaming, or alert (log at ERROR, set the gap metric, stream on)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	f.BoolVar(&profiles, "pprof", false, "also serve Go's runtime profiles (net/http/pprof) at /debug/pprof/ on --metrics-addr, for go tool pprof; keep that address private")
-	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187); off when empty")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (for example 127.0.0.1:9187; a port alone, :9187, listens on 127.0.0.1 only, and 0.0.0.0:9187 on every interface); off when empty")
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }

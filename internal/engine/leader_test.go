@@ -110,6 +110,41 @@ where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2 and g
 	}
 }
 
+// A leader frozen (SIGSTOP) while its lock connection ends keeps its walsender and its target
+// connections: the standby takes the lock and the epoch, waits for the slot, ends the frozen
+// leader's walsender, and streams; the thawed leader commits nothing and waits as a standby.
+func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
+	env := pgtest.New(t)
+	setupCrashTables(t, env)
+	stopWorkload := workload(t, env)
+	leader, out := haPair(t, env)
+	oldWalsender := pgtest.Scalar[int32](t, env.Source, `select active_pid from pg_replication_slots where slot_name = $1`, env.Name)
+	if err := leader.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, env.Target, `select pg_terminate_backend(pid) from pg_locks
+where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2 and granted`)
+	waitTakeover(t, env, 2, time.Now())
+	pgtest.Eventually(t, 60*time.Second, "the new leader ended the frozen leader's walsender and streams", func() (bool, string) {
+		pid := pgtest.Scalar[int32](t, env.Source, `select coalesce(active_pid, 0) from pg_replication_slots where slot_name = $1`, env.Name)
+		return pid != 0 && pid != oldWalsender, fmt.Sprintf("slot held by %d, the frozen leader's walsender was %d", pid, oldWalsender)
+	})
+	if err := leader.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Eventually(t, 30*time.Second, "the thawed leader waits as a standby", func() (bool, string) {
+		l := pgtest.Scalar[string](t, env.Target, leaderLocks)
+		return l == "1 1", "leader locks held and waiting: " + l
+	})
+	finishUnderNewLeader(t, env, stopWorkload, out)
+	if !strings.Contains(out.String(), "lost the leadership of the slot") {
+		t.Errorf("the thawed leader did not log that it lost the leadership:\n%s", out)
+	}
+	if l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name); l != "2 "+holder() {
+		t.Errorf("leader row %q after the thaw, want epoch 2 held by this process", l)
+	}
+}
+
 // finishUnderNewLeader waits until the new leader streams live changes, stops the workload and
 // requires equal tables, a caught-up slot, full coverage and no stream segment ended.
 func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *bytes.Buffer) {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -15,8 +14,48 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-// takeSlotWait bounds the wait for a walsender the leader ended to release its slot.
-const takeSlotWait = 10 * time.Second
+// takeSlotGrace is how long a leader waits for another session to release its slot before it
+// ends that session's walsender (takeSlot); takeSlotWait how long it then waits for the release.
+const (
+	takeSlotGrace = 10 * time.Second
+	takeSlotWait  = 10 * time.Second
+)
+
+// takeSlot frees the slot another session holds (info, as read): this daemon leads it (lead), so
+// whoever streams it is a daemon that lost its leadership or a client that should not use it. It
+// waits takeSlotGrace for the holder to let go (a killed daemon's walsender ends at once, one
+// whose lock connection failed ends its session within leaderCheckEvery), then ends the holder's
+// walsender (cdc.TakeSlot: a source that has not noticed a broken network would keep it for
+// wal_sender_timeout), logged at WARN. It returns the slot as read last.
+func (s *session) takeSlot(ctx context.Context, info cdc.SlotInfo) (cdc.SlotInfo, error) {
+	cfg := s.cfg
+	cfg.Logger.Info("waiting for another session to release the slot this daemon leads", "slot", cfg.Slot,
+		"source_pid", info.ActivePID, "wait", takeSlotGrace.String())
+	deadline := time.Now().Add(takeSlotGrace)
+	for info.ActivePID != 0 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return info, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		var err error
+		if info, err = cdc.ReadSlot(ctx, s.src, cfg.Slot); err != nil {
+			return info, err
+		}
+	}
+	if info.ActivePID == 0 {
+		return info, nil
+	}
+	pid, err := cdc.TakeSlot(ctx, s.src, cfg.Slot, takeSlotWait)
+	if err != nil {
+		return info, err
+	}
+	if pid != 0 {
+		cfg.Logger.Warn("ended the walsender that kept streaming the slot this daemon leads (a daemon that lost its leadership, or another client of the slot)",
+			"slot", cfg.Slot, "source_pid", pid, "epoch", s.epoch, "waited", takeSlotGrace.String())
+	}
+	return cdc.ReadSlot(ctx, s.src, cfg.Slot)
+}
 
 // prepareSlot makes sure a usable slot exists, records in the coverage ledger where this
 // session's stream covers what, loads the tables that need it, and returns the LSN to start
@@ -41,17 +80,12 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 		if err := slot.Usable(cfg.Slot, s.src.Config().Database); err != nil {
 			return 0, permanent(err)
 		}
-		if err := slot.Busy(cfg.Slot); err != nil && slot.ActivePID != 0 {
-			// This daemon leads the slot (lead): whoever streams it lost the leadership.
-			pid, terr := cdc.TakeSlot(ctx, s.src, cfg.Slot, takeSlotWait)
-			if terr != nil || pid == 0 {
-				return 0, errors.Join(err, terr)
-			}
-			cfg.Logger.Warn("ended the walsender that streamed the slot to a daemon that lost its leadership", "slot", cfg.Slot, "source_pid", pid, "epoch", s.epoch)
-			if slot, err = cdc.ReadSlot(ctx, s.src, cfg.Slot); err != nil {
+		if slot.Busy(cfg.Slot) != nil && slot.ActivePID != 0 {
+			if slot, err = s.takeSlot(ctx, slot); err != nil {
 				return 0, err
 			}
-		} else if err != nil {
+		}
+		if err := slot.Busy(cfg.Slot); err != nil {
 			return 0, err
 		}
 	}

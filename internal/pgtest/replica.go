@@ -13,9 +13,16 @@ import (
 // SourceColumns returns the table's replicated columns, quoted, in order.
 func SourceColumns(t *testing.T, conn *pgx.Conn, table string) string {
 	t.Helper()
-	cols := Rows(t, conn, fmt.Sprintf(`select quote_ident(attname) from pg_attribute
-where attrelid = '%s'::regclass and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, table))
-	return strings.Join(cols, ", ")
+	rows, err := conn.Query(context.Background(), `select quote_ident(attname) from pg_attribute
+where attrelid = $1::regclass and attnum > 0 and not attisdropped and attgenerated = '' order by attnum`, table)
+	if err == nil {
+		var cols []string
+		if cols, err = pgx.CollectRows(rows, pgx.RowTo[string]); err == nil {
+			return strings.Join(cols, ", ")
+		}
+	}
+	t.Fatalf("columns of %s: %v", table, err)
+	return ""
 }
 
 // WaitConverged polls until the target's live rows of table equal the source's rows, compared as
