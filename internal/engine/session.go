@@ -59,6 +59,10 @@ type session struct {
 	recorded, lastCheck pglogrepl.LSN
 	// gapsPublished is when the gap metric was last computed (publishCoverage).
 	gapsPublished time.Time
+	// slotWarned is set while the slot's health warns, logged last at slotWarnedAt
+	// (sampleSlotHealth).
+	slotWarned   bool
+	slotWarnedAt time.Time
 	// unknown takes keys the stream left with unknown values to fillUnknown; filling counts the
 	// fills under way, whose snapshot may be older than a tombstone horizon.
 	unknown chan unknownKeys

@@ -143,12 +143,14 @@ func (s *session) labelsChanged(ctx context.Context, conn *pgx.Conn) (changed, e
 	return nil, nil
 }
 
-// sampleSlotHealth reports the slot's health to the monitor, when there is one. It only feeds
-// metrics: a failed read is logged at WARN and the stream goes on (the next sample tries again).
+// slotWarnEvery is how often a slot warning that persists is logged again.
+const slotWarnEvery = 5 * time.Minute
+
+// sampleSlotHealth reports the slot's health to the monitor and logs its warning (a slot at risk
+// of losing WAL, unreserved or lost; coverage.SlotHealth.Assess) at WARN when it appears, every
+// slotWarnEvery while it lasts, and at INFO when it clears. A failed read is logged at WARN and the
+// stream goes on (the next sample tries again).
 func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
-	if s.cfg.Monitor == nil {
-		return
-	}
 	h, err := readSlotHealth(ctx, s.src, s.cfg.Slot, now)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -157,6 +159,18 @@ func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
 		return
 	}
 	s.mon.SlotHealth(h)
+	switch {
+	case h.Warning != "" && (!s.slotWarned || time.Since(s.slotWarnedAt) >= slotWarnEvery):
+		s.slotWarned, s.slotWarnedAt = true, time.Now()
+		attrs := []any{"slot", s.cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes}
+		if h.SafeWALSizeBytes != nil {
+			attrs = append(attrs, "safe_wal_size_bytes", *h.SafeWALSizeBytes)
+		}
+		s.cfg.Logger.Warn(h.Warning, attrs...)
+	case h.Warning == "" && s.slotWarned:
+		s.slotWarned = false
+		s.cfg.Logger.Info("slot no longer at risk of losing WAL", "slot", s.cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes)
+	}
 }
 
 // readWALEnd stores the source's current WAL position (cdc.CurrentLSN) in lsn.
