@@ -178,6 +178,10 @@ func hint(err error) string {
 		return "a table is missing; if a target table was dropped, the next session recreates and reloads it"
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn:
 		return "a column was dropped or renamed on the source while it was read: the next session describes the table again"
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.DiskFull:
+		return "a disk of the server that reported it is full (the error names the file): free space or grow the filesystem there; nothing was committed from the failed transaction, and the daemon retries the same changes until it succeeds"
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "53"):
+		return "the server that reported it lacks a resource (memory, connections, disk): the error names it; the daemon retries the same changes"
 	case errors.As(err, &connectErr):
 		return "check that the server is running and that the URL's host, port and database are right"
 	}

@@ -29,6 +29,11 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// newTestLogger returns a text logger at INFO that writes to the test's log and to buf.
+func newTestLogger(t *testing.T, buf *lockedBuffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.MultiWriter(buf, pgtest.LogWriter(t)), nil))
+}
+
 // A slot that holds WAL close to max_slot_wal_keep_size (the stream stalled behind a busy target)
 // is logged at WARN before the source invalidates it, and at INFO once it caught up.
 func TestSlotAtRiskIsWarned(t *testing.T) {
@@ -36,7 +41,7 @@ func TestSlotAtRiskIsWarned(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table noise (v text)`)
 	cfg := testConfig(t, env)
 	var logs lockedBuffer
-	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, pgtest.LogWriter(t)), nil))
+	cfg.Logger = newTestLogger(t, &logs)
 	var mu sync.Mutex
 	gate := make(chan struct{})
 	stall := false
