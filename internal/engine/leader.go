@@ -29,46 +29,51 @@ func holder() string {
 	return fmt.Sprintf("%s pid %d", host, os.Getpid())
 }
 
-// lead makes the session the leader of its slot before it writes anything else to the target
-// (apply.LockLeader, apply.Lead): on a connection of its own it takes the slot's leader lock,
-// waiting as a standby while another daemon holds it, then raises the slot's epoch, which every
+// lead makes the session the leader of its slot before it writes anything but the metadata
+// schema to the target (apply.LockLeader, apply.Lead): on a connection of its own it takes the
+// slot's leader lock, waiting as a standby while another daemon holds it (waited is then true,
+// and the replication connection is closed meanwhile), then raises the slot's epoch, which every
 // stream and backfill transaction of the session checks. It brings the metadata schema up to
 // date first (the leaders table is part of it). A goroutine then checks the lock connection
 // every leaderCheckEvery and ends the session (lost) when it fails.
-func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) error {
+func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) (waited bool, err error) {
 	if err := migrations.Apply(ctx, s.tgt); err != nil {
-		return err
+		return false, err
 	}
 	lock, err := pgsession.Connect(ctx, s.cfg.Target, "target")
 	if err != nil {
-		return err
+		return false, err
 	}
 	s.lock = lock
 	slot := s.cfg.Slot
 	ok, err := apply.LockLeader(ctx, lock, slot, false)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !ok {
 		current, _, err := apply.ReadLeader(ctx, s.tgt, slot)
 		if err != nil {
-			return err
+			return false, err
+		}
+		if s.repl != nil {
+			s.repl.Close(ctx)
+			s.repl = nil
 		}
 		s.mon.Leading(slot, false)
 		s.cfg.Logger.Info("standby: another daemon leads this slot; this one takes over when that one stops, dies or loses its connection to the target",
 			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt)
 		if _, err := apply.LockLeader(ctx, lock, slot, true); err != nil {
-			return err
+			return true, err
 		}
 	}
 	if s.epoch, err = apply.Lead(ctx, lock, slot, holder()); err != nil {
-		return err
+		return !ok, err
 	}
 	s.mon.Leading(slot, true)
 	s.cfg.Logger.Info("leading the slot", "slot", slot, "epoch", s.epoch, "taken_over", !ok)
 	s.watching = make(chan struct{})
 	go s.watchLock(ctx, lost)
-	return nil
+	return !ok, nil
 }
 
 // explainByTakeover returns err wrapped with a *apply.FencedError when another daemon became the

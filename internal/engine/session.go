@@ -122,28 +122,27 @@ func (e enumCheckError) Error() string { return e.err.Error() }
 // Unwrap returns the refusal.
 func (e enumCheckError) Unwrap() error { return e.err }
 
-// run is the session's work in order: connect and check, lead the slot (waiting as a standby
-// while another daemon leads it; lost ends the session when the leader lock's connection fails),
-// prepare the tables, the publication and the slot (loading what needs it), then stream.
+// run is the session's work in order: connect and check, describe the tables and check both
+// sides without writing, lead the slot (waiting as a standby while another daemon leads it, then
+// describing again; lost ends the session when the leader lock's connection fails), prepare the
+// tables, the publication and the slot (loading what needs it), then stream.
 func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 	if err := s.connect(ctx); err != nil {
 		return err
 	}
-	if err := s.lead(ctx, lost); err != nil {
-		return err
-	}
-	// A source position read before the tables are described: a Relation message of a later
-	// transaction that differs from a description is a schema change the description has not seen.
-	describedAt, err := cdc.CurrentLSN(ctx, s.src)
+	describedAt, names, err := s.describe(ctx)
 	if err != nil {
 		return err
 	}
-	names, err := s.selectTables(ctx)
+	waited, err := s.lead(ctx, lost)
 	if err != nil {
 		return err
 	}
-	if err := s.preflight(ctx, names); err != nil {
-		return err
+	if waited {
+		// The source may have changed while this daemon waited as a standby.
+		if describedAt, names, err = s.describe(ctx); err != nil {
+			return err
+		}
 	}
 	if err := s.prepareTarget(ctx); err != nil {
 		return err
@@ -159,6 +158,25 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 		return err
 	}
 	return s.stream(ctx, start, describedAt)
+}
+
+// describe returns a source position read before the tables are described (a Relation message of
+// a later transaction that differs from a description is a schema change the description has
+// not seen), and the selected tables, described (selectTables); then it checks both sides
+// without writing anything (preflight), which opens the replication connection.
+func (s *session) describe(ctx context.Context) (pglogrepl.LSN, []changebatch.TableName, error) {
+	describedAt, err := cdc.CurrentLSN(ctx, s.src)
+	if err != nil {
+		return 0, nil, err
+	}
+	names, err := s.selectTables(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.preflight(ctx, names); err != nil {
+		return 0, nil, err
+	}
+	return describedAt, names, nil
 }
 
 // connect opens the source and target connections and checks the source.
