@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -21,11 +20,11 @@ where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2`
 // haPair starts a leader in a child process (the crash child, killed only by the test) under
 // the workload, waits until it streams, then starts a standby in this process and waits until it
 // waits for the leader lock. It returns the leader's process and output.
-func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *bytes.Buffer) {
+func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *lockedBuffer) {
 	t.Helper()
 	leader := crashChildCmd(env, "none", 0)
-	var out bytes.Buffer
-	leader.Stdout, leader.Stderr = &out, &out
+	out := &lockedBuffer{}
+	leader.Stdout, leader.Stderr = out, out
 	if err := leader.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +48,7 @@ func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *bytes.Buffer) {
 			t.Errorf("status of slot %s: leader %+v, want alive at epoch 1 held by %s with 1 standby", s.Name, l, holder)
 		}
 	}
-	return leader.Process, &out
+	return leader.Process, out
 }
 
 // waitTakeover waits until this process leads the slot at epoch and returns how long it took
@@ -147,7 +146,7 @@ where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2 and g
 
 // finishUnderNewLeader waits until the new leader streams live changes, stops the workload and
 // requires equal tables, a caught-up slot, full coverage and no stream segment ended.
-func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *bytes.Buffer) {
+func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *lockedBuffer) {
 	t.Helper()
 	from := pgtest.Scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
 	pgtest.Eventually(t, 60*time.Second, "the new leader streams live changes", func() (bool, string) {
