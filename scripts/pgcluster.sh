@@ -6,7 +6,7 @@
 # Usage:
 #   scripts/pgcluster.sh start   NAME PORT ROOT [logical]  # (re)create and start; idempotent
 #   scripts/pgcluster.sh stop    NAME ROOT                 # stop (no error if not running)
-#   scripts/pgcluster.sh restart NAME ROOT                 # pg_ctl restart -m fast -w
+#   scripts/pgcluster.sh restart NAME ROOT [MODE]          # pg_ctl restart -m MODE -w: fast (default) or immediate (a crash)
 #   scripts/pgcluster.sh url     NAME PORT                 # print the connection URL
 #   scripts/pgcluster.sh ensure                            # install PostgreSQL 15 if missing
 #
@@ -315,14 +315,15 @@ cmd_stop() {
 }
 
 cmd_restart() {
-	local name=$1
+	local name=$1 mode=${3:-fast}
 	check_name "$name"
 	check_root "$2"
+	case $mode in fast | immediate) ;; *) die "restart mode must be fast or immediate, not '$mode'" ;; esac
 	local data=$ROOT/$name log=$ROOT/$name.log
 	[ -f "$data/PG_VERSION" ] || die "no cluster in $data (use start first)"
 	pick_user
 	# -l: keep logging to the file; without it the server would inherit our stdout/stderr.
-	as_pg "$PGBIN/pg_ctl" -D "$data" -l "$log" -m fast -w -t 120 -s restart </dev/null || {
+	as_pg "$PGBIN/pg_ctl" -D "$data" -l "$log" -m "$mode" -w -t 120 -s restart </dev/null || {
 		tail -n 30 "$log" >&2 || true
 		die "could not restart $data (log: $log)"
 	}
@@ -345,7 +346,7 @@ cmd=${1:-}
 case $cmd in
 start) [ $# -eq 3 ] || [ $# -eq 4 ] || usage; cmd_start "$@" ;;
 stop) [ $# -eq 2 ] || usage; cmd_stop "$@" ;;
-restart) [ $# -eq 2 ] || usage; cmd_restart "$@" ;;
+restart) [ $# -eq 2 ] || [ $# -eq 3 ] || usage; cmd_restart "$@" ;;
 url) [ $# -eq 2 ] || usage; cmd_url "$@" ;;
 ensure) [ $# -eq 0 ] || usage; ensure_binaries; pick_user ;;
 *) usage ;;

@@ -277,8 +277,12 @@ func backfillCrashChild(point string, at int) int {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	tables := []string{"public.big"}
+	if v := os.Getenv("PGCONVERGE_CRASH_TABLES"); v != "" {
+		tables = strings.Split(v, ",")
+	}
 	cfg := BackfillConfig{
-		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Tables: []string{"public.big"},
+		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Tables: tables,
 		Workers: 1, ChunkRows: 1000, Resume: true, Logger: log, Progress: NewLogProgress(log, "backfill", time.Hour),
 		AfterChunk: func(string, int64) { hit() },
 	}

@@ -105,7 +105,15 @@ func crashChild(point string) int {
 		Slot: os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	limit := 60 * time.Second
+	if os.Getenv(envSoakChild) != "" {
+		// The soak's daemon: scheduled backfills and verifies with repair, until it is killed.
+		limit = 24 * time.Hour
+		cfg.BackfillSchedule, _ = ParseSchedule("@every 7s")
+		cfg.VerifySchedule, _ = ParseSchedule("@every 11s")
+		cfg.VerifyRepair = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	err = Run(ctx, cfg)
 	fmt.Fprintf(os.Stderr, "crash child reached the end without crashing at %s #%d: %v\n", point, at, err)

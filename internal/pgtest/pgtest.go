@@ -152,14 +152,18 @@ func Eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 
 // Restart restarts the "source" or "target" cluster (a fast shutdown, then start) with the command
 // in PGCONVERGE_TEST_RESTART_SOURCE or PGCONVERGE_TEST_RESTART_TARGET. Connections to it break.
-func Restart(t *testing.T, side string) {
+func Restart(t *testing.T, side string) { RestartMode(t, side, "fast") }
+
+// RestartMode is Restart with the shutdown mode: "fast", or "immediate" (a crash: the server
+// recovers from its WAL when it starts), passed to the restart command as its last argument.
+func RestartMode(t *testing.T, side, mode string) {
 	t.Helper()
 	name := "PGCONVERGE_TEST_RESTART_" + strings.ToUpper(side)
 	cmd := os.Getenv(name)
 	if cmd == "" {
 		t.Fatalf("%s is not set: run the tests with scripts/test.sh", name)
 	}
-	out, err := exec.Command("sh", "-c", cmd).CombinedOutput()
+	out, err := exec.Command("sh", "-c", cmd+" "+mode).CombinedOutput()
 	if err != nil {
 		t.Fatalf("restart %s: %v\n%s", side, err, out)
 	}
