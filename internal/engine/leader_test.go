@@ -20,10 +20,10 @@ where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2`
 // haPair starts a leader in a child process (the crash child, killed only by the test) under
 // the workload, waits until it streams, then starts a standby in this process and waits until it
 // waits for the leader lock. It returns the leader's process and output.
-func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *lockedBuffer) {
+func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *syncBuffer) {
 	t.Helper()
 	leader := crashChildCmd(env, "none", 0)
-	out := &lockedBuffer{}
+	out := &syncBuffer{}
 	leader.Stdout, leader.Stderr = out, out
 	if err := leader.Start(); err != nil {
 		t.Fatal(err)
@@ -146,7 +146,7 @@ where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2 and g
 
 // finishUnderNewLeader waits until the new leader streams live changes, stops the workload and
 // requires equal tables, a caught-up slot, full coverage and no stream segment ended.
-func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *lockedBuffer) {
+func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *syncBuffer) {
 	t.Helper()
 	from := pgtest.Scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
 	pgtest.Eventually(t, 60*time.Second, "the new leader streams live changes", func() (bool, string) {
@@ -154,11 +154,8 @@ func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), ou
 		return n > from+20, fmt.Sprintf("target at transaction %d, takeover at %d", n, from)
 	})
 	stopWorkload()
-	pgtest.WaitConverged(t, env, "acct", "id")
-	pgtest.WaitConverged(t, env, "ledger", "id")
-	pgtest.WaitSlotCaughtUp(t, env)
-	waitCovered(t, env)
-	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_segments where end_lsn is not null`); n != 0 {
-		t.Errorf("%d stream segments ended across a takeover that kept the slot, want 0\n%s", n, out)
+	requireWorkloadConverged(t, env)
+	if t.Failed() {
+		t.Logf("the first leader's output:\n%s", out)
 	}
 }

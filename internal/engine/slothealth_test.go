@@ -11,26 +11,8 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// lockedBuffer collects log output from the daemon's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // newTestLogger returns a text logger at INFO that writes to the test's log and to buf.
-func newTestLogger(t *testing.T, buf *lockedBuffer) *slog.Logger {
+func newTestLogger(t *testing.T, buf *syncBuffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.MultiWriter(buf, pgtest.LogWriter(t)), nil))
 }
 
@@ -40,7 +22,7 @@ func TestSlotAtRiskIsWarned(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table noise (v text)`)
 	cfg := testConfig(t, env)
-	var logs lockedBuffer
+	var logs syncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
 	var mu sync.Mutex
 	gate := make(chan struct{})

@@ -122,22 +122,7 @@ func soakWorkload(t *testing.T, env *pgtest.Env) (stop func() int64) {
 					continue
 				}
 			}
-			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				for _, st := range []struct {
-					sql  string
-					args []any
-				}{
-					{`update acct set bal = bal + 1 where id = $1`, []any{i*7%2000 + 1}},
-					{`update acct set bal = bal - 1 where id = $1`, []any{i*13%2000 + 1}},
-					{`insert into ledger (txn, k) select $1, g from generate_series(1, 5) g`, []any{i}},
-					{`delete from ledger where id = (select min(id) from ledger where k = 3)`, nil},
-				} {
-					if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return workloadTxn(ctx, tx, i) })
 			if err == nil {
 				committed.Add(1)
 			} else if !conn.IsClosed() {
@@ -161,7 +146,7 @@ type soakDaemon struct {
 	env      *pgtest.Env
 	src, tgt string
 	cmd      *exec.Cmd
-	out      *lockedBuffer
+	out      *syncBuffer
 }
 
 func (d *soakDaemon) start() {
@@ -199,7 +184,7 @@ func TestSoak(t *testing.T) {
 	srcURL, _ := url.Parse(env.SourceURL)
 	tgtURL, _ := url.Parse(env.TargetURL)
 	srcProxy, tgtProxy := newProxy(t, srcURL.Host), newProxy(t, tgtURL.Host)
-	d := &soakDaemon{t: t, env: env, src: srcProxy.url(t, env.SourceURL), tgt: tgtProxy.url(t, env.TargetURL), out: &lockedBuffer{}}
+	d := &soakDaemon{t: t, env: env, src: srcProxy.url(t, env.SourceURL), tgt: tgtProxy.url(t, env.TargetURL), out: &syncBuffer{}}
 	d.start()
 	t.Cleanup(d.kill)
 	pgtest.WaitStreaming(t, env)
@@ -255,13 +240,7 @@ where datname = current_database() and application_name = 'pgconverge' and state
 	if err := d.cmd.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("the daemon exited: %v\n%s", err, d.out)
 	}
-	pgtest.WaitConverged(t, env, "acct", "id")
-	pgtest.WaitConverged(t, env, "ledger", "id")
-	pgtest.WaitSlotCaughtUp(t, env)
-	waitCovered(t, env)
-	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_segments where end_lsn is not null`); n != 0 {
-		t.Errorf("%d stream segments ended: the faults broke the stream's coverage", n)
-	}
+	requireWorkloadConverged(t, env)
 	rep, err := Verify(t.Context(), VerifyConfig{Source: env.SourceURL, Target: env.TargetURL, Logger: testConfig(t, env).Logger})
 	if err != nil || rep.Found != 0 {
 		t.Errorf("verify after the soak: %+v, %v; want nothing found", rep, err)
