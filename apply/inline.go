@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -24,7 +25,7 @@ const (
 )
 
 // copyOnly holds the tables (Table.String) whose inline merge a value failed to parse or fit
-// (SQLSTATE class 22): the server names the value but not its row, so they are staged by COPY
+// (noteInlineError): the server names the value but not its row, so they are staged by COPY
 // from then on in this process, whose error names the row, its key and the column
 // (describeCopyError) when the stream retries.
 var copyOnly sync.Map
@@ -118,10 +119,11 @@ func writeRecordField(b *strings.Builder, s string) {
 }
 
 // noteInlineError marks tab to be staged by COPY (copyOnly) when err, from an inline merge, is a
-// value the target refused (SQLSTATE class 22), and says so in the error it returns.
+// value the target refused (SQLSTATE class 22, or a domain's CHECK or NOT NULL, 23514 and 23502,
+// which a record's input checks too), and says so in the error it returns.
 func noteInlineError(tab changebatch.Table, err error) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Code, "22") {
+	if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Code, "22") && pgErr.Code != pgerrcode.CheckViolation && pgErr.Code != pgerrcode.NotNullViolation {
 		return err
 	}
 	copyOnly.Store(tab.String(), true)

@@ -26,8 +26,26 @@ import (
 //     can never commit again.
 
 // leaderLockClass is the first key of the session advisory lock that makes one daemon the leader
-// of a slot ("pgcL"); the second is hashtext of the slot's name.
-const leaderLockClass = 0x7067634c
+// of a slot ("pgcL"); the second is hashtext of the slot's name. standbyLockClass ("pgcS") is the
+// first key of the shared advisory lock each standby of the slot holds while it waits, so that
+// the standbys can be counted.
+const (
+	leaderLockClass  = 0x7067634c
+	standbyLockClass = 0x70676353
+)
+
+// MarkStandby takes (standby true) or releases the standby lock of slot in conn's session.
+func MarkStandby(ctx context.Context, conn *pgx.Conn, slot string, standby bool) error {
+	q := `select pg_advisory_unlock_shared($1, hashtext($2))::text`
+	if standby {
+		q = `select pg_advisory_lock_shared($1, hashtext($2))::text`
+	}
+	var ignored string
+	if err := conn.QueryRow(ctx, q, standbyLockClass, slot).Scan(&ignored); err != nil {
+		return fmt.Errorf("mark this daemon a standby of slot %q on the target: %w", slot, err)
+	}
+	return nil
+}
 
 // LockLeader takes the leader lock of slot in conn's session, which holds it until the session
 // ends. With wait it waits for the lock (until ctx ends: pgx then cancels the wait), else it
@@ -67,7 +85,7 @@ func ReadLeader(ctx context.Context, conn *pgx.Conn, slot string) (Leader, bool,
 }
 
 // LeaderState is a slot's leader as the target shows it: its row (Leader), whether a session holds
-// the slot's leader lock now (Alive), and how many sessions wait for it (Standbys).
+// the slot's leader lock now (Alive), and how many standbys wait for it (MarkStandby).
 type LeaderState struct {
 	Leader
 	Alive    bool
@@ -78,11 +96,11 @@ type LeaderState struct {
 // map when the target's schema predates leaders (version 11).
 func ReadLeaders(ctx context.Context, conn *pgx.Conn) (map[string]LeaderState, error) {
 	rows, err := conn.Query(ctx, `select l.slot, l.epoch, l.holder, l.acquired_at::text,
-  count(k.*) filter (where k.granted) > 0, count(k.*) filter (where not k.granted)
-from pgconverge.leaders l left join pg_locks k on k.locktype = 'advisory' and k.objsubid = 2
+  count(k.*) filter (where k.classid = $1::int::oid) > 0, count(k.*) filter (where k.classid = $2::int::oid)
+from pgconverge.leaders l left join pg_locks k on k.locktype = 'advisory' and k.objsubid = 2 and k.granted
   and k.database = (select oid from pg_database where datname = current_database())
-  and k.classid = $1::int::oid and k.objid = hashtext(l.slot)::oid
-group by l.slot, l.epoch, l.holder, l.acquired_at`, leaderLockClass)
+  and k.classid in ($1::int::oid, $2::int::oid) and k.objid = hashtext(l.slot)::oid
+group by l.slot, l.epoch, l.holder, l.acquired_at`, leaderLockClass, standbyLockClass)
 	if err != nil {
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
 			return map[string]LeaderState{}, nil
@@ -100,6 +118,26 @@ group by l.slot, l.epoch, l.holder, l.acquired_at`, leaderLockClass)
 		return nil, fmt.Errorf("read the slots' leaders: %w", err)
 	}
 	return out, nil
+}
+
+// LeaderLockHolder returns the target process that holds slot's leader lock, and how long ago
+// (seconds) its session began its last statement (pg_stat_activity.query_start): a leader checks
+// its lock every few seconds, so a long silence means a frozen process or a broken network. pid
+// is 0 when nobody holds the lock; silent is -1 when the session's activity is hidden from this
+// role (another role without pg_read_all_stats).
+func LeaderLockHolder(ctx context.Context, conn *pgx.Conn, slot string) (pid int32, silent float64, err error) {
+	err = conn.QueryRow(ctx, `select l.pid, coalesce(extract(epoch from now() - a.query_start)::float8, -1)
+from pg_locks l left join pg_stat_activity a on a.pid = l.pid
+where l.locktype = 'advisory' and l.granted and l.objsubid = 2
+  and l.database = (select oid from pg_database where datname = current_database())
+  and l.classid = $1::int::oid and l.objid = hashtext($2)::oid`, leaderLockClass, slot).Scan(&pid, &silent)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, -1, nil
+	}
+	if err != nil {
+		return 0, -1, fmt.Errorf("look up the holder of slot %q's leader lock: %w", slot, err)
+	}
+	return pid, silent, nil
 }
 
 // Lead raises slot's epoch and records holder as its leader; the caller holds the leader lock

@@ -17,6 +17,9 @@ import (
 const (
 	caughtUpLag = 1 << 20
 	behindLag   = 16 << 20
+	// silenceLimit is how many status intervals of waiting without any message from the source
+	// (each status update asks for a keepalive) make the connection dead (ErrSourceSilent).
+	silenceLimit = 3
 	// idleProgressEvery throttles progress writes to the target while only keepalives arrive.
 	idleProgressEvery = time.Second
 	// statusAfterFlushEvery throttles status updates sent right after a group was applied.
@@ -48,6 +51,9 @@ type loop struct {
 	lastLogChanges int64
 	// lastConfirmCheck is when the loop last looked whether ConfirmLimit lets it confirm more.
 	lastConfirmCheck time.Time
+	// silent is how long the loop has waited in receives since the last message from the source
+	// (time spent waiting for the target does not count).
+	silent time.Duration
 }
 
 func (l *loop) run(ctx, applyCtx context.Context) error {
@@ -85,10 +91,10 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			}
 		}
 		if !now.Before(l.nextStatus) {
-			// When idle, ask for a keepalive: its WAL end moves the watermark (keepalive), so an
-			// idle source's coverage and lag stay current within a status interval.
-			rows, _ := l.asm.pending()
-			if err := l.sendStatus(ctx, !l.asm.inTxn && rows == 0); err != nil {
+			// Ask for a keepalive: when idle its WAL end moves the watermark (keepalive), so an
+			// idle source's coverage and lag stay current within a status interval; and an
+			// answer at least every status interval tells a live source from a dead connection.
+			if err := l.sendStatus(ctx, true); err != nil {
 				return err
 			}
 		}
@@ -107,16 +113,22 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		waitedFrom := time.Now()
 		msg, err := l.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
+				if l.silent += time.Since(waitedFrom); l.silent > silenceLimit*cfg.StatusInterval {
+					return fmt.Errorf("receive from slot %q: %w: nothing for %s although a keepalive was asked for every %s",
+						cfg.Slot, ErrSourceSilent, l.silent.Round(time.Second), cfg.StatusInterval)
+				}
 				continue
 			}
 			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)
 		}
+		l.silent = 0
 		if err := l.handle(ctx, applyCtx, msg); err != nil {
 			return err
 		}

@@ -24,6 +24,12 @@ import (
 // returns.
 type ApplyFunc func(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error
 
+// ErrSourceSilent ends Run when the source sent nothing, not even the keepalive every status
+// update asks for, for three status intervals of waiting: the connection is dead though no error
+// says so (a network that drops packets without resetting the connection, a hung server or
+// proxy), and a new session reconnects. Time spent waiting for the target does not count.
+var ErrSourceSilent = errors.New("the source went silent")
+
 // Knobs are fault-injection hooks for tests; nil hooks do nothing.
 type Knobs struct {
 	// OnMessage runs before each decoded pgoutput message is handled.

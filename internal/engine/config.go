@@ -91,6 +91,9 @@ type Knobs struct {
 	Verified func(VerifyReport, error)
 	// TombstonePruneEvery, when set, replaces tombstonePruneEvery.
 	TombstonePruneEvery time.Duration
+	// StatusInterval, when set, replaces the stream's status interval (10 s), which also sets how
+	// soon a silent source connection is given up (cdc.ErrSourceSilent).
+	StatusInterval time.Duration
 }
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.

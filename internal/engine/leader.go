@@ -7,14 +7,25 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
 // leaderCheckEvery is how often a leader makes sure its lock connection still holds the leader
-// lock (a trivial query on it); a leader whose lock connection ended stops its session within it.
-const leaderCheckEvery = 2 * time.Second
+// lock (a trivial query on it, which must answer within leaderCheckTimeout); a leader whose lock
+// connection failed stops its session within it. leaderLease is how long a standby lets the lock
+// holder's session go without a statement before it ends that session (a frozen process, or a
+// network that broke without resetting the connection), and also how long a new leader lets
+// transactions of the old one hold off its epoch raise before it ends them. standbyPoll is how
+// often a standby tries the lock.
+const (
+	leaderCheckEvery   = 2 * time.Second
+	leaderCheckTimeout = 5 * time.Second
+	leaderLease        = 15 * time.Second
+	standbyPoll        = 250 * time.Millisecond
+)
 
 // errLeadershipLost ends a session whose lock connection to the target failed: the leader lock
 // may be another daemon's now. The next session waits for the lock like a standby.
@@ -60,13 +71,13 @@ func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) (waite
 			s.repl = nil
 		}
 		s.mon.Leading(slot, false)
-		s.cfg.Logger.Info("standby: another daemon leads this slot; this one takes over when that one stops, dies or loses its connection to the target",
-			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt)
-		if _, err := apply.LockLeader(ctx, lock, slot, true); err != nil {
+		s.cfg.Logger.Info("standby: another daemon leads this slot; this one takes over when that one stops, dies, loses its connection to the target or stays silent for the lease",
+			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt, "lease", leaderLease.String())
+		if err := s.waitAsStandby(ctx, lock); err != nil {
 			return true, err
 		}
 	}
-	if s.epoch, err = apply.Lead(ctx, lock, slot, holder()); err != nil {
+	if s.epoch, err = s.raiseEpoch(ctx, lock); err != nil {
 		return !ok, err
 	}
 	s.mon.Leading(slot, true)
@@ -85,10 +96,86 @@ func (s *session) explainByTakeover(ctx context.Context, err error) error {
 		return err
 	}
 	l, ok, rerr := apply.ReadLeader(ctx, s.tgt, s.cfg.Slot)
+	if rerr != nil {
+		// The new leader may have ended this session's target connections: look on a new one.
+		rctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		defer cancel()
+		conn, cerr := pgsession.Connect(rctx, s.cfg.Target, "target")
+		if cerr != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		l, ok, rerr = apply.ReadLeader(rctx, conn, s.cfg.Slot)
+	}
 	if rerr != nil || !ok || l.Epoch == s.epoch {
 		return err
 	}
 	return fmt.Errorf("%w; the session ended with: %w", &apply.FencedError{Slot: s.cfg.Slot, Epoch: s.epoch, Current: l.Epoch, Holder: l.Holder}, err)
+}
+
+// waitAsStandby polls the leader lock every standbyPoll until it gets it; when the holder's session
+// has been silent for leaderLease (apply.LeaderLockHolder), it ends that session, logged at WARN.
+func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
+	slot := s.cfg.Slot
+	if err := apply.MarkStandby(ctx, lock, slot, true); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(standbyPoll):
+		}
+		ok, err := apply.LockLeader(ctx, lock, slot, false)
+		if err != nil {
+			return err
+		}
+		if ok {
+			return apply.MarkStandby(ctx, lock, slot, false)
+		}
+		pid, silent, err := apply.LeaderLockHolder(ctx, s.tgt, slot)
+		if err != nil {
+			return err
+		}
+		if pid != 0 && silent > leaderLease.Seconds() {
+			s.cfg.Logger.Warn("the leader's lock session has been silent past the lease (a frozen process, or a network that broke without resetting the connection): ending it to take over",
+				"slot", slot, "target_pid", pid, "silent_seconds", int(silent), "lease", leaderLease.String())
+			if _, err := s.tgt.Exec(ctx, `select pg_terminate_backend($1)`, pid); err != nil {
+				return fmt.Errorf("end the silent leader's session %d on the target (the target role needs to be that session's role or a member of pg_signal_backend): %w", pid, err)
+			}
+		}
+	}
+}
+
+// raiseEpoch raises the slot's epoch over lock (apply.Lead). Transactions of the previous leader
+// that checked the epoch hold it off; any still doing so after leaderLease belong to a daemon
+// that lost the lock and is frozen or cut off, and are ended (logged at WARN).
+func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	pid := lock.PgConn().PID()
+	go func() {
+		defer close(exited)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(leaderLease):
+			}
+			rows, err := s.tgt.Query(ctx, `select b from unnest(pg_blocking_pids($1)) b where pg_terminate_backend(b)`, pid)
+			if err != nil {
+				continue
+			}
+			ended, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			if err == nil && len(ended) > 0 {
+				s.cfg.Logger.Warn("ended the previous leader's transactions that held off the epoch raise past the lease", "slot", s.cfg.Slot, "target_pids", ended)
+			}
+		}
+	}()
+	epoch, err := apply.Lead(ctx, lock, s.cfg.Slot, holder())
+	close(done)
+	<-exited
+	return epoch, err
 }
 
 // watchLock checks the lock connection every leaderCheckEvery until ctx ends; when it fails it
@@ -103,7 +190,10 @@ func (s *session) watchLock(ctx context.Context, lost context.CancelCauseFunc) {
 			return
 		case <-t.C:
 		}
-		if _, err := s.lock.Exec(ctx, "select 1"); err != nil {
+		checkCtx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		_, err := s.lock.Exec(checkCtx, "select 1")
+		cancel()
+		if err != nil {
 			if ctx.Err() == nil {
 				lost(fmt.Errorf("%w: %w", errLeadershipLost, err))
 			}

@@ -81,6 +81,7 @@ func decide(err error) decision {
 		errors.As(err, &schema), lostLeadership(err):
 		return restart
 	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
+		errors.Is(err, cdc.ErrSourceSilent),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
 		return backOff
@@ -182,6 +183,8 @@ func hint(err error) string {
 		return "a disk of the server that reported it is full (the error names the file): free space or grow the filesystem there; nothing was committed from the failed transaction, and the daemon retries the same changes until it succeeds"
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "53"):
 		return "the server that reported it lacks a resource (memory, connections, disk): the error names it; the daemon retries the same changes"
+	case errors.Is(err, cdc.ErrSourceSilent):
+		return "the replication connection went silent without an error (a network dropping packets, a hung server or proxy): the daemon reconnects; check the network between this host and the source"
 	case errors.As(err, &connectErr):
 		return "check that the server is running and that the URL's host, port and database are right"
 	}

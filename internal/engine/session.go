@@ -88,16 +88,18 @@ var errMembershipChanged = errors.New("publication membership changed")
 // the labels cannot be read, it is returned as a transient enumCheckError, so the daemon retries
 // rather than stops on what it could not tell apart. It also reports, as connected, whether the
 // session reached both the source and the target.
-func runSession(ctx context.Context, cfg Config) (connected bool, err error) {
-	ctx, lost := context.WithCancelCause(ctx)
+func runSession(parent context.Context, cfg Config) (connected bool, err error) {
+	ctx, lost := context.WithCancelCause(parent)
 	s := &session{cfg: cfg, mon: cfg.monitor()}
 	defer s.close()
 	defer lost(nil)
 	err = s.run(ctx, lost)
-	if cause := context.Cause(ctx); errors.Is(cause, errLeadershipLost) {
-		err = cause
-	} else if err != nil && ctx.Err() == nil {
-		err = s.explainByTakeover(ctx, err)
+	if err != nil && parent.Err() == nil {
+		if cause := context.Cause(ctx); errors.Is(cause, errLeadershipLost) {
+			err = cause
+		} else {
+			err = s.explainByTakeover(parent, err)
+		}
 	}
 	connected = s.src != nil && s.tgt != nil
 	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && isCode(err, pgerrcode.InvalidTextRepresentation) {
@@ -169,6 +171,7 @@ func (s *session) describe(ctx context.Context) (pglogrepl.LSN, []changebatch.Ta
 	if err != nil {
 		return 0, nil, err
 	}
+	s.tables, s.snapshotOnly, s.patterns = nil, nil, nil
 	names, err := s.selectTables(ctx)
 	if err != nil {
 		return 0, nil, err

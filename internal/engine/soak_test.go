@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -31,12 +30,14 @@ const (
 )
 
 // tcpProxy forwards each connection to its local address to target; cut closes every
-// connection open through it, both sides at once, as a network failure would.
+// connection open through it, both sides at once, as a network failure would, and while frozen
+// it forwards nothing and closes nothing, as a network dropping packets would.
 type tcpProxy struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	frozen atomic.Bool
 }
 
 // newProxy listens on a free loopback port until the test ends.
@@ -67,7 +68,21 @@ func (p *tcpProxy) serve() {
 		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			io.Copy(dst, src)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				for p.frozen.Load() {
+					time.Sleep(20 * time.Millisecond)
+				}
+				if n > 0 {
+					if _, werr := dst.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
 			dst.Close()
 			src.Close()
 			p.mu.Lock()

@@ -36,7 +36,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	}
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
 		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: s.tables, DescribedAt: describedAt,
-		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream,
+		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream, StatusInterval: cfg.Knobs.StatusInterval,
 		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/16, 1<<20)),
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
 		// The slot is confirmed only as far as the catalog checks vouch for (checkMemberships).

@@ -322,6 +322,11 @@ func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if w.epoch != 0 {
+		if err := apply.CheckLeaderTx(ctx, tx.Conn(), w.slot, w.epoch); err != nil {
+			return 0, err
+		}
+	}
 	s, err := coverage.FinishTableBackfill(ctx, tx.Conn(), tr.id)
 	if err != nil {
 		return 0, err

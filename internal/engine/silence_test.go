@@ -1,0 +1,36 @@
+package engine
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// A replication connection that goes silent without an error (a network dropping packets: the
+// proxy forwards nothing and closes nothing) is given up after three status intervals of waiting,
+// logged with the fix, and the next session reconnects and streams on.
+func TestSilentSourceIsReconnected(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'one')`)
+	src, _ := url.Parse(env.SourceURL)
+	proxy := newProxy(t, src.Host)
+	cfg := testConfig(t, env)
+	var logs syncBuffer
+	cfg.Logger = newTestLogger(t, &logs)
+	cfg.Source = proxy.url(t, env.SourceURL)
+	cfg.Knobs.StatusInterval = time.Second
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	proxy.frozen.Store(true)
+	pgtest.Eventually(t, 30*time.Second, "the silent source logged", func() (bool, string) {
+		return strings.Contains(logs.String(), "the source went silent: nothing for") &&
+			strings.Contains(logs.String(), "the replication connection went silent without an error"), ""
+	})
+	proxy.frozen.Store(false)
+	pgtest.Exec(t, env.Source, `insert into a values (2, 'after')`, `update a set v = 'uno' where id = 1`)
+	pgtest.WaitConverged(t, env, "a", "id")
+	d.RequireRunning(t)
+}
