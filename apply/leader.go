@@ -25,23 +25,30 @@ import (
 //     lock without knowing it (its lock connection cut, its writes on other connections going on)
 //     can never commit again.
 
-// leaderLockClass is the first key of the session advisory lock that makes one daemon the leader
-// of a slot ("pgcL"); the second is hashtext of the slot's name. standbyLockClass ("pgcS") is the
-// first key of the shared advisory lock each standby of the slot holds while it waits, so that
-// the standbys can be counted.
-const (
-	leaderLockClass  = 0x7067634c
-	standbyLockClass = 0x70676353
-)
+// lockKey returns the SQL expression of a 64-bit advisory lock key (the single-bigint form, shown
+// in pg_locks with objsubid 1) for the slot named by the SQL expression slot: the first 64 bits
+// of md5 of kind, a space and the slot's name. The "leader" key is the session lock that makes
+// one daemon the leader of a slot; each standby of the slot holds the "standby" key shared while
+// it waits, so that standbys can be counted. 64 bits keep two slots' keys apart (hashtext's 32
+// bits collide for some pairs of names).
+func lockKey(kind, slot string) string {
+	return `('x' || substr(md5('pgconverge ` + kind + ` ' || ` + slot + `), 1, 16))::bit(64)::bigint`
+}
+
+// lockMatch returns the SQL condition that pg_locks row k is the advisory lock key key.
+func lockMatch(k, key string) string {
+	return `(` + k + `.locktype = 'advisory' and ` + k + `.objsubid = 1 and ` + k + `.classid = ((` + key + ` >> 32) & 4294967295)::oid and ` +
+		k + `.objid = (` + key + ` & 4294967295)::oid and ` + k + `.database = (select oid from pg_database where datname = current_database()))`
+}
 
 // MarkStandby takes (standby true) or releases the standby lock of slot in conn's session.
 func MarkStandby(ctx context.Context, conn *pgx.Conn, slot string, standby bool) error {
-	q := `select pg_advisory_unlock_shared($1, hashtext($2))::text`
+	q := `select pg_advisory_unlock_shared(` + lockKey("standby", "$1") + `)::text`
 	if standby {
-		q = `select pg_advisory_lock_shared($1, hashtext($2))::text`
+		q = `select pg_advisory_lock_shared(` + lockKey("standby", "$1") + `)::text`
 	}
 	var ignored string
-	if err := conn.QueryRow(ctx, q, standbyLockClass, slot).Scan(&ignored); err != nil {
+	if err := conn.QueryRow(ctx, q, slot).Scan(&ignored); err != nil {
 		return fmt.Errorf("mark this daemon a standby of slot %q on the target: %w", slot, err)
 	}
 	return nil
@@ -51,12 +58,12 @@ func MarkStandby(ctx context.Context, conn *pgx.Conn, slot string, standby bool)
 // ends. With wait it waits for the lock (until ctx ends: pgx then cancels the wait), else it
 // returns false at once when another session holds it.
 func LockLeader(ctx context.Context, conn *pgx.Conn, slot string, wait bool) (bool, error) {
-	q := `select pg_try_advisory_lock($1, hashtext($2))`
+	q := `select pg_try_advisory_lock(` + lockKey("leader", "$1") + `)`
 	if wait {
-		q = `select true from pg_advisory_lock($1, hashtext($2))`
+		q = `select true from pg_advisory_lock(` + lockKey("leader", "$1") + `)`
 	}
 	var ok bool
-	if err := conn.QueryRow(ctx, q, leaderLockClass, slot).Scan(&ok); err != nil {
+	if err := conn.QueryRow(ctx, q, slot).Scan(&ok); err != nil {
 		return false, fmt.Errorf("take the leader lock of slot %q on the target: %w", slot, err)
 	}
 	return ok, nil
@@ -96,11 +103,11 @@ type LeaderState struct {
 // map when the target's schema predates leaders (version 11).
 func ReadLeaders(ctx context.Context, conn *pgx.Conn) (map[string]LeaderState, error) {
 	rows, err := conn.Query(ctx, `select l.slot, l.epoch, l.holder, l.acquired_at::text,
-  count(k.*) filter (where k.classid = $1::int::oid) > 0, count(k.*) filter (where k.classid = $2::int::oid)
-from pgconverge.leaders l left join pg_locks k on k.locktype = 'advisory' and k.objsubid = 2 and k.granted
-  and k.database = (select oid from pg_database where datname = current_database())
-  and k.classid in ($1::int::oid, $2::int::oid) and k.objid = hashtext(l.slot)::oid
-group by l.slot, l.epoch, l.holder, l.acquired_at`, leaderLockClass, standbyLockClass)
+  count(k.*) filter (where `+lockMatch("k", lockKey("leader", "l.slot"))+`) > 0,
+  count(k.*) filter (where `+lockMatch("k", lockKey("standby", "l.slot"))+`)
+from pgconverge.leaders l left join pg_locks k on k.granted and (`+lockMatch("k", lockKey("leader", "l.slot"))+` or `+
+		lockMatch("k", lockKey("standby", "l.slot"))+`)
+group by l.slot, l.epoch, l.holder, l.acquired_at`)
 	if err != nil {
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
 			return map[string]LeaderState{}, nil
@@ -128,9 +135,7 @@ group by l.slot, l.epoch, l.holder, l.acquired_at`, leaderLockClass, standbyLock
 func LeaderLockHolder(ctx context.Context, conn *pgx.Conn, slot string) (pid int32, silent float64, err error) {
 	err = conn.QueryRow(ctx, `select l.pid, coalesce(extract(epoch from now() - a.query_start)::float8, -1)
 from pg_locks l left join pg_stat_activity a on a.pid = l.pid
-where l.locktype = 'advisory' and l.granted and l.objsubid = 2
-  and l.database = (select oid from pg_database where datname = current_database())
-  and l.classid = $1::int::oid and l.objid = hashtext($2)::oid`, leaderLockClass, slot).Scan(&pid, &silent)
+where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, &silent)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, -1, nil
 	}

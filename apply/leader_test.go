@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -90,5 +91,27 @@ where not l.granted and a.query like '%pgconverge.leaders%'`)
 	f.expect(t, "1|x|1|0/64#1|f|")
 	if l, ok, err := apply.ReadLeader(ctx, f.env.Target, "s1"); err != nil || !ok || l.Epoch != 2 || l.Holder != "new" {
 		t.Errorf("ReadLeader = %+v, %v, %v; want epoch 2 held by new", l, ok, err)
+	}
+}
+
+// Two slot names whose 32-bit hashtext collides ("orders_57540", "orders_143142") have leader locks
+// of their own.
+func TestLeaderLocksOfCollidingNamesAreApart(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	a, b := pgtest.Connect(t, f.env.TargetURL), pgtest.Connect(t, f.env.TargetURL)
+	if pgtest.Scalar[int32](t, a, `select hashtext('orders_57540')`) != pgtest.Scalar[int32](t, a, `select hashtext('orders_143142')`) {
+		t.Fatal("the names no longer collide under hashtext: pick another pair")
+	}
+	for _, c := range []struct {
+		conn *pgx.Conn
+		slot string
+	}{{a, "orders_57540"}, {b, "orders_143142"}} {
+		if ok, err := apply.LockLeader(ctx, c.conn, c.slot, false); !ok || err != nil {
+			t.Errorf("LockLeader(%s) = %v, %v; want the lock", c.slot, ok, err)
+		}
+		if pid, _, err := apply.LeaderLockHolder(ctx, f.env.Target, c.slot); err != nil || pid != int32(c.conn.PgConn().PID()) {
+			t.Errorf("LeaderLockHolder(%s) = %d, %v; want %d", c.slot, pid, err, c.conn.PgConn().PID())
+		}
 	}
 }

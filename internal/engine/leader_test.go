@@ -9,13 +9,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// leaderLocks counts the target's sessions that hold a leader lock (apply.LockLeader: advisory
-// class 0x7067634c) and a standby lock (apply.MarkStandby: 0x70676353).
-const leaderLocks = `select count(*) filter (where classid = 1885823820::oid) || ' ' || count(*) filter (where classid = 1885823827::oid)
-from pg_locks where locktype = 'advisory' and objsubid = 2 and granted`
+// leaderLocks returns whether a session holds the slot's leader lock (1 or 0) and how many hold
+// its standby lock (apply.ReadLeaders), as "1 1"; "0 0" before any daemon led the slot.
+func leaderLocks(t *testing.T, env *pgtest.Env) string {
+	t.Helper()
+	leaders, err := apply.ReadLeaders(context.Background(), env.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := leaders[env.Name]
+	alive := 0
+	if l.Alive {
+		alive = 1
+	}
+	return fmt.Sprintf("%d %d", alive, l.Standbys)
+}
 
 // haPair starts a leader in a child process (the crash child, killed only by the test) under
 // the workload, waits until it streams, then starts a standby in this process and waits until it
@@ -36,7 +48,7 @@ func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *syncBuffer) {
 	}
 	startDaemon(t, testConfig(t, env))
 	pgtest.Eventually(t, 30*time.Second, "the second daemon waits as a standby", func() (bool, string) {
-		l := pgtest.Scalar[string](t, env.Target, leaderLocks)
+		l := leaderLocks(t, env)
 		return l == "1 1", "leader locks held and waiting: " + l
 	})
 	rep, err := Status(context.Background(), StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
@@ -91,13 +103,16 @@ func TestStandbyTakesOverFromALeaderThatLostItsLock(t *testing.T) {
 	stopWorkload := workload(t, env)
 	leader, out := haPair(t, env)
 	cutAt := time.Now()
-	pgtest.Exec(t, env.Target, `select pg_terminate_backend(pid) from pg_locks
-where locktype = 'advisory' and classid = 1885823820::oid and objsubid = 2 and granted`)
+	pid, _, err := apply.LeaderLockHolder(context.Background(), env.Target, env.Name)
+	if err != nil || pid == 0 {
+		t.Fatalf("the leader lock's holder: %d, %v", pid, err)
+	}
+	pgtest.Exec(t, env.Target, fmt.Sprintf(`select pg_terminate_backend(%d)`, pid))
 	took := waitTakeover(t, env, 2, cutAt)
 	t.Logf("the standby led %s after the leader's lock connection ended", took.Round(time.Millisecond))
 	// The old leader, alive, now waits for the lock as a standby.
 	pgtest.Eventually(t, 30*time.Second, "the old leader waits as a standby", func() (bool, string) {
-		l := pgtest.Scalar[string](t, env.Target, leaderLocks)
+		l := leaderLocks(t, env)
 		return l == "1 1", "leader locks held and waiting: " + l
 	})
 	if err := leader.Signal(syscall.Signal(0)); err != nil {
@@ -137,7 +152,7 @@ func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgtest.Eventually(t, 30*time.Second, "the thawed leader waits as a standby", func() (bool, string) {
-		l := pgtest.Scalar[string](t, env.Target, leaderLocks)
+		l := leaderLocks(t, env)
 		return l == "1 1", "leader locks held and waiting: " + l
 	})
 	finishUnderNewLeader(t, env, stopWorkload, out)
