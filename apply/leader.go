@@ -75,13 +75,15 @@ type Leader struct {
 	Epoch      int64
 	Holder     string
 	AcquiredAt string
+	// Settings are the leader's settings that every daemon of the slot must share (Lead).
+	Settings string
 }
 
 // ReadLeader returns slot's leader row, and false when no daemon ever led it.
 func ReadLeader(ctx context.Context, conn *pgx.Conn, slot string) (Leader, bool, error) {
 	var l Leader
-	err := conn.QueryRow(ctx, `select epoch, holder, acquired_at::text from pgconverge.leaders where slot = $1`, slot).
-		Scan(&l.Epoch, &l.Holder, &l.AcquiredAt)
+	err := conn.QueryRow(ctx, `select epoch, holder, acquired_at::text, settings from pgconverge.leaders where slot = $1`, slot).
+		Scan(&l.Epoch, &l.Holder, &l.AcquiredAt, &l.Settings)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	}
@@ -145,14 +147,15 @@ where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, 
 	return pid, silent, nil
 }
 
-// Lead raises slot's epoch and records holder as its leader; the caller holds the leader lock
-// (LockLeader). It waits for the transactions that locked the row under the previous epoch
-// (CheckLeaderTx) and returns the new epoch, 1 for a slot never led before.
-func Lead(ctx context.Context, conn *pgx.Conn, slot, holder string) (int64, error) {
+// Lead raises slot's epoch and records holder as its leader, with the settings every daemon of
+// the slot must share; the caller holds the leader lock (LockLeader). It waits for the
+// transactions that locked the row under the previous epoch (CheckLeaderTx) and returns the new
+// epoch, 1 for a slot never led before.
+func Lead(ctx context.Context, conn *pgx.Conn, slot, holder, settings string) (int64, error) {
 	var epoch int64
-	err := conn.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder) values ($1, 1, $2)
-on conflict (slot) do update set epoch = l.epoch + 1, holder = excluded.holder, acquired_at = now()
-returning epoch`, slot, holder).Scan(&epoch)
+	err := conn.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder, settings) values ($1, 1, $2, $3)
+on conflict (slot) do update set epoch = l.epoch + 1, holder = excluded.holder, settings = excluded.settings, acquired_at = now()
+returning epoch`, slot, holder, settings).Scan(&epoch)
 	if err != nil {
 		return 0, fmt.Errorf("record the new leader of slot %q: %w", slot, err)
 	}

@@ -30,7 +30,7 @@ func TestLeaderEpochFencesTheOldLeader(t *testing.T) {
 	if ok, err := apply.LockLeader(ctx, newLock, "s2", false); !ok || err != nil {
 		t.Fatalf("LockLeader of another slot = %v, %v; want the lock", ok, err)
 	}
-	oldEpoch, err := apply.Lead(ctx, oldLock, "s1", "old")
+	oldEpoch, err := apply.Lead(ctx, oldLock, "s1", "old", "")
 	if err != nil || oldEpoch != 1 {
 		t.Fatalf("Lead = %d, %v; want epoch 1", oldEpoch, err)
 	}
@@ -58,7 +58,7 @@ func TestLeaderEpochFencesTheOldLeader(t *testing.T) {
 	}
 	newEpoch := make(chan int64, 1)
 	go func() {
-		e, err := apply.Lead(ctx, newLock, "s1", "new")
+		e, err := apply.Lead(ctx, newLock, "s1", "new", "")
 		if err != nil {
 			t.Error(err)
 		}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 )
@@ -66,6 +68,9 @@ func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) (waite
 		if err != nil {
 			return false, err
 		}
+		if err := s.checkLike(ctx, current); err != nil {
+			return false, err
+		}
 		if s.repl != nil {
 			s.repl.Close(ctx)
 			s.repl = nil
@@ -111,6 +116,30 @@ func (s *session) explainByTakeover(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w; the session ended with: %w", &apply.FencedError{Slot: s.cfg.Slot, Epoch: s.epoch, Current: l.Epoch, Holder: l.Holder}, err)
+}
+
+// settings describes what every daemon of the slot must share: the publication and the tables it
+// selects (--tables as given, or the publication's tables).
+func (s *session) settings() string {
+	tables := "the publication's tables"
+	if len(s.cfg.Tables) > 0 {
+		tables = strings.Join(s.cfg.Tables, ",")
+	}
+	return fmt.Sprintf("publication %s, tables %s", s.cfg.Publication, tables)
+}
+
+// checkLike refuses to wait as a standby of a leader with other settings, or for a target whose
+// ledger follows another source: it would take over a stream it cannot continue. The errors are
+// permanent: retrying does not change the settings.
+func (s *session) checkLike(ctx context.Context, leader apply.Leader) error {
+	if leader.Settings != "" && leader.Settings != s.settings() {
+		return permanent(fmt.Errorf("slot %q is led by %s with other settings (%s) than this daemon's (%s): every daemon of a slot needs the same --publication and --tables; start this one with the leader's, or stop every daemon of the slot and start them all with the new ones",
+			s.cfg.Slot, leader.Holder, leader.Settings, s.settings()))
+	}
+	if err := coverage.CheckSource(ctx, s.tgt, s.cfg.Slot, s.sourceID); err != nil {
+		return permanent(err)
+	}
+	return nil
 }
 
 // waitAsStandby polls the leader lock every standbyPoll until it gets it; when the holder's session
@@ -172,7 +201,7 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 			}
 		}
 	}()
-	epoch, err := apply.Lead(ctx, lock, s.cfg.Slot, holder())
+	epoch, err := apply.Lead(ctx, lock, s.cfg.Slot, holder(), s.settings())
 	close(done)
 	<-exited
 	return epoch, err

@@ -179,3 +179,18 @@ func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), ou
 		t.Logf("the first leader's output:\n%s", out)
 	}
 }
+
+// A daemon whose settings differ from the leader's (here another --tables) refuses to wait as its
+// standby, naming both settings: taking over, it would stop following the leader's tables.
+func TestStandbyWithOtherSettingsRefuses(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.a"}
+	startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	other := testConfig(t, env)
+	other.Tables = []string{"public.a", "public.b"}
+	requireRefusal(t, other, "is led by", "with other settings (publication "+env.Name+", tables public.a)",
+		"(publication "+env.Name+", tables public.a,public.b)", "--tables")
+}
