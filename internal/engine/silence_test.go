@@ -24,6 +24,9 @@ func TestSilentSourceIsReconnected(t *testing.T) {
 	cfg.Knobs.StatusInterval = time.Second
 	d := startDaemon(t, cfg)
 	pgtest.WaitStreaming(t, env)
+	// A change applied: the stream's receive loop runs (the session's start is behind it).
+	pgtest.Exec(t, env.Source, `insert into a values (0, 'zero')`)
+	pgtest.WaitConverged(t, env, "a", "id")
 	proxy.frozen.Store(true)
 	pgtest.Eventually(t, 30*time.Second, "the silent source logged", func() (bool, string) {
 		return strings.Contains(logs.String(), "the source went silent: nothing for") &&
