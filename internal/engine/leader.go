@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -119,11 +120,20 @@ func (s *session) explainByTakeover(ctx context.Context, err error) error {
 }
 
 // settings describes what every daemon of the slot must share: the publication and the tables it
-// selects (--tables as given, or the publication's tables).
+// selects (the --tables items as given, sorted, or the publication's tables).
 func (s *session) settings() string {
 	tables := "the publication's tables"
 	if len(s.cfg.Tables) > 0 {
-		tables = strings.Join(s.cfg.Tables, ",")
+		var items []string
+		for _, v := range s.cfg.Tables {
+			for _, item := range strings.Split(v, ",") {
+				if item = strings.TrimSpace(item); item != "" {
+					items = append(items, item)
+				}
+			}
+		}
+		slices.Sort(items)
+		tables = strings.Join(slices.Compact(items), ",")
 	}
 	return fmt.Sprintf("publication %s, tables %s", s.cfg.Publication, tables)
 }
@@ -224,6 +234,10 @@ func (s *session) watchLock(ctx context.Context, lost context.CancelCauseFunc) {
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
+				// Say so at once: the session may take a while to end (an apply under way on a
+				// connection as broken as this one is given 30 s).
+				s.mon.Leading(s.cfg.Slot, false)
+				s.cfg.Logger.Warn("the leader lock's connection failed: this daemon stops leading the slot and ends its session", "slot", s.cfg.Slot, "epoch", s.epoch, "err", err)
 				lost(fmt.Errorf("%w: %w", errLeadershipLost, err))
 			}
 			return

@@ -189,6 +189,15 @@ func TestStandbyWithOtherSettingsRefuses(t *testing.T) {
 	cfg.Tables = []string{"public.a"}
 	startDaemon(t, cfg)
 	pgtest.WaitStreaming(t, env)
+	// The same tables in another order, given otherwise, are the same settings.
+	same := testConfig(t, env)
+	same.Tables = []string{" public.a ,public.a"}
+	standby := startDaemon(t, same)
+	pgtest.Eventually(t, 30*time.Second, "a standby with the same tables waits", func() (bool, string) {
+		l := leaderLocks(t, env)
+		return l == "1 1", "leader and standby locks: " + l
+	})
+	standby.Stop(t)
 	other := testConfig(t, env)
 	other.Tables = []string{"public.a", "public.b"}
 	requireRefusal(t, other, "is led by", "with other settings (publication "+env.Name+", tables public.a)",

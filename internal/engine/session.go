@@ -94,6 +94,9 @@ func runSession(parent context.Context, cfg Config) (connected bool, err error) 
 	defer s.close()
 	defer lost(nil)
 	err = s.run(ctx, lost)
+	if s.epoch != 0 {
+		s.mon.Leading(cfg.Slot, false) // between sessions this daemon leads nothing
+	}
 	if err != nil && parent.Err() == nil {
 		if cause := context.Cause(ctx); errors.Is(cause, errLeadershipLost) {
 			err = cause
