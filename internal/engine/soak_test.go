@@ -165,6 +165,7 @@ type soakDaemon struct {
 }
 
 func (d *soakDaemon) start() {
+	fmt.Fprintf(d.out, "===== daemon started %s\n", time.Now().Format(time.RFC3339Nano))
 	d.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	d.cmd.Env = append(os.Environ(), envCrashPoint+"=none", envCrashAt+"=0", envSoakChild+"=1",
 		envCrashSrc+"="+d.src, envCrashTgt+"="+d.tgt, envCrashSlot+"="+d.env.Name)
@@ -202,6 +203,12 @@ func TestSoak(t *testing.T) {
 	d := &soakDaemon{t: t, env: env, src: srcProxy.url(t, env.SourceURL), tgt: tgtProxy.url(t, env.TargetURL), out: &syncBuffer{}}
 	d.start()
 	t.Cleanup(d.kill)
+	t.Cleanup(func() {
+		if t.Failed() {
+			log := d.out.String()
+			t.Logf("the daemon's output (last 20,000 bytes):\n%s", log[max(0, len(log)-20000):])
+		}
+	})
 	pgtest.WaitStreaming(t, env)
 	stopWorkload := soakWorkload(t, env)
 
@@ -255,6 +262,15 @@ where datname = current_database() and application_name = 'pgconverge' and state
 	if err := d.cmd.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("the daemon exited: %v\n%s", err, d.out)
 	}
+	// After a burst of faults the daemon's backoff may be at its 30 s ceiling and a session start
+	// may wait for its slot: give it time to catch up before the 60 s convergence checks.
+	end := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Eventually(t, 4*time.Minute, "the daemon applied the workload", func() (bool, string) {
+		var caught bool
+		err := env.Target.QueryRow(context.Background(), `select coalesce((select applied_lsn >= $1::pg_lsn from pgconverge.progress where slot = $2), false)`,
+			end, env.Name).Scan(&caught)
+		return err == nil && caught, fmt.Sprint(err)
+	})
 	requireWorkloadConverged(t, env)
 	rep, err := Verify(t.Context(), VerifyConfig{Source: env.SourceURL, Target: env.TargetURL, Logger: testConfig(t, env).Logger})
 	if err != nil || rep.Found != 0 {
