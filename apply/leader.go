@@ -129,13 +129,15 @@ group by l.slot, l.epoch, l.holder, l.acquired_at`)
 	return out, nil
 }
 
-// LeaderLockHolder returns the target process that holds slot's leader lock, and how long ago
-// (seconds) its session began its last statement (pg_stat_activity.query_start): a leader checks
+// LeaderLockHolder returns the target process that holds slot's leader lock, and how long
+// (seconds) its session has been idle since its last statement (pg_stat_activity.state_change;
+// 0 while a statement runs, such as the epoch raise waiting for the old leader): a leader checks
 // its lock every few seconds, so a long silence means a frozen process or a broken network. pid
 // is 0 when nobody holds the lock; silent is -1 when the session's activity is hidden from this
 // role (another role without pg_read_all_stats).
 func LeaderLockHolder(ctx context.Context, conn *pgx.Conn, slot string) (pid int32, silent float64, err error) {
-	err = conn.QueryRow(ctx, `select l.pid, coalesce(extract(epoch from now() - a.query_start)::float8, -1)
+	err = conn.QueryRow(ctx, `select l.pid, case when a.state = 'active' then 0
+  else coalesce(extract(epoch from now() - a.state_change)::float8, -1) end
 from pg_locks l left join pg_stat_activity a on a.pid = l.pid
 where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, &silent)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,32 +28,14 @@ func withPassword(t *testing.T, u string) string {
 	return p.String()
 }
 
-// syncBuffer is a bytes.Buffer safe for the daemon's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // The password of a URL appears in no log line, error, report, metric or health answer: of a
-// daemon that runs, loads, streams and fails over its target's restart-free errors, of every
-// report command, and of failures to parse or reach a URL.
+// daemon that loads, streams and reconnects after its target sessions were ended, of every report
+// command, and of failures to parse or reach a URL.
 func TestPasswordsNeverShown(t *testing.T) {
 	env := pgtest.New(t)
 	src, tgt := withPassword(t, env.SourceURL), withPassword(t, env.TargetURL)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 50) g`)
-	var logs syncBuffer
+	var logs pgtest.SyncBuffer
 	metrics := freeAddr(t)
 	for i, format := range []string{"text", "json"} {
 		d := pgtest.Start(t, func(ctx context.Context) error {
@@ -93,7 +73,7 @@ where datname = current_database() and application_name = 'pgconverge' and pid <
 		{"run", "--source", "postgres://postgres:" + secret + "@" + closedPort(t) + "/postgres", "--target", tgt, "--log-format", "json"},
 	}
 	for _, args := range commands {
-		var out syncBuffer
+		var out pgtest.SyncBuffer
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		began := time.Now()
 		err := run(ctx, args, &out, &out)

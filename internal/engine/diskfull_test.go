@@ -67,7 +67,7 @@ func TestFullTargetDiskWaitsForSpace(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`)
 	resize := smallTablespace(t, env, env.Name+"_small", 4)
 	cfg := testConfig(t, env)
-	var logs syncBuffer
+	var logs pgtest.SyncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
 	d := startDaemon(t, cfg)
 	pgtest.WaitStreaming(t, env)

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -108,7 +107,7 @@ func TestRefusedValueNamesTheRowAndColumn(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create domain score as int check (value >= 0)`,
 		`create table t (id int primary key, s score)`, `insert into t values (1, 5), (2, 50), (3, 7)`)
 	pgtest.Exec(t, env.Target, `create domain score as int check (value < 10)`)
-	logs := &syncBuffer{}
+	logs := &pgtest.SyncBuffer{}
 	mon := &retryCounter{}
 	cfg := testConfig(t, env)
 	cfg.Logger, cfg.Monitor = slog.New(slog.NewTextHandler(io.MultiWriter(pgtest.LogWriter(t), logs), nil)), mon
@@ -134,22 +133,4 @@ func TestRefusedValueNamesTheRowAndColumn(t *testing.T) {
 	pgtest.Exec(t, env.Target, `alter domain score drop constraint score_check`)
 	pgtest.WaitConverged(t, env, "t", "id")
 	d.RequireRunning(t)
-}
-
-// syncBuffer is a log destination tests read while the daemon writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -32,10 +32,10 @@ func leaderLocks(t *testing.T, env *pgtest.Env) string {
 // haPair starts a leader in a child process (the crash child, killed only by the test) under
 // the workload, waits until it streams, then starts a standby in this process and waits until it
 // waits for the leader lock. It returns the leader's process and output.
-func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *syncBuffer) {
+func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *pgtest.SyncBuffer) {
 	t.Helper()
 	leader := crashChildCmd(env, "none", 0)
-	out := &syncBuffer{}
+	out := &pgtest.SyncBuffer{}
 	leader.Stdout, leader.Stderr = out, out
 	if err := leader.Start(); err != nil {
 		t.Fatal(err)
@@ -82,7 +82,6 @@ func TestStandbyTakesOverFromAKilledLeader(t *testing.T) {
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)
 	leader, out := haPair(t, env)
-	// The standby writes nothing while it waits: the leader's epoch and progress are its alone.
 	killedAt := time.Now()
 	if err := leader.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -166,7 +165,7 @@ func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
 
 // finishUnderNewLeader waits until the new leader streams live changes, stops the workload and
 // requires equal tables, a caught-up slot, full coverage and no stream segment ended.
-func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *syncBuffer) {
+func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), out *pgtest.SyncBuffer) {
 	t.Helper()
 	from := pgtest.Scalar[int64](t, env.Source, `select coalesce(max(txn), 0) from ledger`)
 	pgtest.Eventually(t, 60*time.Second, "the new leader streams live changes", func() (bool, string) {

@@ -286,7 +286,7 @@ func TestUnloggedTableIsNamedAndLeftOut(t *testing.T) {
 		`create unlogged table scratch (id int primary key, v text)`, `insert into scratch values (1, 'x')`,
 		`create table ok (id int primary key, v text)`,
 		`insert into ok select g, 'o' from generate_series(1, 10) g`)
-	requireReason := func(logs *syncBuffer) {
+	requireReason := func(logs *pgtest.SyncBuffer) {
 		t.Helper()
 		pgtest.Eventually(t, 30*time.Second, "the log names scratch as UNLOGGED", func() (bool, string) {
 			l := logs.String()
@@ -301,7 +301,7 @@ func TestUnloggedTableIsNamedAndLeftOut(t *testing.T) {
 	published := func() []string {
 		return pgtest.Rows(t, env.Source, `select schemaname || '.' || tablename from pg_publication_tables where pubname = '`+env.Name+`'`)
 	}
-	logs := &syncBuffer{}
+	logs := &pgtest.SyncBuffer{}
 	cfg := testConfig(t, env) // the default selection
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(pgtest.LogWriter(t), logs), nil))
 	d := startDaemon(t, cfg)
@@ -313,7 +313,7 @@ func TestUnloggedTableIsNamedAndLeftOut(t *testing.T) {
 		t.Errorf("tables the default selection published: %s", d)
 	}
 	d.Stop(t)
-	logs = &syncBuffer{}
+	logs = &pgtest.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(pgtest.LogWriter(t), logs), nil))
 	cfg.Tables = []string{"public.scratch,public.ok"}
 	startDaemon(t, cfg)

@@ -203,7 +203,7 @@ func TestToastedRowMovedIntoFilterIsFilled(t *testing.T) {
 		`alter table k alter big set storage external`,
 		`insert into k select g, repeat(md5(g::text), 400), g from generate_series(1, 20) g`,
 		`create publication `+env.Name+` for table k where (id > 10)`)
-	logs := &syncBuffer{}
+	logs := &pgtest.SyncBuffer{}
 	cfg := testConfig(t, env)
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, pgtest.LogWriter(t)), nil))
 	startDaemon(t, cfg)

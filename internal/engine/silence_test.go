@@ -18,7 +18,7 @@ func TestSilentSourceIsReconnected(t *testing.T) {
 	src, _ := url.Parse(env.SourceURL)
 	proxy := newProxy(t, src.Host)
 	cfg := testConfig(t, env)
-	var logs syncBuffer
+	var logs pgtest.SyncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
 	cfg.Source = proxy.url(t, env.SourceURL)
 	cfg.Knobs.StatusInterval = time.Second

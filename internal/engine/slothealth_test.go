@@ -12,7 +12,7 @@ import (
 )
 
 // newTestLogger returns a text logger at INFO that writes to the test's log and to buf.
-func newTestLogger(t *testing.T, buf *syncBuffer) *slog.Logger {
+func newTestLogger(t *testing.T, buf *pgtest.SyncBuffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.MultiWriter(buf, pgtest.LogWriter(t)), nil))
 }
 
@@ -22,7 +22,7 @@ func TestSlotAtRiskIsWarned(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table noise (v text)`)
 	cfg := testConfig(t, env)
-	var logs syncBuffer
+	var logs pgtest.SyncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
 	var mu sync.Mutex
 	gate := make(chan struct{})

@@ -161,7 +161,7 @@ type soakDaemon struct {
 	env      *pgtest.Env
 	src, tgt string
 	cmd      *exec.Cmd
-	out      *syncBuffer
+	out      *pgtest.SyncBuffer
 }
 
 func (d *soakDaemon) start() {
@@ -200,7 +200,7 @@ func TestSoak(t *testing.T) {
 	srcURL, _ := url.Parse(env.SourceURL)
 	tgtURL, _ := url.Parse(env.TargetURL)
 	srcProxy, tgtProxy := newProxy(t, srcURL.Host), newProxy(t, tgtURL.Host)
-	d := &soakDaemon{t: t, env: env, src: srcProxy.url(t, env.SourceURL), tgt: tgtProxy.url(t, env.TargetURL), out: &syncBuffer{}}
+	d := &soakDaemon{t: t, env: env, src: srcProxy.url(t, env.SourceURL), tgt: tgtProxy.url(t, env.TargetURL), out: &pgtest.SyncBuffer{}}
 	d.start()
 	t.Cleanup(d.kill)
 	t.Cleanup(func() {

@@ -91,3 +91,24 @@ func (d *Running) RequireRunning(t *testing.T) {
 	default:
 	}
 }
+
+// SyncBuffer is a log destination a test reads (String) while the daemon's goroutines, or a child
+// process's output copier, write to it; safe for concurrent use.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// Write appends p.
+func (w *SyncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// String returns everything written so far.
+func (w *SyncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
