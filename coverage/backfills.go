@@ -234,27 +234,6 @@ func RecordChunk(ctx context.Context, conn *pgx.Conn, id int64, ordinal int, low
 	return nil
 }
 
-// StartChunk counts an attempt at chunk ordinal of table backfill id and returns how many
-// attempts had started before.
-//
-// The count is committed without waiting for its WAL flush (synchronous_commit off for this one
-// transaction): it only feeds the re-read figure of a later run, and a chunk's start must not cost
-// a disk flush.
-func StartChunk(ctx context.Context, conn *pgx.Conn, id int64, ordinal int) (int, error) {
-	var n int
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `set local synchronous_commit = off`); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `update pgconverge.backfill_chunks set attempts = attempts + 1
-where backfill_id = $1 and chunk = $2 returning attempts - 1`, id, ordinal).Scan(&n)
-	})
-	if err != nil {
-		return 0, fmt.Errorf("start chunk %d of backfill %d: %w", ordinal, id, err)
-	}
-	return n, nil
-}
-
 // ChunkProgress records, in tx (the transaction that applied them), that the rows of chunk
 // ordinal of table backfill id up to key doneKey were applied from snapshot LSN s: rows more
 // rows, and completed when the whole chunk is in. A chunk applied in one transaction calls it

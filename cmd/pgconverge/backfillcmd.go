@@ -15,8 +15,10 @@ import (
 func newBackfillCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := engine.BackfillConfig{}
 	var logFormat, logLevel string
+	var join bool
+	var runID int64
 	cmd := &cobra.Command{
-		Use:   "backfill --source URL --target URL --table s.t [--table ...] [--workers N] [--chunk-rows N]",
+		Use:   "backfill --source URL --target URL (--table s.t [--table ...] | --join [--run ID]) [--workers N] [--chunk-rows N]",
 		Short: "Copy tables from an exact snapshot of the source into the target, safely next to a running stream",
 		Long: `backfill reads every row of the named tables from one exact snapshot of the source (a temporary
 logical slot's exported snapshot, whose consistent point is the snapshot LSN S) and applies them at
@@ -30,7 +32,12 @@ for long. If a run is interrupted (kill -9, SIGTERM, a lost connection), running
 again keeps what was completed and reads the rest from a new snapshot. Missing target tables are
 created. When a table is complete, target rows the source no longer has become tombstones
 (_cdc_deleted). Exit status: 0 when every table completed, 1 on an error or an interruption.
-URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
+
+With --join, the command adds --workers workers to a run another process is running (a
+backfill, or a daemon's initial load or scheduled backfill), typically from another host: they
+claim the run's chunks in the target's ledger and read each at the run's own snapshot. It takes
+no --table and exits 0 when the run ends; killing it costs no data (its chunks are claimable
+again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(stderr, logFormat, logLevel)
@@ -38,12 +45,15 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 				return err
 			}
 			cfg.Logger = logger
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
 			if cfg.Progress == nil {
 				f, ok := stderr.(*os.File)
 				cfg.Progress = newProgress(stderr, ok && term.IsTerminal(int(f.Fd())), "backfill", logger, 10*time.Second)
+			}
+			if join || runID != 0 {
+				return runJoin(cmd, stdout, cfg, runID)
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
 			}
 			rep, err := engine.Backfill(cmd.Context(), cfg)
 			if errors.Is(err, engine.ErrSequencesNotSynced) {
@@ -68,10 +78,40 @@ URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to backfill as schema.table, repeated or comma-separated; unquoted names fold to lower case as in SQL")
 	addBackfillFlags(f, &cfg.Workers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.BoolVar(&cfg.Resume, "resume", true, "keep the completed chunks of an interrupted backfill of a table and read only the rest; --resume=false starts over")
-	f.BoolVar(&cfg.Wait, "wait", false, "wait for another running backfill of a table to end instead of failing")
+	f.BoolVar(&cfg.Wait, "wait", false, "wait for another running backfill of a table to end instead of failing; with --join, wait for a run to join")
+	f.BoolVar(&join, "join", false, "add this process's --workers to a backfill run another process is running (from another host, say) instead of starting one")
+	f.Int64Var(&runID, "run", 0, "with --join: the id of the run to join (default: the newest running run)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
+}
+
+// runJoin runs `backfill --join` with the flags of cfg and prints what it did.
+func runJoin(cmd *cobra.Command, stdout io.Writer, cfg engine.BackfillConfig, runID int64) error {
+	if len(cfg.Tables) > 0 {
+		return errors.New("--join takes the tables of the run it joins: drop --table")
+	}
+	jc := engine.JoinConfig{Source: cfg.Source, Target: cfg.Target, Run: runID, Workers: cfg.Workers, Wait: cfg.Wait,
+		Logger: cfg.Logger, Progress: cfg.Progress}
+	if err := jc.Validate(); err != nil {
+		return err
+	}
+	rep, err := engine.Join(cmd.Context(), jc)
+	switch {
+	case cmd.Context().Err() != nil && rep.RunID != 0:
+		// Not wrapping context.Canceled: a stopped process must not exit 0. Its chunks are claimable again.
+		return fmt.Errorf("stopped: left backfill run %d after applying %d chunks; the run's other workers take the rest", rep.RunID, rep.Chunks)
+	case cmd.Context().Err() != nil:
+		return errors.New("stopped while waiting for a backfill run to join")
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(stdout, "joined backfill run %d: applied %d chunks, %d rows (%d written, %d suppressed)\n",
+		rep.RunID, rep.Chunks, rep.Rows, rep.Result.Applied, rep.Result.Suppressed)
+	if rep.Ended != "" {
+		fmt.Fprintf(stdout, "  left it because %s\n", rep.Ended)
+	}
+	return nil
 }
 
 // printBackfillReport writes the summary of a completed run for people.
@@ -86,6 +126,9 @@ func printBackfillReport(w io.Writer, rep engine.BackfillReport) {
 	}
 	fmt.Fprintf(w, "  rows read:     %d (of which %d in chunks an interrupted run had started)\n", rep.Rows, rep.Reread)
 	fmt.Fprintf(w, "  rows kept:     %d (applied by an interrupted run, not read again)\n", rep.Kept)
+	if rep.Joined > 0 {
+		fmt.Fprintf(w, "  rows joined:   %d (applied by workers of processes that joined the run)\n", rep.Joined)
+	}
 	fmt.Fprintf(w, "  applied:       %d (rows written: a snapshot row replaces an older version even when equal)\n", rep.Result.Applied)
 	fmt.Fprintf(w, "  suppressed:    %d (the target already held that version or a newer one)\n", rep.Result.Suppressed)
 	fmt.Fprintf(w, "  tombstoned:    %d (target rows the source no longer had)\n", rep.Tombstoned)

@@ -35,6 +35,9 @@ type backfillJob struct {
 	// leadership commits no chunk after a new leader took over.
 	LeaderSlot string
 	Epoch      int64
+	// Publication is the publication the tables are read through (a daemon's); "" when they are
+	// read as the ledger records. Workers that join the run (Join) read them the same way.
+	Publication string
 	// Workers is the number of chunks read and applied at once; ChunkRows the rows per chunk;
 	// BatchRows the rows per change batch within a chunk.
 	Workers, ChunkRows, BatchRows int
@@ -79,7 +82,9 @@ type BackfillReport struct {
 	// Rows were read from the source in this run; Reread of them are in chunks an interrupted
 	// run had started; Kept rows were applied by interrupted runs and kept.
 	Rows, Reread, Kept int64
-	Result             apply.Result
+	// Joined counts the rows of chunks workers of other processes applied (Join).
+	Joined int64
+	Result apply.Result
 	// Tombstoned counts live target rows the source no longer had, turned into tombstones.
 	Tombstoned int64
 	// Tables lists the tables backfilled, each at the smallest S of its chunks.
@@ -118,6 +123,9 @@ type tableRun struct {
 	keyDeferred bool
 	// byBlock is true when the table's plan is cut by block ranges (backfill.NewBlockPlanner).
 	byBlock bool
+	// held lists the chunks a worker of another process (Join) held when this run's worker came to
+	// them: awaitHeld waits for them.
+	held []chunkWork
 }
 
 // chunkWork is one chunk for a worker.
@@ -240,9 +248,19 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		rep.Kept += kept
 		total += estimateRows(ctx, src, t)
 	}
+	if snap.Name != "" {
+		// From here on every chunk recorded for the run may be read by any worker, this process's
+		// or one that joins the run.
+		if err := coverage.PublishRun(ctx, ctrl, rep.RunID, snap.Name, snap.LSN, job.Publication, job.LeaderSlot, job.Epoch); err != nil {
+			return err
+		}
+	}
 	job.Progress.Start(total, rep.Kept)
 	defer job.Progress.Finish()
 	if err := runChunks(ctx, ctrl, src, job, snap, runs, pending, rep, log); err != nil {
+		return fmt.Errorf("backfill run %d: %w", rep.RunID, err)
+	}
+	if err := awaitHeld(ctx, job, snap, runs, rep, log); err != nil {
 		return fmt.Errorf("backfill run %d: %w", rep.RunID, err)
 	}
 	// A table whose chunks had all completed in earlier runs is finished here.
@@ -261,16 +279,18 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 	}
 	secs := max(time.Since(began).Seconds(), 0.001)
 	log.Info("backfill completed", "rows", rep.Rows, "rows_per_s", int64(float64(rep.Rows)/secs), "reread", rep.Reread,
-		"kept_from_earlier_runs", rep.Kept, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
+		"kept_from_earlier_runs", rep.Kept, "rows_by_joined_workers", rep.Joined, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
 		"tombstoned_absent", rep.Tombstoned, "seconds", fmt.Sprintf("%.1f", secs))
 	return nil
 }
 
 // runChunks reads and applies the chunks of the tables under one errgroup: a planner hands each
 // table's adopted chunks, then its newly planned ones, to job.Workers workers, which count each
-// completed chunk in rep (under a mutex) and finish a table when its last chunk completed.
+// completed chunk in rep (tally) and finish a table when its last chunk completed. The planner
+// records up to chunkLookahead chunks ahead of the workers, for workers of other processes that
+// joined the run to claim.
 func runChunks(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap backfill.Snapshot, runs []*tableRun, pending [][]chunkWork, rep *BackfillReport, log *slog.Logger) error {
-	work := make(chan chunkWork)
+	work := make(chan chunkWork, chunkLookahead)
 	g, gctx := errgroup.WithContext(ctx)
 	var mu sync.Mutex
 	g.Go(func() error {
@@ -290,33 +310,91 @@ func runChunks(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap b
 			}
 			defer wk.close()
 			return wk.run(gctx, work, func(cw chunkWork, done chunkDone) error {
-				mu.Lock()
-				rep.Rows += done.rows
-				rep.Result.Add(done.result)
-				job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, rowCounts(done.result))
-				if done.reread {
-					rep.Reread += done.rows
-				}
-				mu.Unlock()
-				job.Progress.Add(done.rows)
-				if job.AfterChunk != nil {
-					cw.tr.mu.Lock()
-					rows := cw.tr.rows
-					cw.tr.mu.Unlock()
-					job.AfterChunk(cw.tr.t.String(), rows)
-				}
-				n, err := wk.finishIfComplete(gctx, cw.tr, log)
-				if n > 0 {
-					mu.Lock()
-					rep.Tombstoned += n
-					mu.Unlock()
-				}
-				return err
+				return tally(gctx, wk, &mu, job, cw, done, rep, log)
 			})
 		})
 	}
 	return g.Wait()
 }
+
+// chunkLookahead is how many planned chunks the planner records ahead of the run's own workers.
+const chunkLookahead = 256
+
+// tally counts chunk cw, completed as done says, in rep under mu, reports it to job's monitor,
+// progress and AfterChunk hook, and has wk finish cw's table when it was the table's last chunk.
+func tally(ctx context.Context, wk *backfillWorker, mu *sync.Mutex, job backfillJob, cw chunkWork, done chunkDone, rep *BackfillReport, log *slog.Logger) error {
+	mu.Lock()
+	rep.Rows += done.rows
+	rep.Joined += done.byOther
+	rep.Result.Add(done.result)
+	job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, rowCounts(done.result))
+	if done.reread {
+		rep.Reread += done.rows
+	}
+	mu.Unlock()
+	job.Progress.Add(done.rows + done.byOther)
+	if job.AfterChunk != nil {
+		cw.tr.mu.Lock()
+		rows := cw.tr.rows
+		cw.tr.mu.Unlock()
+		job.AfterChunk(cw.tr.t.String(), rows)
+	}
+	n, err := wk.finishIfComplete(ctx, cw.tr, log)
+	if n > 0 {
+		mu.Lock()
+		rep.Tombstoned += n
+		mu.Unlock()
+	}
+	return err
+}
+
+// awaitHeld waits until every chunk that workers of other processes held (tableRun.held) is
+// completed, polling the ledger, and applies itself each one whose worker ended first (its claim
+// lapsed with its session); tables complete as their last chunk does.
+func awaitHeld(ctx context.Context, job backfillJob, snap backfill.Snapshot, runs []*tableRun, rep *BackfillReport, log *slog.Logger) error {
+	var held []chunkWork
+	for _, tr := range runs {
+		held = append(held, tr.held...)
+		tr.held = nil
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	log.Info("waiting for the chunks workers of joined processes are applying", "chunks", len(held))
+	wk, err := newBackfillWorker(ctx, job, snap)
+	if err != nil {
+		return err
+	}
+	defer wk.close()
+	var mu sync.Mutex
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	for {
+		var still []chunkWork
+		for _, cw := range held {
+			done, err := wk.chunk(ctx, cw)
+			if err != nil {
+				return err
+			}
+			if done.held {
+				still = append(still, cw)
+			} else if err := tally(ctx, wk, &mu, job, cw, done, rep, log); err != nil {
+				return err
+			}
+		}
+		if held = still; len(held) == 0 {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// heldPoll is how often awaitHeld looks at the chunks other processes hold.
+const heldPoll = 250 * time.Millisecond
 
 // sourceID returns cdc.SourceID of the database at url.
 func sourceID(ctx context.Context, url string) (string, error) {

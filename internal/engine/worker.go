@@ -10,6 +10,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply"
@@ -37,6 +38,13 @@ type backfillWorker struct {
 	// slot and epoch are backfillJob.LeaderSlot and Epoch.
 	slot  string
 	epoch int64
+	// keepFrom is the smallest S of a chunk another worker completed that the run keeps: chunks
+	// of this run's own snapshot, and with Resume those a stream covers from (backfillJob.KeepFrom).
+	keepFrom pglogrepl.LSN
+	// joined is set in a worker of a process that joined run runID (Join): each of its chunk
+	// transactions checks the run still owns the chunk's table backfill (coverage.CheckRunOwnsTx).
+	joined bool
+	runID  int64
 }
 
 // chunkDone is what applying one chunk did.
@@ -45,6 +53,10 @@ type chunkDone struct {
 	result apply.Result
 	// reread is true when an interrupted run had started this chunk before.
 	reread bool
+	// byOther counts the rows of a chunk a worker of another process completed; held is true when
+	// such a worker holds the chunk now (neither is applied here).
+	byOther int64
+	held    bool
 }
 
 func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snapshot) (*backfillWorker, error) {
@@ -53,12 +65,23 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		return nil, err
 	}
 	tgt, err := pgsession.Connect(ctx, job.Target, "target")
+	if err == nil {
+		err = coverage.HoldWorkerLock(ctx, tgt)
+	}
 	if err != nil {
 		src.Close(context.WithoutCancel(ctx))
+		if tgt != nil {
+			tgt.Close(context.WithoutCancel(ctx))
+		}
 		return nil, err
 	}
+	keepFrom := snap.LSN
+	if job.Resume {
+		keepFrom = job.KeepFrom
+	}
 	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
-		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch}, nil
+		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch,
+		keepFrom: keepFrom}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -105,12 +128,19 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }}
 }
 
-// run applies the chunks of work until it closes, calling onDone after each.
+// run applies the chunks of work until it closes, calling onDone after each; a chunk a worker of
+// another process holds is left in its table's held list (tableRun.held).
 func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone func(chunkWork, chunkDone) error) error {
 	for cw := range work {
 		done, err := w.chunk(ctx, cw)
 		if err != nil {
 			return err
+		}
+		if done.held {
+			cw.tr.mu.Lock()
+			cw.tr.held = append(cw.tr.held, cw)
+			cw.tr.mu.Unlock()
+			continue
 		}
 		if err := onDone(cw, done); err != nil {
 			return err
@@ -119,15 +149,42 @@ func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone 
 	return nil
 }
 
-// chunk applies chunk cw, retrying after a lost deadlock or serialization conflict, and counts
-// it completed in its table. It first tries the direct COPY, unless that met existing keys of the
-// table maxDirectConflicts times in this run; when the target holds keys of the chunk, the chunk
-// is read again and merged batch by batch.
+// chunk claims chunk cw (coverage.ClaimChunk) and applies it (applyChunk). A chunk a worker of
+// another process (Join) completed counts as completed, unless its S is below w.keepFrom (then it
+// is read again); one such a worker holds now is left to it (chunkDone.held).
 func (w *backfillWorker) chunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
-	before, err := coverage.StartChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
-	if err != nil {
-		return chunkDone{}, err
+	for {
+		c, err := coverage.ClaimChunk(ctx, w.tgt, cw.tr.id, cw.ordinal)
+		switch {
+		case err != nil:
+			return chunkDone{}, err
+		case c.Got:
+			return w.applyChunk(ctx, cw, c.Before)
+		case !c.Completed:
+			return chunkDone{held: true}, nil
+		case c.S < w.keepFrom:
+			// A worker of an earlier run completed it from a snapshot older than the stream covers.
+			if err := coverage.ResetChunk(ctx, w.tgt, cw.tr.id, cw.ordinal); err != nil {
+				return chunkDone{}, err
+			}
+			cw.doneKey = nil
+			continue
+		}
+		cw.tr.mu.Lock()
+		cw.tr.open--
+		cw.tr.rows += c.Rows
+		cw.tr.mu.Unlock()
+		return chunkDone{byOther: c.Rows}, nil
 	}
+}
+
+// applyChunk applies chunk cw, which the worker claimed after before earlier attempts, retrying
+// after a lost deadlock or serialization conflict, and counts it completed in its table. It first
+// tries the direct COPY, unless that met existing keys of the table maxDirectConflicts times in
+// this run; when the target holds keys of the chunk, the chunk is read again and merged batch by
+// batch.
+func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, before int) (chunkDone, error) {
+	var err error
 	cw.tr.mu.Lock()
 	// A keyless table's rows are always merged: each snapshot row is matched with the deletes
 	// the stream already applied (apply's keyless base).
@@ -187,8 +244,9 @@ var errKeysPresent = errors.New("the target holds keys of the chunk")
 // beginChunkTx starts a target transaction for backfill rows. Its commit does not wait for the WAL
 // flush: the rows commit with their ledger row and nothing outside the target learns of the
 // commit, so if a crash loses it they are simply read again; the daemon's progress commits, which
-// must wait, flush it along with theirs. A daemon's chunk transaction checks its leader epoch.
-func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
+// must wait, flush it along with theirs. A daemon's chunk transaction checks its leader epoch, and
+// a joined worker's that the run still owns table backfill id.
+func (w *backfillWorker) beginChunkTx(ctx context.Context, id int64) (*apply.Tx, error) {
 	tx, err := w.ap.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -203,6 +261,12 @@ func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
 			return nil, err
 		}
 	}
+	if w.joined {
+		if err := coverage.CheckRunOwnsTx(ctx, tx.Conn(), id, w.runID); err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
 	return tx, nil
 }
 
@@ -211,7 +275,7 @@ func (w *backfillWorker) beginChunkTx(ctx context.Context) (*apply.Tx, error) {
 // ledger row; it fails with errKeysPresent when the target holds any of the chunk's keys.
 func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone, error) {
 	var done chunkDone
-	tx, err := w.beginChunkTx(ctx)
+	tx, err := w.beginChunkTx(ctx, cw.tr.id)
 	if err != nil {
 		return done, err
 	}
@@ -253,7 +317,7 @@ func (w *backfillWorker) mergeChunk(ctx context.Context, r chunkRead, cw *chunkW
 	if _, err := r.wait(); err != nil {
 		return done, err
 	}
-	tx, err := w.beginChunkTx(ctx)
+	tx, err := w.beginChunkTx(ctx, cw.tr.id)
 	if err != nil {
 		return done, err
 	}
@@ -279,7 +343,7 @@ func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, 
 			last = append(last, v.Value(v.Len()-1, k).Text)
 		}
 	}
-	tx, err := w.beginChunkTx(ctx)
+	tx, err := w.beginChunkTx(ctx, cw.tr.id)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,258 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/migrations"
+	"golang.org/x/sync/errgroup"
+)
+
+// JoinConfig configures Join (`pgconverge backfill --join`).
+type JoinConfig struct {
+	Source, Target string
+	// Run is the id of the run to join; 0 joins the newest running one.
+	Run int64
+	// Workers chunks are read and applied at once.
+	Workers int
+	// Wait waits for a run to join to start, instead of failing when none runs.
+	Wait   bool
+	Logger *slog.Logger
+	// Progress reports rows; nil reports nothing.
+	Progress Progress
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *JoinConfig) Validate() error {
+	errs := validateURLs(c.Source, c.Target)
+	if c.Workers < 1 {
+		errs = append(errs, errors.New("--workers must be at least 1"))
+	}
+	if c.Run < 0 {
+		errs = append(errs, errors.New("--run must be a backfill run id (see pgconverge status) or 0 for the newest"))
+	}
+	return errors.Join(errs...)
+}
+
+// JoinReport sums up what a joined process did.
+type JoinReport struct {
+	RunID int64
+	// Chunks and Rows count the chunks this process applied and their rows.
+	Chunks int
+	Rows   int64
+	Result apply.Result
+	// Ended says why the process stopped: the run completed, or ended another way.
+	Ended string
+}
+
+// Join is `pgconverge backfill --join`: it adds Workers workers, in this process, to a backfill
+// run another process runs (a `pgconverge backfill`, or a daemon's initial load or scheduled
+// backfill) on the same source and target, typically from another host. Each worker claims the
+// run's recorded chunks in the ledger (coverage.ClaimAnyChunk, FOR UPDATE SKIP LOCKED) and reads
+// each at the run's own exact snapshot (imported by its id), applying it through the apply step
+// like the run's own workers; the run's process completes the tables. Join returns when the run
+// ends, when ctx ends, or on an error; a chunk it held when it stopped is claimable again at once
+// (its claim lapses with its session), so stopping it, even with SIGKILL, costs no data.
+func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
+	if cfg.Progress == nil {
+		cfg.Progress = nopProgress{}
+	}
+	var rep JoinReport
+	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+	if err != nil {
+		return rep, err
+	}
+	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
+	if err := checkDistinct(ctx, src, tgt); err != nil {
+		return rep, err
+	}
+	if err := migrations.Apply(ctx, tgt); err != nil {
+		return rep, err
+	}
+	run, err := findRun(ctx, tgt, cfg)
+	if err != nil || run == nil {
+		return rep, err
+	}
+	rep.RunID = run.ID
+	if err := checkRunSource(ctx, src, tgt, run.ID); err != nil {
+		return rep, err
+	}
+	log := cfg.Logger.With("run", run.ID, "snapshot_lsn", run.LSN.String())
+	log.Info("joined the backfill run", "trigger", run.Trigger, "workers", cfg.Workers)
+	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}}
+	cfg.Progress.Start(0, 0)
+	defer cfg.Progress.Finish()
+	g, gctx := errgroup.WithContext(ctx)
+	for w := 0; w < cfg.Workers; w++ {
+		g.Go(func() error { return j.work(gctx) })
+	}
+	err = g.Wait()
+	rep.Chunks, rep.Rows, rep.Result, rep.Ended = j.chunks, j.rows, j.result, j.ended
+	if err == nil {
+		log.Info("left the backfill run", "why", rep.Ended, "chunks", rep.Chunks, "rows", rep.Rows)
+	}
+	return rep, err
+}
+
+// findRun returns the run cfg names, or the newest running one; with cfg.Wait it waits for one
+// to start. It returns nil only when ctx ended while waiting.
+func findRun(ctx context.Context, tgt *pgx.Conn, cfg JoinConfig) (*coverage.SharedRun, error) {
+	logged := false
+	for {
+		run, err := coverage.JoinableRun(ctx, tgt, cfg.Run)
+		if err != nil || run != nil {
+			return run, err
+		}
+		switch {
+		case !cfg.Wait && cfg.Run != 0:
+			return nil, fmt.Errorf("backfill run %d is not running on the target (or has not taken its snapshot yet): see pgconverge status; --wait waits for it", cfg.Run)
+		case !cfg.Wait:
+			return nil, errors.New("no backfill run is running on the target: start one (pgconverge backfill, or pgconverge run's initial load or --backfill-schedule), or pass --wait to wait for one")
+		case !logged:
+			cfg.Logger.Info("waiting for a backfill run to join")
+			logged = true
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return nil, nil
+		}
+	}
+}
+
+// checkRunSource refuses to join run id from another source database than the run reads.
+func checkRunSource(ctx context.Context, src, tgt *pgx.Conn, id int64) error {
+	want, err := coverage.RunSource(ctx, tgt, id)
+	if err != nil || want == "" {
+		return err
+	}
+	have, err := cdc.SourceID(ctx, src)
+	if err != nil {
+		return err
+	}
+	if have != want {
+		return fmt.Errorf("backfill run %d reads source database %s, but --source is %s: pass the run's source", id, want, have)
+	}
+	return nil
+}
+
+// joiner is the state the workers of one Join share.
+type joiner struct {
+	cfg JoinConfig
+	run *coverage.SharedRun
+	log *slog.Logger
+	mu  sync.Mutex
+	// tables holds each table backfill's state by its id, described on first use.
+	tables map[int64]*tableRun
+	chunks int
+	rows   int64
+	result apply.Result
+	ended  string
+}
+
+// work is one worker: it claims and applies chunks of the run until the run ends.
+func (j *joiner) work(ctx context.Context) error {
+	run := j.run
+	job := backfillJob{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: backfillBatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log}
+	job.LeaderSlot, job.Epoch = run.LeaderSlot, run.Epoch
+	w, err := newBackfillWorker(ctx, job, backfill.Snapshot{Name: run.Snapshot, LSN: run.LSN})
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	w.joined, w.runID = true, run.ID
+	for {
+		c, err := coverage.ClaimAnyChunk(ctx, w.tgt, run.ID)
+		if err != nil {
+			return err
+		}
+		if c == nil {
+			if done, err := j.runEnded(ctx, w.tgt); done || err != nil {
+				return err
+			}
+			select {
+			case <-time.After(heldPoll):
+			case <-ctx.Done():
+				return nil
+			}
+			continue
+		}
+		tr, err := j.table(ctx, w, c)
+		if err != nil {
+			return err
+		}
+		cw := chunkWork{tr: tr, ordinal: c.Ordinal, doneKey: c.DoneKey,
+			chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper, ByBlock: slices.Equal(c.KeyColumns, backfill.BlockPlanColumns)}}
+		done, err := w.applyChunk(ctx, cw, c.Before)
+		if err != nil {
+			// The run's end (its process completed, failed or was killed; a later run adopted the
+			// table) shows as a lapsed ownership or snapshot: that ends this process's part.
+			if ended, rerr := j.runEnded(context.WithoutCancel(ctx), w.tgt); errors.Is(err, coverage.ErrRunEnded) || (ended && rerr == nil) {
+				j.log.Info("the backfill run ended while a chunk was being applied; the chunk is left to the run that resumes it",
+					"table", tr.t.String(), "chunk", c.Ordinal, "err", err)
+				return nil
+			}
+			return fmt.Errorf("chunk %d of %s: %w", c.Ordinal, tr.t, err)
+		}
+		j.mu.Lock()
+		j.chunks++
+		j.rows += done.rows
+		j.result.Add(done.result)
+		j.mu.Unlock()
+		j.cfg.Progress.Add(done.rows)
+	}
+}
+
+// runEnded reports whether the run no longer runs, and records why.
+func (j *joiner) runEnded(ctx context.Context, tgt *pgx.Conn) (bool, error) {
+	running, err := coverage.RunRunning(ctx, tgt, j.run.ID)
+	if err != nil || running {
+		return false, err
+	}
+	j.mu.Lock()
+	j.ended = "the run's process ended it (completed, failed or stopped): see pgconverge status"
+	j.mu.Unlock()
+	return true, nil
+}
+
+// table returns the state of the table backfill of claimed chunk c, describing its table on the
+// source first as the run reads it (through the run's publication, or as the ledger records), and
+// refuses a table whose description reads other rows or columns than the run's.
+func (j *joiner) table(ctx context.Context, w *backfillWorker, c *coverage.ClaimedChunk) (*tableRun, error) {
+	j.mu.Lock()
+	tr := j.tables[c.Backfill]
+	j.mu.Unlock()
+	if tr != nil {
+		return tr, nil
+	}
+	t, err := cdc.DescribeTable(ctx, w.src, c.Table.Schema, c.Table.Name)
+	if err == nil && j.run.Publication != "" {
+		err = cdc.ReadPublicationShape(ctx, w.src, j.run.Publication, &t)
+	} else if err == nil {
+		err = readLedgerPublicationShape(ctx, w.src, w.tgt, &t)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if t.Shape() != c.Shape {
+		return nil, fmt.Errorf("backfill run %d reads %s as %q, but this process describes it as %q: the table or its publication changed since the run started",
+			j.run.ID, t, c.Shape, t.Shape())
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if tr = j.tables[c.Backfill]; tr == nil {
+		tr = &tableRun{t: t, id: c.Backfill}
+		j.tables[c.Backfill] = tr
+	}
+	return tr, nil
+}

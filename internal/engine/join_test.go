@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// joinNow runs Join with w workers in a goroutine, waiting for a run to join; its result arrives
+// on the returned channel.
+func joinNow(t *testing.T, env *pgtest.Env, w int) <-chan joinOutcome {
+	t.Helper()
+	done := make(chan joinOutcome, 1)
+	log := testConfig(t, env).Logger.With("process", "joined")
+	go func() {
+		rep, err := Join(context.Background(), JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: w, Wait: true, Logger: log})
+		done <- joinOutcome{rep, err}
+	}()
+	return done
+}
+
+type joinOutcome struct {
+	rep JoinReport
+	err error
+}
+
+// waitJoin returns the outcome of a Join, failing the test when it failed or took over 60 s.
+func waitJoin(t *testing.T, done <-chan joinOutcome) JoinReport {
+	t.Helper()
+	select {
+	case o := <-done:
+		if o.err != nil {
+			t.Fatalf("join: %v", o.err)
+		}
+		return o.rep
+	case <-time.After(60 * time.Second):
+		t.Fatal("join did not end within 60 s")
+		return JoinReport{}
+	}
+}
+
+// A bulk load (the target table empty, its key deferred, cut by blocks) shared by the run's one
+// worker and two workers of a joined process: while the run's own worker is held after its first
+// chunk, the joined workers complete others. Every chunk is applied exactly once (one claim each),
+// at the run's snapshot; the rows of both processes add up to the table; the key is rebuilt and
+// the tables are equal.
+func TestJoinedWorkersShareARun(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
+	joined := joinNow(t, env, 2)
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.Workers = 1
+	var once sync.Once
+	var hookErr error
+	cfg.AfterChunk = func(string, int64) {
+		once.Do(func() {
+			tgt := pgtest.Connect(t, env.TargetURL)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				var n int
+				if err := tgt.QueryRow(context.Background(), `select count(*) from pgconverge.backfill_chunks where completed_at is not null`).Scan(&n); err != nil {
+					hookErr = err
+					return
+				}
+				if n >= 4 {
+					return
+				}
+				if time.Now().After(deadline) {
+					hookErr = fmt.Errorf("only %d chunks completed while the run's own worker was held", n)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	rep := backfillNow(t, cfg)
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	jrep := waitJoin(t, joined)
+	if jrep.RunID != rep.RunID || jrep.Chunks < 3 || jrep.Rows != rep.Joined {
+		t.Errorf("joined process: run %d, %d chunks, %d rows; want run %d, at least 3 chunks, the %d rows the run counts as joined",
+			jrep.RunID, jrep.Chunks, jrep.Rows, rep.RunID, rep.Joined)
+	}
+	if rep.Rows+rep.Joined != 20000 {
+		t.Errorf("rows: %d by the run's worker + %d by the joined ones, want 20000", rep.Rows, rep.Joined)
+	}
+	got := pgtest.Rows(t, env.Target, `select count(*)::text || ' chunks, attempts ' || min(attempts) || '-' || max(attempts)
+  || ', at the run snapshot ' || bool_and(snapshot_lsn = '`+rep.Snapshot.String()+`')::text || ', completed ' || bool_and(completed_at is not null)::text
+from pgconverge.backfill_chunks`)
+	if len(got) != 1 || !strings.Contains(got[0], "attempts 1-1, at the run snapshot true, completed true") {
+		t.Errorf("ledger: %v, want every chunk claimed once, at the run's snapshot, completed", got)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pg_index where indrelid = 'big'::regclass and indisprimary`); n != 1 {
+		t.Errorf("the bulk load's deferred primary key: %d, want 1 rebuilt", n)
+	}
+	pgtest.WaitConverged(t, env, "big", "id")
+}
+
+// A chunk a joined worker claimed and then abandoned (its session ended, as when its process is
+// killed) is applied by the run itself: the run waits for it while the claim stands, then claims
+// it; the tables end equal.
+func TestChunkOfAnEndedJoinerIsTakenOver(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 5000) g`)
+	backfillNow(t, testBackfillConfig(t, env, "public.big")) // a bulk load: the next run cuts keyed chunks
+	pgtest.Exec(t, env.Source, `update big set v = 'again' where id % 10 = 0`)
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.Workers = 1
+	var logs pgtest.SyncBuffer
+	cfg.Logger = newTestLogger(t, &logs)
+	joiner := pgtest.Connect(t, env.TargetURL)
+	if err := coverage.HoldWorkerLock(context.Background(), joiner); err != nil {
+		t.Fatal(err)
+	}
+	var claimed *coverage.ClaimedChunk
+	var claimErr error
+	var once sync.Once
+	cfg.AfterChunk = func(string, int64) {
+		once.Do(func() {
+			var run int64
+			if claimErr = joiner.QueryRow(context.Background(), `select max(id) from pgconverge.backfill_runs`).Scan(&run); claimErr == nil {
+				claimed, claimErr = coverage.ClaimAnyChunk(context.Background(), joiner, run)
+			}
+		})
+	}
+	type outcome struct {
+		rep BackfillReport
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		rep, err := Backfill(context.Background(), cfg)
+		done <- outcome{rep, err}
+	}()
+	pgtest.Eventually(t, 60*time.Second, "the run waits for the chunk the joiner holds", func() (bool, string) {
+		return strings.Contains(logs.String(), "waiting for the chunks workers of joined processes are applying"), ""
+	})
+	if claimErr != nil || claimed == nil {
+		t.Fatalf("the joiner's claim: %v, %v", claimed, claimErr)
+	}
+	joiner.Close(context.Background()) // the claim lapses with the session
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the run did not end within 60 s of the joiner's end")
+	}
+	if o.err != nil {
+		t.Fatalf("backfill: %v", o.err)
+	}
+	rep := o.rep
+	if rep.Joined != 0 {
+		t.Errorf("rows counted as joined: %d, want 0 (the joiner applied nothing)", rep.Joined)
+	}
+	attempts := pgtest.Scalar[int64](t, env.Target, fmt.Sprintf(`select attempts from pgconverge.backfill_chunks where backfill_id = %d and chunk = %d`, claimed.Backfill, claimed.Ordinal))
+	if attempts != 2 {
+		t.Errorf("attempts at the abandoned chunk %d: %d, want 2 (the joiner's claim, then the run's)", claimed.Ordinal, attempts)
+	}
+	pgtest.WaitConverged(t, env, "big", "id")
+}
+
+// Join refuses clearly when no run is running, and when its source is not the run's.
+func TestJoinRefusals(t *testing.T) {
+	env := pgtest.New(t)
+	log := testConfig(t, env).Logger
+	_, err := Join(context.Background(), JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Logger: log})
+	if err == nil || !strings.Contains(err.Error(), "no backfill run is running on the target") || !strings.Contains(err.Error(), "--wait") {
+		t.Errorf("join with no run: %v, want a refusal naming --wait", err)
+	}
+	_, err = Join(context.Background(), JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Run: 42, Logger: log})
+	if err == nil || !strings.Contains(err.Error(), "backfill run 42 is not running") {
+		t.Errorf("join of run 42: %v, want a refusal naming run 42", err)
+	}
+}

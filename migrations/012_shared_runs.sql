@@ -1,0 +1,19 @@
+-- pgconverge metadata schema, version 12: backfill runs that workers on other hosts can join
+-- (`pgconverge backfill --join`).
+
+-- backfill_runs: the run's exported snapshot (its id for SET TRANSACTION SNAPSHOT, and its LSN S),
+-- importable while the run runs; the publication whose row filter and column list the run reads
+-- its tables through (NULL: the run reads them as the ledger records); and, for a daemon's run,
+-- the slot it leads and the leader epoch its chunks are checked against (apply.CheckLeaderTx).
+alter table pgconverge.backfill_runs
+    add column snapshot_name text,
+    add column snapshot_lsn  pg_lsn,
+    add column publication   text,
+    add column leader_slot   text,
+    add column leader_epoch  bigint;
+
+-- backfill_chunks: claimed_by is the backend pid of the target session of the worker that claimed
+-- the chunk (coverage.ClaimChunk, FOR UPDATE SKIP LOCKED). A claim stands while that session holds
+-- the worker lock (session advisory lock ("pgcw", pid)); a chunk whose claimer's session ended is
+-- claimable again.
+alter table pgconverge.backfill_chunks add column claimed_by int;
