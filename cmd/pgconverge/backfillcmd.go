@@ -132,6 +132,9 @@ func printBackfillReport(w io.Writer, rep engine.BackfillReport) {
 	fmt.Fprintf(w, "  applied:       %d (rows written: a snapshot row replaces an older version even when equal)\n", rep.Result.Applied)
 	fmt.Fprintf(w, "  suppressed:    %d (the target already held that version or a newer one)\n", rep.Result.Suppressed)
 	fmt.Fprintf(w, "  tombstoned:    %d (target rows the source no longer had)\n", rep.Tombstoned)
+	if rep.Conflicts > 0 {
+		fmt.Fprintf(w, "  conflicts:     %d (transactions that lost a deadlock or serialization conflict with a concurrent writer, retried)\n", rep.Conflicts)
+	}
 	if rep.Sequences != nil {
 		fmt.Fprintln(w)
 		printSequences(w, rep.Sequences)

@@ -30,6 +30,7 @@ type metrics struct {
 	gapBytes     *prometheus.GaugeVec
 	backfillRows *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
+	conflicts    *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	leader       *prometheus.GaugeVec
 
@@ -93,11 +94,13 @@ func newMetrics() *metrics {
 		Help: "Rows read from source snapshots by backfills, by table (of which rows_applied_total{path=\"backfill\"} were written)."}, []string{"table"})
 	m.backfillDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_backfill_progress_ratio",
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
+	m.conflicts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_conflicts_total",
+		Help: "Backfill transactions that lost a deadlock or a serialization conflict with a concurrent writer (the stream, or another session on the target) and were retried, by table."}, []string{"table"})
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_session_retries_total",
 		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, slot-busy, schema, watch, restart, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
 	m.leader = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_leader",
 		Help: "1 while this daemon leads the slot (streams and writes), 0 while it waits as a standby for the daemon that does; absent before it first tried."}, []string{"slot"})
-	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.retries, m.leader} {
+	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.conflicts, m.retries, m.leader} {
 		f(c)
 	}
 	// Every reason's series exists from the start, so the first retry of a kind is an increase
@@ -204,6 +207,9 @@ func (m *metrics) BackfillChunk(table string, read int64, r engine.RowCounts) {
 	m.applied.WithLabelValues(table, "backfill").Add(float64(r.Applied))
 	m.suppressed.WithLabelValues(table, "backfill").Add(float64(r.Suppressed))
 }
+
+// BackfillConflict counts one lost and retried backfill transaction of table.
+func (m *metrics) BackfillConflict(table string) { m.conflicts.WithLabelValues(table).Inc() }
 
 // SlotHealth sets the slot health gauges.
 func (m *metrics) SlotHealth(h engine.SlotHealth) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -64,6 +65,8 @@ type backfillJob struct {
 	Monitor Monitor
 	// SourceID identifies the source database (cdc.SourceID); runBackfill reads it.
 	SourceID string
+	// conflicts counts the conflicts the run's transactions lost and retried; runBackfill sets it.
+	conflicts *atomic.Int64
 }
 
 // busyPolicy is what a backfill does with a table another backfill holds.
@@ -84,7 +87,10 @@ type BackfillReport struct {
 	Rows, Reread, Kept int64
 	// Joined counts the rows of chunks workers of other processes applied (Join).
 	Joined int64
-	Result apply.Result
+	// Conflicts counts the transactions of the run that lost a deadlock or a serialization
+	// conflict with a concurrent writer and were retried.
+	Conflicts int64
+	Result    apply.Result
 	// Tombstoned counts live target rows the source no longer had, turned into tombstones.
 	Tombstoned int64
 	// Tables lists the tables backfilled, each at the smallest S of its chunks.
@@ -152,6 +158,8 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	if job.Monitor == nil {
 		job.Monitor = nopMonitor{}
 	}
+	job.conflicts = new(atomic.Int64)
+	defer func() { rep.Conflicts = job.conflicts.Load() }()
 	ctrl, err := pgsession.Connect(ctx, job.Target, "target")
 	if err != nil {
 		return rep, err
@@ -264,7 +272,8 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		return fmt.Errorf("backfill run %d: %w", rep.RunID, err)
 	}
 	// A table whose chunks had all completed in earlier runs is finished here.
-	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl), snap: snap}
+	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl), snap: snap, log: log, mon: job.Monitor, conflicts: job.conflicts,
+		slot: job.LeaderSlot, epoch: job.Epoch}
 	for _, tr := range runs {
 		if n, err := wk.finishIfComplete(ctx, tr, log); err != nil {
 			return err

@@ -19,6 +19,9 @@ type Monitor interface {
 	StreamApplied(rows map[string]RowCounts, d time.Duration)
 	// BackfillChunk counts one committed backfill chunk of table: rows read, and what was written.
 	BackfillChunk(table string, read int64, rows RowCounts)
+	// BackfillConflict counts one backfill transaction of table that lost a deadlock or a
+	// serialization conflict and is retried.
+	BackfillConflict(table string)
 	// SlotHealth reports the stream's slot as the source describes it (every 5 s while streaming).
 	SlotHealth(h SlotHealth)
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
@@ -69,6 +72,7 @@ type nopMonitor struct{}
 func (nopMonitor) FollowStream(func() StreamStats)                   {}
 func (nopMonitor) StreamApplied(map[string]RowCounts, time.Duration) {}
 func (nopMonitor) BackfillChunk(string, int64, RowCounts)            {}
+func (nopMonitor) BackfillConflict(string)                           {}
 func (nopMonitor) SlotHealth(SlotHealth)                             {}
 func (nopMonitor) CoverageGap(string, uint64)                        {}
 func (nopMonitor) SessionRetried(string)                             {}

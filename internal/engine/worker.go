@@ -3,26 +3,20 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"time"
+	"strconv"
+	"sync/atomic"
 
 	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
-
-// chunkAttempts bounds how often a chunk is tried when its target transaction loses a deadlock
-// or a serialization conflict with the stream.
-const chunkAttempts = 3
 
 // backfillWorker applies chunks one after another, reading each over its own source connection
 // while it writes it over its own target connection.
@@ -35,6 +29,9 @@ type backfillWorker struct {
 	log       *slog.Logger
 	// afterMergedBatch is backfillJob.AfterMergedBatch.
 	afterMergedBatch func()
+	// mon and conflicts count the conflicts the worker lost (retryConflict).
+	mon       Monitor
+	conflicts *atomic.Int64
 	// slot and epoch are backfillJob.LeaderSlot and Epoch.
 	slot  string
 	epoch int64
@@ -81,7 +78,7 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 	}
 	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
 		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch,
-		keepFrom: keepFrom}, nil
+		keepFrom: keepFrom, mon: job.Monitor, conflicts: job.conflicts}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -208,16 +205,13 @@ func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, before in
 			cw.tr.mu.Unlock()
 			return total, nil
 		}
-		var pgErr *pgconn.PgError
 		switch {
 		case errors.Is(err, errKeysPresent):
 			cw.tr.mu.Lock()
 			cw.tr.directConflicts++
 			cw.tr.mu.Unlock()
 			direct = false
-		case attempt < chunkAttempts && errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.DeadlockDetected || pgErr.Code == pgerrcode.SerializationFailure):
-			w.log.Warn("chunk lost a conflict with a concurrent writer, reading the rest of it again", "table", cw.tr.t.String(),
-				"chunk", cw.ordinal, "attempt", attempt, "err", err)
+		case w.retryConflict(ctx, cw.tr.t.String(), "chunk "+strconv.Itoa(cw.ordinal)+" (the rest of it is read again)", attempt, err):
 			attempt++
 		default:
 			return chunkDone{}, err
@@ -366,61 +360,4 @@ func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, 
 		w.afterMergedBatch()
 	}
 	return nil
-}
-
-// finishIfComplete completes tr's backfill once its plan is complete and every chunk completed:
-// in one transaction it records the table backfilled at the smallest S of its chunks, raises the
-// table's fence to that S and turns every live row older than it into a tombstone (a row no chunk
-// read: the source had deleted it), unless tr.unwritten says there can be none. It returns how many rows it turned, or -1 when tr is not
-// complete (or another worker finished it).
-func (w *backfillWorker) finishIfComplete(ctx context.Context, tr *tableRun, log *slog.Logger) (int64, error) {
-	tr.mu.Lock()
-	complete := tr.planned && tr.open == 0 && !tr.finished
-	tr.finished = tr.finished || complete
-	tr.mu.Unlock()
-	if !complete {
-		return -1, nil
-	}
-	tx, err := w.ap.Begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if w.epoch != 0 {
-		if err := apply.CheckLeaderTx(ctx, tx.Conn(), w.slot, w.epoch); err != nil {
-			return 0, err
-		}
-	}
-	s, err := coverage.FinishTableBackfill(ctx, tx.Conn(), tr.id)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	if tr.unwritten {
-		// Nothing older than S can be there: skip scanning the whole table for it.
-		err = tx.RaiseFence(ctx, tr.t, changebatch.Version{LSN: s})
-	} else {
-		n, err = tx.Fence(ctx, tr.t, changebatch.Version{LSN: s})
-	}
-	if err != nil {
-		return 0, err
-	}
-	if tr.keyDeferred {
-		began := time.Now()
-		built, err := apply.RestoreKey(ctx, tx.Conn(), tr.t)
-		if err != nil {
-			return 0, err
-		}
-		if built { // else another process built it meanwhile (a daemon or a backfill starting)
-			log.Info("built the primary key after the bulk load", "table", tr.t.String(), "seconds", fmt.Sprintf("%.1f", time.Since(began).Seconds()))
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, err
-	}
-	tr.mu.Lock()
-	tr.result = &TableResult{Table: tr.t.String(), BackfilledAt: s, Rows: tr.rows}
-	tr.mu.Unlock()
-	log.Info("backfilled table", "table", tr.t.String(), "rows", tr.rows, "backfilled_at", s.String(), "tombstoned_absent", n)
-	return n, nil
 }
