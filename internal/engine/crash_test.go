@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envVerifyKill) != "" {
 		os.Exit(verifyRepairChild())
 	}
+	if os.Getenv(envSoakJoin) != "" {
+		os.Exit(soakJoinChild())
+	}
 	if point := os.Getenv(envCrashPoint); strings.HasPrefix(point, "cutover:") {
 		os.Exit(cutoverCrashChild(strings.TrimPrefix(point, "cutover:")))
 	} else if point == "backfill-chunk" || point == "backfill-batch" {

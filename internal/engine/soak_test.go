@@ -181,10 +181,12 @@ func (d *soakDaemon) kill() {
 }
 
 // Faults cost time, never data: under a workload, with the daemon streaming through TCP proxies
-// and running scheduled backfills and verifies with repair, faults are injected at random moments
-// for PGCONVERGE_SOAK (default 40 s): SIGKILL of the daemon and of a manual backfill, fast and
-// immediate (crash) restarts of the source, restarts of the target, connections cut on either
-// side, and the target's statements cancelled (as by a statement_timeout). Afterwards both tables
+// and running scheduled backfills and verifies with repair, and a process joining each backfill run
+// (backfill --join), faults are injected at random moments for PGCONVERGE_SOAK (default 40 s):
+// SIGKILL of the daemon, of a manual backfill and of the joined process, fast and immediate
+// (crash) restarts of the source, restarts of the target, connections cut on either side, the
+// target's statements cancelled (as by a statement_timeout), and a deadlock the daemon's waiting
+// write transaction loses against a target session (injectDeadlock). Afterwards both tables
 // equal the source, verify finds nothing and never found anything, coverage has no gap, no stream
 // segment ended, and the daemon still runs; the faults of each kind are printed.
 func TestSoak(t *testing.T) {
@@ -210,14 +212,24 @@ func TestSoak(t *testing.T) {
 		}
 	})
 	pgtest.WaitStreaming(t, env)
+	j := &soakJoiner{t: t, src: d.src, tgt: d.tgt, out: &pgtest.SyncBuffer{}}
+	j.start()
+	t.Cleanup(j.kill)
+	t.Cleanup(func() {
+		if t.Failed() {
+			log := j.out.String()
+			t.Logf("the joined worker's output (last 5,000 bytes):\n%s", log[max(0, len(log)-5000):])
+		}
+	})
 	stopWorkload := soakWorkload(t, env)
 
 	seed := time.Now().UnixNano()
 	rnd := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("soak for %s, random seed %d", dur, seed)
 	kinds := []string{"kill daemon", "kill backfill", "restart source (fast)", "restart source (crash)", "restart target",
-		"cut source connections", "cut target connections", "cancel target statements"}
+		"cut source connections", "cut target connections", "cancel target statements", "kill joined backfill worker", "deadlock"}
 	injected := map[string]int{}
+	deadlocks := 0
 	var backfills []*exec.Cmd
 	for deadline := time.Now().Add(dur); time.Now().Before(deadline); {
 		time.Sleep(time.Duration(500+rnd.IntN(2500)) * time.Millisecond) // the moment is the point
@@ -244,6 +256,13 @@ func TestSoak(t *testing.T) {
 			srcProxy.cut()
 		case "cut target connections":
 			tgtProxy.cut()
+		case "kill joined backfill worker":
+			j.kill()
+			j.start()
+		case "deadlock":
+			if injectDeadlock(t, env.TargetURL) {
+				deadlocks++
+			}
 		case "cancel target statements":
 			pgtest.Exec(t, pgtest.Connect(t, env.TargetURL), `select pg_cancel_backend(pid) from pg_stat_activity
 where datname = current_database() and application_name = 'pgconverge' and state = 'active' and pid <> pg_backend_pid()`)
@@ -293,10 +312,11 @@ where datname = current_database() and application_name = 'pgconverge' and state
 		total += n
 	}
 	rows := pgtest.Scalar[int64](t, env.Source, `select (select count(*) from acct) + (select count(*) from ledger)`)
-	line := fmt.Sprintf("soak summary: %d faults injected in %s and survived (%s); manual backfills killed mid-run %d of %d; "+
-		"source transactions committed %d; %d rows verified equal; the daemon retried %d deadlocks and %d serialization failures; scheduled backfills %d, scheduled verifies %d",
-		total, dur, strings.Join(summary, ", "), killedBackfills, len(backfills), committed, rows,
-		strings.Count(log, "40P01"), strings.Count(log, "40001"),
+	line := fmt.Sprintf("soak summary: %d faults injected in %s and survived (%s); deadlock cycles closed %d; manual backfills killed mid-run %d of %d; "+
+		"source transactions committed %d; %d rows verified equal; the daemon retried %d deadlocks and %d serialization failures; "+
+		"rows applied by the joined worker %d; scheduled backfills %d, scheduled verifies %d",
+		total, dur, strings.Join(summary, ", "), deadlocks, killedBackfills, len(backfills), committed, rows,
+		strings.Count(log, "40P01"), strings.Count(log, "40001"), joinedRows(log),
 		pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs where trigger = 'schedule' and status = 'completed'`),
 		pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.verify_runs where status = 'completed'`))
 	t.Log(line)
