@@ -123,7 +123,7 @@ func findRun(ctx context.Context, tgt *pgx.Conn, cfg JoinConfig) (*coverage.Shar
 			logged = true
 		}
 		select {
-		case <-time.After(time.Second):
+		case <-time.After(heldPoll):
 		case <-ctx.Done():
 			return nil, nil
 		}
