@@ -111,6 +111,16 @@ func (t *Tx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
 // Conn returns the transaction for ledger writes that must commit with the data.
 func (t *Tx) Conn() pgx.Tx { return t.tx }
 
+// database names the target database t writes (targetDatabase).
+func (t *Tx) database() string { return targetDatabase(t.tx.Conn()) }
+
+// targetDatabase names the database conn is connected to, as it reached it: host, port and
+// database name.
+func targetDatabase(conn *pgx.Conn) string {
+	c := conn.Config()
+	return fmt.Sprintf("%s:%d/%s", c.Host, c.Port, c.Database)
+}
+
 // Apply writes one change batch with the version rule. Rows are taken in batch order; a truncate
 // row splits the batch: the rows before it are merged first, then the fence is raised, then the
 // rows after it. The batch stays owned by the caller.
@@ -200,7 +210,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		movedUnknown = movedUnknown || rows[i].moved && anyUnchanged(rows[i].values)
 		unchanged = unchanged || anyUnchanged(rows[i].values)
 	}
-	src := source{records: inlineRecords(v.Table, rows)}
+	src := source{records: inlineRecords(t.database(), v.Table, rows)}
 	var err error
 	if src.records != nil {
 		src.stage, err = t.ensureStage(ctx, v.Table)
@@ -225,7 +235,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		sql, args := upsertSQL(v.Table, src, moved)
 		tag, err := t.tx.Exec(ctx, sql, args...)
 		if err != nil {
-			return Result{}, upsertError(v.Table, len(rows), src, err)
+			return Result{}, upsertError(t.database(), v.Table, len(rows), src, err)
 		}
 		applied += tag.RowsAffected()
 	}
@@ -239,15 +249,15 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	return res, nil
 }
 
-// upsertError describes err, the failed upsert of n rows into tab from src.
-func upsertError(tab changebatch.Table, n int, src source, err error) error {
+// upsertError describes err, the failed upsert of n rows into tab, in target database db, from src.
+func upsertError(db string, tab changebatch.Table, n int, src source, err error) error {
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidColumnReference {
 		// ON CONFLICT found no key to arbitrate on (bulkkey.go).
 		return fmt.Errorf("upsert %d rows into %s: the target table has no primary key, because a bulk load of it is under way and builds the key when it completes (or one was interrupted, and the next backfill or daemon start builds it); this is retried: %w",
 			n, tab, err)
 	}
 	if src.records != nil {
-		err = noteInlineError(tab, err)
+		err = noteInlineError(db, tab, err)
 	}
 	return fmt.Errorf("upsert %d rows into %s: %w", n, tab, describeConstraint(err))
 }

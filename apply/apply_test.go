@@ -284,7 +284,7 @@ func TestLongBatchIsMergedInPieces(t *testing.T) {
 // one, and a transaction rolled back.
 func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
 	f := setup(t)
-	apply.StageByCOPY(t, acc.TableName)
+	apply.StageByCOPY(t, f.env.Target, acc.TableName)
 	rowsOf := func(lsn uint64, from, to int) arrow.RecordBatch {
 		var rows []row
 		for i := from; i <= to; i++ {

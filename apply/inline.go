@@ -24,11 +24,14 @@ const (
 	inlineBytes = 1 << 20
 )
 
-// copyOnly holds the tables (Table.String) whose inline merge a value failed to parse or fit
-// (noteInlineError): the server names the value but not its row, so they are staged by COPY
-// from then on in this process, whose error names the row, its key and the column
-// (describeCopyError) when the stream retries.
+// copyOnly holds the target tables (copyOnlyKey: the target database and Table.String) whose
+// inline merge a value failed to parse or fit (noteInlineError): the server names the value but
+// not its row, so they are staged by COPY from then on in this process, whose error names the
+// row, its key and the column (describeCopyError) when the stream retries.
 var copyOnly sync.Map
+
+// copyOnlyKey is copyOnly's key of table tab in the target database db (Tx.database).
+func copyOnlyKey(db string, tab changebatch.Table) string { return db + "\x00" + tab.String() }
 
 // source is where an upsert reads the rows of a piece: the staging table stage, filled by COPY,
 // or, when records is not nil, the records themselves (inlineRecords) as a parameter.
@@ -50,12 +53,13 @@ func (s source) from(args []any) (string, []any) {
 
 // inlineRecords returns rows as record literals of the staging table's columns (copyColumns,
 // then _cdc_moved; the values as encodeCopyText writes them), or nil when there are more than
-// inlineRows rows or more than inlineBytes bytes of values, or tab is to be staged by COPY.
-func inlineRecords(tab changebatch.Table, rows []stagedRow) []string {
+// inlineRows rows or more than inlineBytes bytes of values, or tab, in target database db, is to be
+// staged by COPY.
+func inlineRecords(db string, tab changebatch.Table, rows []stagedRow) []string {
 	if len(rows) > inlineRows {
 		return nil
 	}
-	if _, ok := copyOnly.Load(tab.String()); ok {
+	if _, ok := copyOnly.Load(copyOnlyKey(db, tab)); ok {
 		return nil
 	}
 	size := 0
@@ -118,14 +122,14 @@ func writeRecordField(b *strings.Builder, s string) {
 	b.WriteByte('"')
 }
 
-// noteInlineError marks tab to be staged by COPY (copyOnly) when err, from an inline merge, is a
+// noteInlineError marks tab, in target database db, to be staged by COPY (copyOnly) when err, from an inline merge, is a
 // value the target refused (SQLSTATE class 22, or a domain's CHECK or NOT NULL, 23514 and 23502,
 // which a record's input checks too), and says so in the error it returns.
-func noteInlineError(tab changebatch.Table, err error) error {
+func noteInlineError(db string, tab changebatch.Table, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Code, "22") && pgErr.Code != pgerrcode.CheckViolation && pgErr.Code != pgerrcode.NotNullViolation {
 		return err
 	}
-	copyOnly.Store(tab.String(), true)
+	copyOnly.Store(copyOnlyKey(db, tab), true)
 	return errors.Join(err, errors.New("the next attempt stages the rows by COPY, whose error names the refused row"))
 }

@@ -47,7 +47,7 @@ func TestInlineAndCopyMergesAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	apply.StageByCOPY(t, copied.TableName)
+	apply.StageByCOPY(t, env.Target, copied.TableName)
 	text := func(s string) changebatch.Value { return changebatch.Value{Text: s} }
 	null := changebatch.Value{Null: true}
 	ap := apply.New(env.Target)

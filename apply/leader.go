@@ -155,8 +155,9 @@ where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, 
 // epoch, 1 for a slot never led before.
 func Lead(ctx context.Context, conn *pgx.Conn, slot, holder, settings string) (int64, error) {
 	var epoch int64
-	err := conn.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder, settings) values ($1, 1, $2, $3)
-on conflict (slot) do update set epoch = l.epoch + 1, holder = excluded.holder, settings = excluded.settings, acquired_at = now()
+	// clock_timestamp: the moment the raise got the row, after the previous leader's transactions.
+	err := conn.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder, settings, acquired_at) values ($1, 1, $2, $3, clock_timestamp())
+on conflict (slot) do update set epoch = l.epoch + 1, holder = excluded.holder, settings = excluded.settings, acquired_at = clock_timestamp()
 returning epoch`, slot, holder, settings).Scan(&epoch)
 	if err != nil {
 		return 0, fmt.Errorf("record the new leader of slot %q: %w", slot, err)
