@@ -106,8 +106,8 @@ type SharedRun struct {
 	// run no daemon leads).
 	Publication, LeaderSlot string
 	Epoch                   int64
-	Workers           int
-	ChunkRows         int64
+	Workers                 int
+	ChunkRows               int64
 }
 
 // PublishRun records the exported snapshot (name, S) of run id, and the publication its tables

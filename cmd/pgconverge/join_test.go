@@ -34,7 +34,9 @@ func TestBackfillJoinCommand(t *testing.T) {
 	}
 	var out bytes.Buffer
 	joined := make(chan error, 1)
-	go func() { joined <- run(context.Background(), append(base, "--join", "--wait", "--workers", "2"), &out, pgtest.LogWriter(t)) }()
+	go func() {
+		joined <- run(context.Background(), append(base, "--join", "--wait", "--workers", "2"), &out, pgtest.LogWriter(t))
+	}()
 	cfg := engine.BackfillConfig{Source: env.SourceURL, Target: env.TargetURL, Tables: []string{"public.big"}, Workers: 1, ChunkRows: 1000,
 		Resume: true, Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), nil))}
 	var once sync.Once
