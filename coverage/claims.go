@@ -21,6 +21,10 @@ import (
 // session holds ("pgcw"); the second is the session's backend pid.
 const workerLockClass = 0x70676377
 
+// WorkerLockClass is workerLockClass, for reports that count the chunks being applied: a chunk
+// claimed by pid is being applied while the lock (WorkerLockClass, pid) is held.
+const WorkerLockClass = workerLockClass
+
 // claimable is the SQL condition under which chunk row c may be claimed by the current session:
 // not completed, and not claimed by a session that still holds its worker lock (a claim of the
 // current session's own pid is its own, or a dead session's whose pid it reuses).

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -195,13 +196,25 @@ func TestStatusRunningBackfill(t *testing.T) {
 	}
 
 	release, backfilled := holdBackfill(t, env, "public.b")
+	// A session that claimed a chunk, as a joined worker does, applies it as far as status knows.
+	joiner := pgtest.Connect(t, env.TargetURL)
+	if err := coverage.HoldWorkerLock(context.Background(), joiner); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := coverage.ClaimAnyChunk(context.Background(), joiner, pgtest.Scalar[int64](t, env.Target, `select max(id) from pgconverge.backfill_runs`)); c == nil || err != nil {
+		t.Fatalf("claim a chunk: %v, %v", c, err)
+	}
 	rep, raw := statusOf(t, env)
+	joiner.Close(context.Background()) // the run takes the chunk over
 	if len(rep.Backfills) != 1 || len(rep.Backfills[0].Tables) != 1 {
 		t.Fatalf("backfills: %+v, want one run of one table", rep.Backfills)
 	}
 	r, tb := rep.Backfills[0], rep.Backfills[0].Tables[0]
-	if r.Trigger != "manual" || !r.Alive || r.Slot != "" || r.StartedAt.IsZero() || r.RunningSeconds < 0 || r.Workers != 1 || r.ChunkRows != 1000 {
-		t.Errorf("running backfill run: %+v, want a live manual run with 1 worker of 1000-row chunks", r)
+	if r.Trigger != "manual" || !r.Alive || r.Slot != "" || r.StartedAt.IsZero() || r.RunningSeconds < 0 || r.Workers != 1 || r.ChunkRows != 1000 || !r.Joinable {
+		t.Errorf("running backfill run: %+v, want a live, joinable manual run with 1 worker of 1000-row chunks", r)
+	}
+	if tb := rep.Backfills[0].Tables[0]; tb.ChunksApplying != 1 {
+		t.Errorf("chunks applying: %d, want 1 (the claimed one; the run's worker is held between chunks)", tb.ChunksApplying)
 	}
 	// A bulk load cuts the table by blocks: the chunks done hold the rows the target committed.
 	copied := pgtest.Scalar[int64](t, env.Target, `select count(*) from b`)
@@ -209,10 +222,11 @@ func TestStatusRunningBackfill(t *testing.T) {
 		tb.Rows != copied || tb.Rows < 500 || tb.StartedAt.IsZero() {
 		t.Errorf("running backfill of public.b: %+v, want the %d rows copied (about 1000 per chunk done)", tb, copied)
 	}
-	requireKeys(t, "backfill", first(t, raw, "backfills"), "run_id", "trigger", "started_at", "running_seconds", "alive", "workers", "chunk_rows", "tables")
+	requireKeys(t, "backfill", first(t, raw, "backfills"), "run_id", "trigger", "started_at", "running_seconds", "alive", "workers", "chunk_rows", "joinable", "tables")
 	requireKeys(t, "backfill table", first(t, first(t, raw, "backfills").(map[string]any), "tables"), "table", "status", "started_at",
-		"chunks_done", "chunks_planned", "planning_complete", "rows")
-	if out := statusTable(t, env); !strings.Contains(out, "backfills running:") || !strings.Contains(out, "public.b") || !strings.Contains(out, "manual") {
+		"chunks_done", "chunks_planned", "chunks_applying", "planning_complete", "rows")
+	if out := statusTable(t, env); !strings.Contains(out, "backfills running:") || !strings.Contains(out, "public.b") || !strings.Contains(out, "manual") ||
+		!strings.Contains(out, "pgconverge backfill --join --run ") {
 		t.Errorf("status table during a backfill:\n%s", out)
 	}
 	release()

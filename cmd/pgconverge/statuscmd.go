@@ -175,12 +175,20 @@ func printBackfills(w io.Writer, runs []engine.BackfillRunStatus) {
 			if !t.PlanningComplete {
 				chunks += " (planning)"
 			}
+			if t.ChunksApplying > 0 {
+				chunks += fmt.Sprintf(", %d applying", t.ChunksApplying)
+			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\n", r.RunID, r.Trigger, started, t.Table, t.Status, chunks, t.Rows)
 		}
 	}
 	tw.Flush()
 	if len(dead) > 0 {
 		fmt.Fprintf(w, "run %s: recorded as running, but its process is gone (it ended without recording it): the next backfill run closes it as failed and resumes its tables\n", strings.Join(dead, ", "))
+	}
+	for _, r := range runs {
+		if r.Alive && r.Joinable {
+			fmt.Fprintf(w, "run %d: more workers, from any host: pgconverge backfill --join --run %d\n", r.RunID, r.RunID)
+		}
 	}
 }
 

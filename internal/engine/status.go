@@ -139,6 +139,8 @@ type BackfillRunStatus struct {
 	// Workers and ChunkRows are the run's --workers and --chunk-rows.
 	Workers   int   `json:"workers"`
 	ChunkRows int64 `json:"chunk_rows"`
+	// Joinable is true once the run published its snapshot: `backfill --join` can add workers.
+	Joinable bool `json:"joinable"`
 	// Tables are the run's table backfills (pgconverge.backfills), by name; empty until the run
 	// took its snapshot.
 	Tables []BackfillTableStatus `json:"tables"`
@@ -154,8 +156,11 @@ type BackfillTableStatus struct {
 	StartedAt time.Time `json:"started_at"`
 	// ChunksDone counts completed chunks, ChunksPlanned the chunks planned so far;
 	// PlanningComplete is true once the last chunk is planned (ChunksPlanned is then the total).
-	ChunksDone       int  `json:"chunks_done"`
-	ChunksPlanned    int  `json:"chunks_planned"`
+	ChunksDone    int `json:"chunks_done"`
+	ChunksPlanned int `json:"chunks_planned"`
+	// ChunksApplying counts the chunks workers are applying now (claimed by a live session, of
+	// the run's process or of one that joined it).
+	ChunksApplying   int  `json:"chunks_applying"`
 	PlanningComplete bool `json:"planning_complete"`
 	// Rows are the rows applied so far: completed chunks' rows plus the applied part of chunks
 	// merged batch by batch (kept chunks of an interrupted run included).
@@ -300,14 +305,14 @@ func runningBackfills(ctx context.Context, tgt *pgx.Conn) ([]BackfillRunStatus, 
   exists (select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
     and l.database = (select oid from pg_database where datname = current_database())
     and l.classid = $1::int::oid and l.objid = (r.id % 2147483648)::int::oid),
-  r.workers, r.chunk_rows
+  r.workers, r.chunk_rows, r.snapshot_name is not null
 from pgconverge.backfill_runs r where r.status = 'running' order by r.id`, coverage.RunLockClass)
 	if err != nil {
 		return nil, fmt.Errorf("read the running backfill runs (pgconverge.backfill_runs): %w", err)
 	}
 	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackfillRunStatus, error) {
 		var r BackfillRunStatus
-		err := row.Scan(&r.RunID, &r.Trigger, &r.Slot, &r.StartedAt, &r.RunningSeconds, &r.Alive, &r.Workers, &r.ChunkRows)
+		err := row.Scan(&r.RunID, &r.Trigger, &r.Slot, &r.StartedAt, &r.RunningSeconds, &r.Alive, &r.Workers, &r.ChunkRows, &r.Joinable)
 		r.Tables = []BackfillTableStatus{}
 		return r, err
 	})
@@ -326,18 +331,21 @@ from pgconverge.backfill_runs r where r.status = 'running' order by r.id`, cover
 func backfillRunTables(ctx context.Context, tgt *pgx.Conn, id int64) ([]BackfillTableStatus, error) {
 	rows, err := tgt.Query(ctx, `select b.schema_name, b.table_name, b.status, b.started_at,
   count(c.chunk) filter (where c.completed_at is not null)::int, count(c.chunk)::int,
+  count(c.chunk) filter (where c.completed_at is null and exists (select 1 from pg_locks l where l.locktype = 'advisory'
+    and l.granted and l.objsubid = 2 and l.database = (select oid from pg_database where datname = current_database())
+    and l.classid = $2::int::oid and l.objid = c.claimed_by::oid))::int,
   coalesce(bool_or(c.chunk is not null and c.upper_key is null), false),
   coalesce(sum(case when c.completed_at is not null then coalesce(c.rows, 0) else c.done_rows end), 0)::bigint
 from pgconverge.backfills b left join pgconverge.backfill_chunks c on c.backfill_id = b.id
 where b.run_id = $1
-group by b.id order by b.schema_name, b.table_name`, id)
+group by b.id order by b.schema_name, b.table_name`, id, coverage.WorkerLockClass)
 	if err != nil {
 		return nil, fmt.Errorf("read the tables of backfill run %d (pgconverge.backfills, backfill_chunks): %w", id, err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackfillTableStatus, error) {
 		var t BackfillTableStatus
 		var schema, name string
-		err := row.Scan(&schema, &name, &t.Status, &t.StartedAt, &t.ChunksDone, &t.ChunksPlanned, &t.PlanningComplete, &t.Rows)
+		err := row.Scan(&schema, &name, &t.Status, &t.StartedAt, &t.ChunksDone, &t.ChunksPlanned, &t.ChunksApplying, &t.PlanningComplete, &t.Rows)
 		t.Table = changebatch.TableName{Schema: schema, Name: name}.String()
 		return t, err
 	})
