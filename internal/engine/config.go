@@ -94,6 +94,10 @@ type Knobs struct {
 	// StatusInterval, when set, replaces the stream's status interval (10 s), which also sets how
 	// soon a silent source connection is given up (cdc.ErrSourceSilent).
 	StatusInterval time.Duration
+	// CatalogTimeout, when set, replaces catalogTimeout; BeforePreflight runs before a session's
+	// checks (preflight).
+	CatalogTimeout  time.Duration
+	BeforePreflight func()
 }
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.

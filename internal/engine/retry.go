@@ -81,7 +81,7 @@ func decide(err error) decision {
 		errors.As(err, &schema), lostLeadership(err):
 		return restart
 	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
-		errors.Is(err, cdc.ErrSourceSilent),
+		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errCatalogTimeout),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
 		return backOff

@@ -170,19 +170,55 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 // not seen), and the selected tables, described (selectTables); then it checks both sides
 // without writing anything (preflight), which opens the replication connection.
 func (s *session) describe(ctx context.Context) (pglogrepl.LSN, []changebatch.TableName, error) {
-	describedAt, err := cdc.CurrentLSN(ctx, s.src)
+	cctx, cancel := s.catalogDeadline(ctx)
+	describedAt, err := cdc.CurrentLSN(cctx, s.src)
+	cancel()
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, timedOut(ctx, cctx, err)
 	}
 	s.tables, s.snapshotOnly, s.patterns = nil, nil, nil
 	names, err := s.selectTables(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := s.preflight(ctx, names); err != nil {
-		return 0, nil, err
+	if s.cfg.Knobs.BeforePreflight != nil {
+		s.cfg.Knobs.BeforePreflight()
+	}
+	cctx, cancel = s.catalogDeadline(ctx)
+	defer cancel()
+	if err := s.preflight(cctx, names); err != nil {
+		return 0, nil, timedOut(ctx, cctx, err)
 	}
 	return describedAt, names, nil
+}
+
+// catalogTimeout bounds a session's reads of the catalogs and checks that take well under a second
+// on a server that answers (the source position before the tables are described, the checks of
+// preflight, the slot-start check): a source or target that stops answering behind a connection
+// that stays open (a frozen host or network, which TCP keepalives do not see while the peer's
+// kernel still acknowledges) fails the session, which is retried, instead of holding it forever.
+const catalogTimeout = 2 * time.Minute
+
+// catalogDeadline returns ctx bounded by catalogTimeout (or Knobs.CatalogTimeout), failing with
+// an error that says what did not answer.
+func (s *session) catalogDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := catalogTimeout
+	if s.cfg.Knobs.CatalogTimeout > 0 {
+		d = s.cfg.Knobs.CatalogTimeout
+	}
+	return context.WithTimeoutCause(ctx, d, fmt.Errorf("%w: a catalog read or check got no answer within %s (a frozen source or target, or a network that drops packets)", errCatalogTimeout, d))
+}
+
+// errCatalogTimeout marks a session whose catalog read or check timed out (catalogDeadline).
+var errCatalogTimeout = errors.New("the server stopped answering")
+
+// timedOut returns err, which a call under cctx (catalogDeadline of ctx) returned, joined with
+// the deadline's cause when that deadline, not ctx, ended the call.
+func timedOut(ctx, cctx context.Context, err error) error {
+	if cause := context.Cause(cctx); ctx.Err() == nil && errors.Is(cause, errCatalogTimeout) {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return err
 }
 
 // connect opens the source and target connections and checks the source.

@@ -3,6 +3,7 @@ package engine
 import (
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +35,33 @@ func TestSilentSourceIsReconnected(t *testing.T) {
 	})
 	proxy.frozen.Store(false)
 	pgtest.Exec(t, env.Source, `insert into a values (2, 'after')`, `update a set v = 'uno' where id = 1`)
+	pgtest.WaitConverged(t, env, "a", "id")
+	d.RequireRunning(t)
+}
+
+// A source that stops answering while a session starts (the proxy forwards nothing from the
+// moment the session's checks begin) fails that session's checks at the catalog deadline, logged
+// with what did not answer, instead of holding the daemon forever; once the network is back, the
+// next session starts and streams.
+func TestFrozenSourceAtSessionStartIsRetried(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'one')`)
+	src, _ := url.Parse(env.SourceURL)
+	proxy := newProxy(t, src.Host)
+	cfg := testConfig(t, env)
+	var logs pgtest.SyncBuffer
+	cfg.Logger = newTestLogger(t, &logs)
+	cfg.Source = proxy.url(t, env.SourceURL)
+	cfg.Knobs.CatalogTimeout = 2 * time.Second
+	var froze sync.Once
+	cfg.Knobs.BeforePreflight = func() { froze.Do(func() { proxy.frozen.Store(true) }) }
+	d := startDaemon(t, cfg)
+	pgtest.Eventually(t, 30*time.Second, "the frozen session start logged", func() (bool, string) {
+		return strings.Contains(logs.String(), "a catalog read or check got no answer within 2s"), ""
+	})
+	proxy.frozen.Store(false)
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `insert into a values (2, 'after')`)
 	pgtest.WaitConverged(t, env, "a", "id")
 	d.RequireRunning(t)
 }

@@ -214,14 +214,16 @@ func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) 
 // walsender, no longer starts at start. It reads the slot over a connection of its own: the
 // session's source connection belongs to the WAL sampler by now.
 func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error {
-	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
+	cctx, cancel := s.catalogDeadline(ctx)
+	defer cancel()
+	conn, err := pgsession.Connect(cctx, s.cfg.Source, "source")
 	if err != nil {
-		return err
+		return timedOut(ctx, cctx, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	slot, err := cdc.ReadSlot(ctx, conn, s.cfg.Slot)
+	slot, err := cdc.ReadSlot(cctx, conn, s.cfg.Slot)
 	if err != nil {
-		return err
+		return timedOut(ctx, cctx, err)
 	}
 	if !slot.Exists || slot.Lost() || slot.ConfirmedFlush > start {
 		return fmt.Errorf("%w: slot %q (exists %v, wal_status %q, confirmed_flush_lsn %s) no longer starts at the target's progress %s; restarting the session to record the gap",

@@ -8,6 +8,7 @@ package pgsession
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -62,11 +63,21 @@ var params = map[string]string{
 	"row_security": "off",
 }
 
+// setParams gives cfg pgconverge's session settings (params), and a connect timeout of
+// DefaultConnectTimeout when its URL sets none (connect_timeout).
 func setParams(cfg *pgconn.Config) {
 	for k, v := range params {
 		cfg.RuntimeParams[k] = v
 	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
 }
+
+// DefaultConnectTimeout bounds opening a connection (TCP, TLS and the startup exchange) whose URL
+// sets no connect_timeout: a server or network that accepts the TCP connection and then answers
+// nothing (a frozen host, a half-open proxy) would otherwise hold the caller forever.
+const DefaultConnectTimeout = 30 * time.Second
 
 // Connect opens an ordinary SQL connection to url with pgconverge's session settings. role names
 // the side ("source" or "target") in errors; a failed connection is a *ConnectError.
