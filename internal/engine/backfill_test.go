@@ -65,31 +65,40 @@ func backfillAfterFirstChunkEnd(t *testing.T, cfg BackfillConfig, hold bool) (en
 			}
 		})
 	}
-	type outcome struct {
-		rep BackfillReport
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		rep, err := Backfill(context.Background(), cfg)
-		done <- outcome{rep, err}
-	}()
+	wait, ended := backfillInBackground(t, cfg)
 	select {
 	case <-reached:
-	case o := <-done:
-		t.Fatalf("backfill ended before its first chunk: %v", o.err)
+	case <-ended:
+		_, err := wait()
+		t.Fatalf("backfill ended before its first chunk: %v", err)
 	}
 	return func() (BackfillReport, error) {
 		t.Helper()
 		close(resume)
+		return wait()
+	}
+}
+
+// backfillInBackground starts the backfill cfg in a goroutine; ended closes when it returned, and
+// wait returns its report and error, failing the test when it takes more than 60 s from then.
+func backfillInBackground(t *testing.T, cfg BackfillConfig) (wait func() (BackfillReport, error), ended <-chan struct{}) {
+	var rep BackfillReport
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rep, err = Backfill(context.Background(), cfg)
+	}()
+	return func() (BackfillReport, error) {
+		t.Helper()
 		select {
-		case o := <-done:
-			return o.rep, o.err
+		case <-done:
+			return rep, err
 		case <-time.After(60 * time.Second):
 			t.Fatal("backfill did not end within 60 s")
 			return BackfillReport{}, nil
 		}
-	}
+	}, done
 }
 
 // rowVersion returns the target row's value of v and its _cdc_lsn.

@@ -121,32 +121,19 @@ func TestLostDeadlockOfABackfillChunkIsRetried(t *testing.T) {
 	cfg.Workers = 1
 	var logs pgtest.SyncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
-	type outcome struct {
-		rep BackfillReport
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		rep, err := Backfill(ctx, cfg)
-		done <- outcome{rep, err}
-	}()
+	wait, _ := backfillInBackground(t, cfg)
 	if _, err := waitRowLockWaiters(ctx, t, env.TargetURL, 1); err != nil {
 		t.Fatal(err)
 	}
 	// Returns once PostgreSQL ended the chunk's transaction.
 	pgtest.Exec(t, tx.Conn(), `select 1 from d where id = 2 for update`)
 	tx.Rollback(ctx)
-	var o outcome
-	select {
-	case o = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the backfill did not end within 60 s")
+	rep, err := wait()
+	if err != nil {
+		t.Fatalf("backfill: %v", err)
 	}
-	if o.err != nil {
-		t.Fatalf("backfill: %v", o.err)
-	}
-	if o.rep.Conflicts != 1 {
-		t.Errorf("conflicts lost and retried: %d, want 1", o.rep.Conflicts)
+	if rep.Conflicts != 1 {
+		t.Errorf("conflicts lost and retried: %d, want 1", rep.Conflicts)
 	}
 	if l := logs.String(); !strings.Contains(l, "deadlock detected") || !strings.Contains(l, "retrying") {
 		t.Errorf("no WARN of the chunk's lost deadlock in the log")

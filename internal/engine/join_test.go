@@ -132,15 +132,7 @@ func TestChunkOfAnEndedJoinerIsTakenOver(t *testing.T) {
 			}
 		})
 	}
-	type outcome struct {
-		rep BackfillReport
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		rep, err := Backfill(context.Background(), cfg)
-		done <- outcome{rep, err}
-	}()
+	wait, _ := backfillInBackground(t, cfg)
 	pgtest.Eventually(t, 60*time.Second, "the run waits for the chunk the joiner holds", func() (bool, string) {
 		return strings.Contains(logs.String(), "waiting for the chunks workers of joined processes are applying"), ""
 	})
@@ -148,16 +140,10 @@ func TestChunkOfAnEndedJoinerIsTakenOver(t *testing.T) {
 		t.Fatalf("the joiner's claim: %v, %v", claimed, claimErr)
 	}
 	joiner.Close(context.Background()) // the claim lapses with the session
-	var o outcome
-	select {
-	case o = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the run did not end within 60 s of the joiner's end")
+	rep, err := wait()
+	if err != nil {
+		t.Fatalf("backfill: %v", err)
 	}
-	if o.err != nil {
-		t.Fatalf("backfill: %v", o.err)
-	}
-	rep := o.rep
 	if rep.Joined != 0 {
 		t.Errorf("rows counted as joined: %d, want 0 (the joiner applied nothing)", rep.Joined)
 	}

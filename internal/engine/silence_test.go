@@ -10,18 +10,26 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// A replication connection that goes silent without an error (a network dropping packets: the
-// proxy forwards nothing and closes nothing) is given up after three status intervals of waiting,
-// logged with the fix, and the next session reconnects and streams on.
-func TestSilentSourceIsReconnected(t *testing.T) {
+// behindSourceProxy returns a test environment whose source holds table a (one row), a proxy to
+// its source, and a daemon configuration that reaches the source through the proxy and logs into
+// logs.
+func behindSourceProxy(t *testing.T) (*pgtest.Env, *tcpProxy, Config, *pgtest.SyncBuffer) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'one')`)
 	src, _ := url.Parse(env.SourceURL)
 	proxy := newProxy(t, src.Host)
 	cfg := testConfig(t, env)
-	var logs pgtest.SyncBuffer
-	cfg.Logger = newTestLogger(t, &logs)
+	logs := &pgtest.SyncBuffer{}
+	cfg.Logger = newTestLogger(t, logs)
 	cfg.Source = proxy.url(t, env.SourceURL)
+	return env, proxy, cfg, logs
+}
+
+// A replication connection that goes silent without an error (a network dropping packets: the
+// proxy forwards nothing and closes nothing) is given up after three status intervals of waiting,
+// logged with the fix, and the next session reconnects and streams on.
+func TestSilentSourceIsReconnected(t *testing.T) {
+	env, proxy, cfg, logs := behindSourceProxy(t)
 	cfg.Knobs.StatusInterval = time.Second
 	d := startDaemon(t, cfg)
 	pgtest.WaitStreaming(t, env)
@@ -44,14 +52,7 @@ func TestSilentSourceIsReconnected(t *testing.T) {
 // with what did not answer, instead of holding the daemon forever; once the network is back, the
 // next session starts and streams.
 func TestFrozenSourceAtSessionStartIsRetried(t *testing.T) {
-	env := pgtest.New(t)
-	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'one')`)
-	src, _ := url.Parse(env.SourceURL)
-	proxy := newProxy(t, src.Host)
-	cfg := testConfig(t, env)
-	var logs pgtest.SyncBuffer
-	cfg.Logger = newTestLogger(t, &logs)
-	cfg.Source = proxy.url(t, env.SourceURL)
+	env, proxy, cfg, logs := behindSourceProxy(t)
 	cfg.Knobs.CatalogTimeout = 2 * time.Second
 	var froze sync.Once
 	cfg.Knobs.BeforePreflight = func() { froze.Do(func() { proxy.frozen.Store(true) }) }
