@@ -41,6 +41,12 @@ func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *pgtest.SyncBuffer) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = leader.Process.Kill(); _ = leader.Wait() })
+	t.Cleanup(func() {
+		if t.Failed() {
+			log := out.String()
+			t.Logf("the first leader's output (last 20,000 bytes):\n%s", log[max(0, len(log)-20000):])
+		}
+	})
 	pgtest.WaitStreaming(t, env)
 	holder := fmt.Sprintf("pid %d", leader.Process.Pid)
 	if l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name); !strings.HasPrefix(l, "1 ") || !strings.HasSuffix(l, holder) {

@@ -106,7 +106,8 @@ func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
 
 	// An operator holds the target table for 3 s while the source writes.
 	op := pgtest.Connect(t, env.TargetURL)
-	pgtest.Exec(t, op, `begin`, `lock table public.big in access exclusive mode`)
+	// The operator's own session is spared the database's 1 ms statement_timeout.
+	pgtest.Exec(t, op, `set statement_timeout = 0`, `begin`, `lock table public.big in access exclusive mode`)
 	pgtest.Exec(t, env.Source, `update big set v = 'locked out' where id <= 100`)
 	time.Sleep(3 * time.Second) // the lock is held on purpose for a while, not a synchronisation
 	pgtest.Exec(t, op, `commit`)
