@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -149,14 +150,14 @@ order by r.id desc limit 1`, id).Scan(&r.ID, &r.Trigger, &r.Snapshot, &s, &r.Pub
 	return &r, nil
 }
 
-// RunRunning reports whether backfill run id is still running (its process holds its lock).
-func RunRunning(ctx context.Context, conn *pgx.Conn, id int64) (bool, error) {
-	var ok bool
-	err := conn.QueryRow(ctx, `select exists (select 1 from pgconverge.backfill_runs r where r.id = $1 and `+runAlive+`)`, id).Scan(&ok)
+// RunState returns the recorded status of backfill run id (running, completed, failed or
+// interrupted) and whether it is still running (recorded running, and its process holds its lock).
+func RunState(ctx context.Context, conn *pgx.Conn, id int64) (status string, running bool, err error) {
+	err = conn.QueryRow(ctx, `select r.status, `+runAlive+` from pgconverge.backfill_runs r where r.id = $1`, id).Scan(&status, &running)
 	if err != nil {
-		return false, fmt.Errorf("look up backfill run %d: %w", id, err)
+		return "", false, fmt.Errorf("look up backfill run %d: %w", id, err)
 	}
-	return ok, nil
+	return status, running, nil
 }
 
 // ClaimedChunk is a chunk ClaimAnyChunk claimed.
@@ -229,4 +230,67 @@ func RunSource(ctx context.Context, conn *pgx.Conn, id int64) (string, error) {
 		return "", fmt.Errorf("read the source of backfill run %d: %w", id, err)
 	}
 	return src, nil
+}
+
+// RegisterWorker records conn's session as a worker of run runID joined from host (pid and
+// backend start of the session), seen now; Heartbeat keeps it seen.
+func RegisterWorker(ctx context.Context, conn *pgx.Conn, runID int64, host string) error {
+	_, err := conn.Exec(ctx, `insert into pgconverge.backfill_workers (pid, backend_start, run_id, host, seen_at)
+select pid, backend_start, $1, $2, clock_timestamp() from pg_stat_activity where pid = pg_backend_pid()
+on conflict (pid, backend_start) do update set run_id = excluded.run_id, host = excluded.host, seen_at = excluded.seen_at`, runID, host)
+	if err != nil {
+		return fmt.Errorf("register the backfill worker: %w", err)
+	}
+	return nil
+}
+
+// Heartbeat records that the workers whose target sessions have the backend pids pids are alive.
+func Heartbeat(ctx context.Context, conn *pgx.Conn, pids []int32) error {
+	if _, err := conn.Exec(ctx, `update pgconverge.backfill_workers set seen_at = clock_timestamp() where pid = any($1)`, pids); err != nil {
+		return fmt.Errorf("record the joined workers alive: %w", err)
+	}
+	return nil
+}
+
+// ForgetWorkers deletes the rows of the joined workers with backend pids pids, and of workers
+// whose sessions ended.
+func ForgetWorkers(ctx context.Context, conn *pgx.Conn, pids []int32) error {
+	_, err := conn.Exec(ctx, `delete from pgconverge.backfill_workers w where w.pid = any($1)
+  or not exists (select 1 from pg_stat_activity a where a.pid = w.pid and a.backend_start = w.backend_start)`, pids)
+	if err != nil {
+		return fmt.Errorf("forget the joined workers: %w", err)
+	}
+	return nil
+}
+
+// SilentWorker is a joined worker's session that EndSilentWorkers ended.
+type SilentWorker struct {
+	PID    int32
+	Host   string
+	Silent float64 // seconds since its process was last seen
+}
+
+// EndSilentWorkers ends (pg_terminate_backend) the target sessions of workers joined to run runID
+// whose process was last seen more than lease ago, and returns them: their claims lapse with their
+// sessions, and the row locks of their open transactions are released. Only a session that is
+// still the one registered (same pid and backend start) is ended; the role must be allowed to
+// signal it (the same role, or pg_signal_backend) and to see its backend start (the same role,
+// or pg_read_all_stats), else it is left alone.
+func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, runID int64, lease time.Duration) ([]SilentWorker, error) {
+	rows, err := conn.Query(ctx, `with silent as materialized (
+  select w.pid, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8 as secs
+  from pgconverge.backfill_workers w join pg_stat_activity a on a.pid = w.pid and a.backend_start = w.backend_start
+  where w.run_id = $1 and w.seen_at < clock_timestamp() - $2::interval)
+select pid, host, secs from silent where pg_terminate_backend(pid)`, runID, lease.String())
+	if err != nil {
+		return nil, fmt.Errorf("end silent joined workers of backfill run %d: %w", runID, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SilentWorker, error) {
+		var s SilentWorker
+		return s, r.Scan(&s.PID, &s.Host, &s.Silent)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("end silent joined workers of backfill run %d: %w", runID, err)
+	}
+	return out, nil
 }

@@ -17,3 +17,17 @@ alter table pgconverge.backfill_runs
 -- the worker lock (session advisory lock ("pgcw", pid)); a chunk whose claimer's session ended is
 -- claimable again.
 alter table pgconverge.backfill_chunks add column claimed_by int;
+
+-- backfill_workers: the target sessions of workers of processes that joined a run, with the
+-- session's backend start (a pid alone may be reused) and when the joined process last showed
+-- it is alive (seen_at, every 2 s). The run's process ends a session whose process went silent
+-- past the lease (a frozen or cut-off host), so the chunks it claimed are claimable again and the
+-- row locks of its open transaction are released.
+create table pgconverge.backfill_workers (
+    pid           int not null,
+    backend_start timestamptz not null,
+    run_id        bigint not null,
+    host          text not null,
+    seen_at       timestamptz not null,
+    primary key (pid, backend_start)
+);

@@ -111,6 +111,9 @@ func runJoin(cmd *cobra.Command, stdout io.Writer, cfg engine.BackfillConfig, ru
 	if rep.Ended != "" {
 		fmt.Fprintf(stdout, "  left it because %s\n", rep.Ended)
 	}
+	if !rep.Completed {
+		return fmt.Errorf("backfill run %d did not complete: %s", rep.RunID, rep.Ended)
+	}
 	return nil
 }
 

@@ -262,6 +262,11 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		if err := coverage.PublishRun(ctx, ctrl, rep.RunID, snap.Name, snap.LSN, job.Publication, job.LeaderSlot, job.Epoch); err != nil {
 			return err
 		}
+		stopWatch, err := watchJoinedWorkers(ctx, job.Target, rep.RunID, log)
+		if err != nil {
+			return err
+		}
+		defer stopWatch()
 	}
 	job.Progress.Start(total, rep.Kept)
 	defer job.Progress.Finish()

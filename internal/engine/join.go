@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/backfill"
@@ -51,8 +52,10 @@ type JoinReport struct {
 	Chunks int
 	Rows   int64
 	Result apply.Result
-	// Ended says why the process stopped: the run completed, or ended another way.
-	Ended string
+	// Ended says why the process stopped: the run completed, or ended another way; Completed is
+	// true when the run completed.
+	Ended     string
+	Completed bool
 }
 
 // Join is `pgconverge backfill --join`: it adds Workers workers, in this process, to a backfill
@@ -90,14 +93,29 @@ func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	log := cfg.Logger.With("run", run.ID, "snapshot_lsn", run.LSN.String())
 	log.Info("joined the backfill run", "trigger", run.Trigger, "workers", cfg.Workers)
 	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}}
+	jctx, lose := context.WithCancelCause(ctx)
+	defer lose(nil)
+	stopBeat, err := heartbeat(jctx, cfg.Target, j.workerPIDs, lose)
+	if err != nil {
+		return rep, err
+	}
+	defer func() {
+		stopBeat()
+		if err := coverage.ForgetWorkers(context.WithoutCancel(ctx), tgt, j.workerPIDs()); err != nil {
+			log.Warn("could not remove this process's workers from the ledger", "err", err)
+		}
+	}()
 	cfg.Progress.Start(0, 0)
 	defer cfg.Progress.Finish()
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(jctx)
 	for w := 0; w < cfg.Workers; w++ {
 		g.Go(func() error { return j.work(gctx) })
 	}
 	err = g.Wait()
-	rep.Chunks, rep.Rows, rep.Result, rep.Ended = j.chunks, j.rows, j.result, j.ended
+	if cause := context.Cause(jctx); ctx.Err() == nil && cause != nil {
+		err = cause
+	}
+	rep.Chunks, rep.Rows, rep.Result, rep.Ended, rep.Completed = j.chunks, j.rows, j.result, j.ended, j.completed
 	if err == nil {
 		log.Info("left the backfill run", "why", rep.Ended, "chunks", rep.Chunks, "rows", rep.Rows)
 	}
@@ -158,6 +176,17 @@ type joiner struct {
 	rows   int64
 	result apply.Result
 	ended  string
+	// completed is true when the run ended completed.
+	completed bool
+	// pids are the backend pids of the workers' target sessions (coverage.RegisterWorker).
+	pids []int32
+}
+
+// workerPIDs returns the backend pids of the workers' target sessions registered so far.
+func (j *joiner) workerPIDs() []int32 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.pids)
 }
 
 // work is one worker: it claims and applies chunks of the run until the run ends.
@@ -171,6 +200,12 @@ func (j *joiner) work(ctx context.Context) error {
 	}
 	defer w.close()
 	w.joined, w.runID = true, run.ID
+	if err := coverage.RegisterWorker(ctx, w.tgt, run.ID, holder()); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	j.pids = append(j.pids, int32(w.tgt.PgConn().PID()))
+	j.mu.Unlock()
 	for {
 		c, err := coverage.ClaimAnyChunk(ctx, w.tgt, run.ID)
 		if err != nil {
@@ -187,22 +222,15 @@ func (j *joiner) work(ctx context.Context) error {
 			}
 			continue
 		}
+		var done chunkDone
 		tr, err := j.table(ctx, w, c)
-		if err != nil {
-			return err
+		if err == nil {
+			cw := chunkWork{tr: tr, ordinal: c.Ordinal, doneKey: c.DoneKey,
+				chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper, ByBlock: slices.Equal(c.KeyColumns, backfill.BlockPlanColumns)}}
+			done, err = w.applyChunk(ctx, cw, c.Before)
 		}
-		cw := chunkWork{tr: tr, ordinal: c.Ordinal, doneKey: c.DoneKey,
-			chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper, ByBlock: slices.Equal(c.KeyColumns, backfill.BlockPlanColumns)}}
-		done, err := w.applyChunk(ctx, cw, c.Before)
 		if err != nil {
-			// The run's end (its process completed, failed or was killed; a later run adopted the
-			// table) shows as a lapsed ownership or snapshot: that ends this process's part.
-			if ended, rerr := j.runEnded(context.WithoutCancel(ctx), w.tgt); errors.Is(err, coverage.ErrRunEnded) || (ended && rerr == nil) {
-				j.log.Info("the backfill run ended while a chunk was being applied; the chunk is left to the run that resumes it",
-					"table", tr.t.String(), "chunk", c.Ordinal, "err", err)
-				return nil
-			}
-			return fmt.Errorf("chunk %d of %s: %w", c.Ordinal, tr.t, err)
+			return j.chunkFailed(ctx, w, c, err)
 		}
 		j.mu.Lock()
 		j.chunks++
@@ -213,14 +241,37 @@ func (j *joiner) work(ctx context.Context) error {
 	}
 }
 
-// runEnded reports whether the run no longer runs, and records why.
+// chunkFailed returns what ends worker w after applying its claimed chunk c failed with err: nil
+// when the run ended meanwhile (its process completed, failed or was killed, or a later run
+// adopted the table: a lapsed ownership or snapshot), which ends this process's part, else err.
+// A worker whose target session was ended says that the run ends the sessions of a joined
+// process silent past the lease.
+func (j *joiner) chunkFailed(ctx context.Context, w *backfillWorker, c *coverage.ClaimedChunk, err error) error {
+	if isCode(err, pgerrcode.AdminShutdown) || w.tgt.IsClosed() {
+		err = fmt.Errorf("%w (the run's process ends the target sessions of a joined process that was silent past the %s lease: was this process stopped or cut off?)", err, leaderLease)
+	} else if ended, rerr := j.runEnded(context.WithoutCancel(ctx), w.tgt); errors.Is(err, coverage.ErrRunEnded) || (ended && rerr == nil) {
+		j.log.Info("the backfill run ended while a chunk was being applied; the chunk is left to the run that resumes it",
+			"table", c.Table.String(), "chunk", c.Ordinal, "err", err)
+		return nil
+	}
+	return fmt.Errorf("chunk %d of %s: %w", c.Ordinal, c.Table, err)
+}
+
+// runEnded reports whether the run no longer runs, and records how it ended.
 func (j *joiner) runEnded(ctx context.Context, tgt *pgx.Conn) (bool, error) {
-	running, err := coverage.RunRunning(ctx, tgt, j.run.ID)
+	status, running, err := coverage.RunState(ctx, tgt, j.run.ID)
 	if err != nil || running {
 		return false, err
 	}
+	why := "the run " + status + " (see pgconverge status)"
+	switch status {
+	case "completed":
+		why = "the run completed"
+	case "running":
+		why = "the run's process ended without recording the end (it was killed, or lost its target connection): the next run of its tables resumes it"
+	}
 	j.mu.Lock()
-	j.ended = "the run's process ended it (completed, failed or stopped): see pgconverge status"
+	j.ended, j.completed = why, status == "completed"
 	j.mu.Unlock()
 	return true, nil
 }

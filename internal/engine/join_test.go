@@ -3,8 +3,11 @@ package engine
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,4 +169,77 @@ func TestJoinRefusals(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "backfill run 42 is not running") {
 		t.Errorf("join of run 42: %v, want a refusal naming run 42", err)
 	}
+}
+
+// A joined process that freezes (SIGSTOP) while it applies a chunk holds the chunk and the row
+// locks of its open transaction only for the lease: the run's process ends its target sessions
+// once its heartbeat is silent past leaderLease, takes the chunk over and completes; the thawed
+// process finds its sessions ended and says why.
+func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
+	out := &pgtest.SyncBuffer{}
+	joiner := exec.Command(os.Args[0], "-test.run=^$")
+	joiner.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL)
+	joiner.Stdout, joiner.Stderr = out, out
+	if err := joiner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		joiner.Process.Signal(syscall.SIGCONT)
+		joiner.Process.Kill()
+		joiner.Wait()
+		if t.Failed() {
+			t.Logf("the joined process's output:\n%s", out)
+		}
+	})
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.Workers, cfg.ChunkRows = 1, 20000
+	var logs pgtest.SyncBuffer
+	cfg.Logger = newTestLogger(t, &logs)
+	frozen := make(chan time.Time, 1)
+	var once sync.Once
+	cfg.AfterChunk = func(string, int64) {
+		once.Do(func() { // the run's own worker waits here until the joiner is frozen mid-chunk
+			mon := pgtest.Connect(t, env.TargetURL)
+			defer mon.Close(context.Background())
+			holding := `select exists (select 1 from pgconverge.backfill_chunks c join pgconverge.backfill_workers w on w.pid = c.claimed_by
+  where c.completed_at is null)`
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				var busy bool
+				if mon.QueryRow(context.Background(), holding).Scan(&busy) != nil || !busy {
+					continue
+				}
+				joiner.Process.Signal(syscall.SIGSTOP)
+				if mon.QueryRow(context.Background(), holding).Scan(&busy) == nil && busy {
+					frozen <- time.Now()
+					return
+				}
+				joiner.Process.Signal(syscall.SIGCONT) // it completed the chunk meanwhile: try again
+			}
+			close(frozen)
+		})
+	}
+	rep := backfillNow(t, cfg)
+	frozenAt, ok := <-frozen
+	if !ok {
+		t.Fatal("the joiner never held a chunk to freeze it on")
+	}
+	took := time.Since(frozenAt)
+	if !strings.Contains(logs.String(), "ended the target session of a joined backfill worker silent past the lease") {
+		t.Errorf("no WARN of the frozen joiner's session ended by the run")
+	}
+	if took < leaderLease-leaderCheckEvery {
+		t.Errorf("the run completed %s after the joiner froze, before the lease of %s ran out", took, leaderLease)
+	}
+	t.Logf("the run completed %s after the joiner froze; rows by the joiner %d, by the run %d", took.Round(time.Millisecond), rep.Joined, rep.Rows)
+	if rep.Rows+rep.Joined != 200000 {
+		t.Errorf("rows: %d by the run + %d joined, want 200000", rep.Rows, rep.Joined)
+	}
+	pgtest.WaitConverged(t, env, "big", "id")
+	joiner.Process.Signal(syscall.SIGCONT)
+	pgtest.Eventually(t, 30*time.Second, "the thawed joiner says its session was ended", func() (bool, string) {
+		return strings.Contains(out.String(), "was this process stopped or cut off?"), ""
+	})
 }
