@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -33,6 +35,11 @@ func TestDaemonsOfTwoSlotsShareATarget(t *testing.T) {
 	runs := func() string {
 		return pgtest.Scalar[string](t, env.Target, `select string_agg(coalesce(slot, '-') || ':' || trigger, ',' order by id) from pgconverge.backfill_runs`)
 	}
+	// The rows can all be in before a load completes (its key build, its ledger rows).
+	pgtest.Eventually(t, 30*time.Second, "both initial loads completed", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_runs where status <> 'completed'`)
+		return n == 0, fmt.Sprintf("%d runs not completed", n)
+	})
 	loaded := runs()
 	for _, restart := range [][]int{{0}, {1}, {1, 0}} {
 		for _, i := range restart {
