@@ -456,7 +456,7 @@ func warnSnapshotAge(ctx context.Context, d time.Duration, log *slog.Logger) fun
 		return func() {}
 	}
 	began := time.Now()
-	return every(ctx, d, func() {
+	return ticking(ctx, d, func(context.Context) {
 		log.Warn("the backfill has held its snapshot for long: it holds back VACUUM on the source; more --workers or a smaller table list shorten it",
 			"held_for", time.Since(began).Round(time.Second).String())
 	})

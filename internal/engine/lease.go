@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
@@ -16,27 +15,6 @@ import (
 // process ends the sessions of a joined process silent past leaderLease (coverage.EndSilentWorkers),
 // so a frozen or cut-off host neither holds its chunks nor the row locks of its open transactions
 // for ever. The same lease as the leader's (a lease, as in Gray and Cheriton, "Leases", SOSP 1989).
-
-// ticking runs fn every d on its own goroutine until stop, which waits for a running fn to end.
-func ticking(ctx context.Context, d time.Duration, fn func(ctx context.Context)) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(d)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				fn(ctx)
-			}
-		}
-	}()
-	return func() { cancel(); wg.Wait() }
-}
 
 // watchJoinedWorkers ends, every leaderCheckEvery until stop, the target sessions of the workers
 // joined to run runID whose process went silent past leaderLease, logging each at WARN. It uses a

@@ -37,13 +37,16 @@ type logProgress struct {
 
 func (p *logProgress) Start(total, done int64) {
 	p.total, p.done, p.start, p.began = total, done, done, time.Now()
-	p.stop = every(context.Background(), p.interval, p.report)
+	p.stop = ticking(context.Background(), p.interval, func(context.Context) { p.report() })
 }
 
-// every calls fn every d in a goroutine until ctx ends or the returned function is called.
-func every(ctx context.Context, d time.Duration, fn func()) (stop func()) {
+// ticking runs fn every d on its own goroutine until stop, which waits for a running fn to end.
+func ticking(ctx context.Context, d time.Duration, fn func(ctx context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		t := time.NewTicker(d)
 		defer t.Stop()
 		for {
@@ -51,11 +54,11 @@ func every(ctx context.Context, d time.Duration, fn func()) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				fn()
+				fn(ctx)
 			}
 		}
 	}()
-	return cancel
+	return func() { cancel(); wg.Wait() }
 }
 
 func (p *logProgress) report() {
