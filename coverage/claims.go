@@ -270,27 +270,28 @@ type SilentWorker struct {
 	Silent float64 // seconds since its process was last seen
 }
 
-// EndSilentWorkers ends (pg_terminate_backend) the target sessions of workers joined to run runID
+// EndSilentWorkers ends (pg_terminate_backend) the target sessions of joined workers, of any run,
 // whose process was last seen more than lease ago, and returns them: their claims lapse with their
-// sessions, and the row locks of their open transactions are released. Only a session that is
+// sessions, and the row locks of their open transactions are released (a later run, or the
+// stream, would wait for them otherwise). Only a session that is
 // still the one registered (same pid and backend start) is ended; the role must be allowed to
 // signal it (the same role, or pg_signal_backend) and to see its backend start (the same role,
 // or pg_read_all_stats), else it is left alone.
-func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, runID int64, lease time.Duration) ([]SilentWorker, error) {
+func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, lease time.Duration) ([]SilentWorker, error) {
 	rows, err := conn.Query(ctx, `with silent as materialized (
   select w.pid, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8 as secs
   from pgconverge.backfill_workers w join pg_stat_activity a on a.pid = w.pid and a.backend_start = w.backend_start
-  where w.run_id = $1 and w.seen_at < clock_timestamp() - $2::interval)
-select pid, host, secs from silent where pg_terminate_backend(pid)`, runID, lease.String())
+  where w.seen_at < clock_timestamp() - $1::interval)
+select pid, host, secs from silent where pg_terminate_backend(pid)`, lease.String())
 	if err != nil {
-		return nil, fmt.Errorf("end silent joined workers of backfill run %d: %w", runID, err)
+		return nil, fmt.Errorf("end silent joined backfill workers: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SilentWorker, error) {
 		var s SilentWorker
 		return s, r.Scan(&s.PID, &s.Host, &s.Silent)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("end silent joined workers of backfill run %d: %w", runID, err)
+		return nil, fmt.Errorf("end silent joined backfill workers: %w", err)
 	}
 	return out, nil
 }

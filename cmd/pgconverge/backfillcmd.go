@@ -103,11 +103,14 @@ func runJoin(cmd *cobra.Command, stdout io.Writer, cfg engine.BackfillConfig, ru
 		return fmt.Errorf("stopped: left backfill run %d after applying %d chunks; the run's other workers take the rest", rep.RunID, rep.Chunks)
 	case cmd.Context().Err() != nil:
 		return errors.New("stopped while waiting for a backfill run to join")
-	case err != nil:
+	case err != nil && rep.RunID == 0:
 		return err
 	}
 	fmt.Fprintf(stdout, "joined backfill run %d: applied %d chunks, %d rows (%d written, %d suppressed)\n",
 		rep.RunID, rep.Chunks, rep.Rows, rep.Result.Applied, rep.Result.Suppressed)
+	if err != nil {
+		return err
+	}
 	if rep.Ended != "" {
 		fmt.Fprintf(stdout, "  left it because %s\n", rep.Ended)
 	}

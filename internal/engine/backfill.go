@@ -262,7 +262,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		if err := coverage.PublishRun(ctx, ctrl, rep.RunID, snap.Name, snap.LSN, job.Publication, job.LeaderSlot, job.Epoch); err != nil {
 			return err
 		}
-		stopWatch, err := watchJoinedWorkers(ctx, job.Target, rep.RunID, log)
+		stopWatch, err := watchJoinedWorkers(ctx, job.Target, log)
 		if err != nil {
 			return err
 		}
@@ -292,7 +292,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		}
 	}
 	secs := max(time.Since(began).Seconds(), 0.001)
-	log.Info("backfill completed", "rows", rep.Rows, "rows_per_s", int64(float64(rep.Rows)/secs), "reread", rep.Reread,
+	log.Info("backfill completed", "rows", rep.Rows, "rows_per_s", int64(float64(rep.Rows+rep.Joined)/secs), "reread", rep.Reread,
 		"kept_from_earlier_runs", rep.Kept, "rows_by_joined_workers", rep.Joined, "applied", rep.Result.Applied, "suppressed", rep.Result.Suppressed,
 		"tombstoned_absent", rep.Tombstoned, "seconds", fmt.Sprintf("%.1f", secs))
 	return nil

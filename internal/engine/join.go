@@ -209,7 +209,7 @@ func (j *joiner) work(ctx context.Context) error {
 	for {
 		c, err := coverage.ClaimAnyChunk(ctx, w.tgt, run.ID)
 		if err != nil {
-			return err
+			return sessionEnded(w, err)
 		}
 		if c == nil {
 			if done, err := j.runEnded(ctx, w.tgt); done || err != nil {
@@ -247,14 +247,25 @@ func (j *joiner) work(ctx context.Context) error {
 // A worker whose target session was ended says that the run ends the sessions of a joined
 // process silent past the lease.
 func (j *joiner) chunkFailed(ctx context.Context, w *backfillWorker, c *coverage.ClaimedChunk, err error) error {
-	if isCode(err, pgerrcode.AdminShutdown) || w.tgt.IsClosed() {
-		err = fmt.Errorf("%w (the run's process ends the target sessions of a joined process that was silent past the %s lease: was this process stopped or cut off?)", err, leaderLease)
+	if ended := sessionEnded(w, err); ended != err {
+		err = ended
 	} else if ended, rerr := j.runEnded(context.WithoutCancel(ctx), w.tgt); errors.Is(err, coverage.ErrRunEnded) || (ended && rerr == nil) {
 		j.log.Info("the backfill run ended while a chunk was being applied; the chunk is left to the run that resumes it",
 			"table", c.Table.String(), "chunk", c.Ordinal, "err", err)
 		return nil
 	}
 	return fmt.Errorf("chunk %d of %s: %w", c.Ordinal, c.Table, err)
+}
+
+// sessionEnded returns err, from worker w, saying why when w's target session was ended: another
+// pgconverge process ends the sessions of a joined process that was silent past the lease (a
+// backfill run or a streaming daemon, watchJoinedWorkers), or held off a new leader's epoch raise
+// past it.
+func sessionEnded(w *backfillWorker, err error) error {
+	if !isCode(err, pgerrcode.AdminShutdown) && !w.tgt.IsClosed() {
+		return err
+	}
+	return fmt.Errorf("%w (this worker's target session was ended by another pgconverge process: one ends a joined process's sessions when it was silent past the %s lease, or held off a new leader's takeover past it; was this process stopped or cut off?)", err, leaderLease)
 }
 
 // runEnded reports whether the run no longer runs, and records how it ended.

@@ -243,3 +243,71 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 		return strings.Contains(out.String(), "was this process stopped or cut off?"), ""
 	})
 }
+
+// A joined process frozen inside a chunk transaction, whose run then ends (cancelled), holds row
+// locks the stream needs and the row the run's end records; no run watches it any more, but the
+// streaming daemon does: it ends the frozen process's sessions after the lease, the run's end is
+// recorded and the stream goes on.
+func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
+	dcfg := testConfig(t, env)
+	var dlogs pgtest.SyncBuffer
+	dcfg.Logger = newTestLogger(t, &dlogs)
+	d := startDaemon(t, dcfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitConverged(t, env, "big", "id")
+	out := &pgtest.SyncBuffer{}
+	joiner := exec.Command(os.Args[0], "-test.run=^$")
+	joiner.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL)
+	joiner.Stdout, joiner.Stderr = out, out
+	if err := joiner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { joiner.Process.Signal(syscall.SIGCONT); joiner.Process.Kill(); joiner.Wait() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.Workers, cfg.ChunkRows = 1, 20000
+	var once sync.Once
+	var held []int64 // the key range of the chunk the frozen joiner holds
+	var frozenAt time.Time
+	cfg.AfterChunk = func(string, int64) {
+		once.Do(func() { // freeze the joiner inside a write transaction of a chunk, then end the run
+			defer cancel()
+			mon := pgtest.Connect(t, env.TargetURL)
+			defer mon.Close(context.Background())
+			writing := `select c.lower_key[1]::bigint, c.upper_key[1]::bigint from pgconverge.backfill_chunks c
+  join pgconverge.backfill_workers w on w.pid = c.claimed_by join pg_stat_activity a on a.pid = w.pid
+  where c.completed_at is null and a.backend_xid is not null and c.lower_key is not null and c.upper_key is not null limit 1`
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+				var lo, hi int64
+				if mon.QueryRow(context.Background(), writing).Scan(&lo, &hi) != nil {
+					continue
+				}
+				joiner.Process.Signal(syscall.SIGSTOP)
+				if mon.QueryRow(context.Background(), writing).Scan(&lo, &hi) == nil {
+					held, frozenAt = []int64{lo, hi}, time.Now()
+					return
+				}
+				joiner.Process.Signal(syscall.SIGCONT)
+			}
+		})
+	}
+	// The cancelled run's end waits for the frozen joiner too (its chunk transaction holds the
+	// table backfill's row): without the daemon's watch this never returns.
+	if _, err := Backfill(ctx, cfg); err == nil {
+		t.Fatal("the cancelled backfill succeeded")
+	}
+	if held == nil {
+		t.Fatal("the joiner never held a chunk's rows to freeze it on")
+	}
+	pgtest.Exec(t, env.Source, fmt.Sprintf(`update big set v = 'after the freeze' where id > %d and id <= %d`, held[0], held[1]))
+	pgtest.WaitConverged(t, env, "big", "id")
+	t.Logf("the stream applied the rows the frozen joiner held %s after the freeze", time.Since(frozenAt).Round(time.Millisecond))
+	if !strings.Contains(dlogs.String(), "ended the target session of a joined backfill worker silent past the lease") {
+		t.Errorf("the daemon did not log that it ended the frozen joiner's session")
+	}
+	d.RequireRunning(t)
+}

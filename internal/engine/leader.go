@@ -187,19 +187,21 @@ func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 }
 
 // raiseEpoch raises the slot's epoch over lock (apply.Lead). Transactions of the previous leader
-// that checked the epoch hold it off; any still doing so after leaderLease belong to a daemon
-// that lost the lock and is frozen or cut off, and are ended (logged at WARN).
+// (or of backfill workers that joined its runs) that checked the epoch hold it off; any still doing
+// so after leaderLease belong to a process that lost the lock and is frozen or cut off, and are
+// ended (logged at WARN), from then on every standbyPoll: the raise waits for the holders of the
+// row's shared lock one at a time, and each must go.
 func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error) {
 	done := make(chan struct{})
 	exited := make(chan struct{})
 	pid := lock.PgConn().PID()
 	go func() {
 		defer close(exited)
-		for {
+		for wait := leaderLease; ; wait = standbyPoll {
 			select {
 			case <-done:
 				return
-			case <-time.After(leaderLease):
+			case <-time.After(wait):
 			}
 			rows, err := s.tgt.Query(ctx, `select b from unnest(pg_blocking_pids($1)) b where pg_terminate_backend(b)`, pid)
 			if err != nil {
@@ -207,7 +209,7 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 			}
 			ended, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 			if err == nil && len(ended) > 0 {
-				s.cfg.Logger.Warn("ended the previous leader's transactions that held off the epoch raise past the lease", "slot", s.cfg.Slot, "target_pids", ended)
+				s.cfg.Logger.Warn("ended transactions that held off the epoch raise past the lease (the previous leader's, or its joined backfill workers')", "slot", s.cfg.Slot, "target_pids", ended)
 			}
 		}
 	}()

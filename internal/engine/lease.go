@@ -16,10 +16,12 @@ import (
 // so a frozen or cut-off host neither holds its chunks nor the row locks of its open transactions
 // for ever. The same lease as the leader's (a lease, as in Gray and Cheriton, "Leases", SOSP 1989).
 
-// watchJoinedWorkers ends, every leaderCheckEvery until stop, the target sessions of the workers
-// joined to run runID whose process went silent past leaderLease, logging each at WARN. It uses a
-// connection of its own to target; a failed check is logged and tried again.
-func watchJoinedWorkers(ctx context.Context, target string, runID int64, log *slog.Logger) (stop func(), err error) {
+// watchJoinedWorkers ends, every leaderCheckEvery until stop, the target sessions of joined
+// backfill workers (of any run) whose process went silent past leaderLease, logging each at WARN.
+// Every backfill run and every streaming daemon session watches, so a frozen joiner is ended even
+// when the run it joined has died. It uses a connection of its own to target; a failed check is
+// logged and tried again.
+func watchJoinedWorkers(ctx context.Context, target string, log *slog.Logger) (stop func(), err error) {
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
@@ -27,13 +29,13 @@ func watchJoinedWorkers(ctx context.Context, target string, runID int64, log *sl
 	stopTicking := ticking(ctx, leaderCheckEvery, func(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
 		defer cancel()
-		ended, err := coverage.EndSilentWorkers(cctx, conn, runID, leaderLease)
+		ended, err := coverage.EndSilentWorkers(cctx, conn, leaderLease)
 		if err != nil && ctx.Err() == nil {
 			log.Warn("could not check the joined workers' lease; trying again", "err", err)
 		}
 		for _, w := range ended {
-			log.Warn("ended the target session of a joined backfill worker silent past the lease (a frozen host, or a network that broke without resetting the connection): its chunks are claimable again",
-				"host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", leaderLease.String())
+			log.Warn("ended the target session of a joined backfill worker silent past the lease (a frozen host, or a network that broke without resetting the connection): its chunks are claimable again and its row locks released",
+				"worker", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", leaderLease.String())
 		}
 	})
 	return func() { stopTicking(); conn.Close(context.WithoutCancel(ctx)) }, nil

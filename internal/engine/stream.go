@@ -46,6 +46,13 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	if err != nil {
 		return permanent(err)
 	}
+	// A joined backfill worker that froze holding rows the stream writes is ended after the lease,
+	// also when the run it joined has died.
+	stopWatch, err := watchJoinedWorkers(ctx, cfg.Target, cfg.Logger)
+	if err != nil {
+		return err
+	}
+	defer stopWatch()
 	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
 	defer s.mon.FollowStream(nil)
 	g, gctx := errgroup.WithContext(ctx)
