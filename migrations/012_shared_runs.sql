@@ -20,9 +20,9 @@ alter table pgconverge.backfill_chunks add column claimed_by int;
 
 -- backfill_workers: the target sessions of workers of processes that joined a run, with the
 -- session's backend start (a pid alone may be reused) and when the joined process last showed
--- it is alive (seen_at, every 2 s). The run's process ends a session whose process went silent
--- past the lease (a frozen or cut-off host), so the chunks it claimed are claimable again and the
--- row locks of its open transaction are released.
+-- it is alive (seen_at, every 2 s). Every running backfill run and every streaming daemon ends a
+-- session whose process went silent past the lease (a frozen or cut-off host), so the chunks it
+-- claimed are claimable again and the row locks of its open transaction are released.
 create table pgconverge.backfill_workers (
     pid           int not null,
     backend_start timestamptz not null,

@@ -199,7 +199,7 @@ func (j *joiner) work(ctx context.Context) error {
 		return err
 	}
 	defer w.close()
-	w.joined, w.runID = true, run.ID
+	w.runID = run.ID
 	if err := coverage.RegisterWorker(ctx, w.tgt, run.ID, holder()); err != nil {
 		return err
 	}
@@ -209,7 +209,7 @@ func (j *joiner) work(ctx context.Context) error {
 	for {
 		c, err := coverage.ClaimAnyChunk(ctx, w.tgt, run.ID)
 		if err != nil {
-			return sessionEnded(w, err)
+			return explainEnded(w, err)
 		}
 		if c == nil {
 			if done, err := j.runEnded(ctx, w.tgt); done || err != nil {
@@ -243,12 +243,11 @@ func (j *joiner) work(ctx context.Context) error {
 
 // chunkFailed returns what ends worker w after applying its claimed chunk c failed with err: nil
 // when the run ended meanwhile (its process completed, failed or was killed, or a later run
-// adopted the table: a lapsed ownership or snapshot), which ends this process's part, else err.
-// A worker whose target session was ended says that the run ends the sessions of a joined
-// process silent past the lease.
+// adopted the table: a lapsed ownership or snapshot), which ends this process's part, else err,
+// explained when w's target session was ended (explainEnded).
 func (j *joiner) chunkFailed(ctx context.Context, w *backfillWorker, c *coverage.ClaimedChunk, err error) error {
-	if ended := sessionEnded(w, err); ended != err {
-		err = ended
+	if sessionEnded(w, err) {
+		err = explainEnded(w, err)
 	} else if ended, rerr := j.runEnded(context.WithoutCancel(ctx), w.tgt); errors.Is(err, coverage.ErrRunEnded) || (ended && rerr == nil) {
 		j.log.Info("the backfill run ended while a chunk was being applied; the chunk is left to the run that resumes it",
 			"table", c.Table.String(), "chunk", c.Ordinal, "err", err)
@@ -257,12 +256,17 @@ func (j *joiner) chunkFailed(ctx context.Context, w *backfillWorker, c *coverage
 	return fmt.Errorf("chunk %d of %s: %w", c.Ordinal, c.Table, err)
 }
 
-// sessionEnded returns err, from worker w, saying why when w's target session was ended: another
-// pgconverge process ends the sessions of a joined process that was silent past the lease (a
-// backfill run or a streaming daemon, watchJoinedWorkers), or held off a new leader's epoch raise
-// past it.
-func sessionEnded(w *backfillWorker, err error) error {
-	if !isCode(err, pgerrcode.AdminShutdown) && !w.tgt.IsClosed() {
+// sessionEnded reports whether err, from worker w, comes of w's target session having been ended.
+func sessionEnded(w *backfillWorker, err error) bool {
+	return isCode(err, pgerrcode.AdminShutdown) || w.tgt.IsClosed()
+}
+
+// explainEnded returns err, from worker w, saying why when w's target session was ended (sessionEnded):
+// another pgconverge process ends the sessions of a joined process that was silent past the lease
+// (a backfill run or a streaming daemon, watchJoinedWorkers), or held off a new leader's epoch
+// raise past it.
+func explainEnded(w *backfillWorker, err error) error {
+	if !sessionEnded(w, err) {
 		return err
 	}
 	return fmt.Errorf("%w (this worker's target session was ended by another pgconverge process: one ends a joined process's sessions when it was silent past the %s lease, or held off a new leader's takeover past it; was this process stopped or cut off?)", err, leaderLease)

@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,21 +177,7 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
-	out := &pgtest.SyncBuffer{}
-	joiner := exec.Command(os.Args[0], "-test.run=^$")
-	joiner.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL)
-	joiner.Stdout, joiner.Stderr = out, out
-	if err := joiner.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		joiner.Process.Signal(syscall.SIGCONT)
-		joiner.Process.Kill()
-		joiner.Wait()
-		if t.Failed() {
-			t.Logf("the joined process's output:\n%s", out)
-		}
-	})
+	joiner, out := startJoiner(t, env)
 	cfg := testBackfillConfig(t, env, "public.big")
 	cfg.Workers, cfg.ChunkRows = 1, 20000
 	var logs pgtest.SyncBuffer
@@ -258,14 +242,7 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 	d := startDaemon(t, dcfg)
 	pgtest.WaitStreaming(t, env)
 	pgtest.WaitConverged(t, env, "big", "id")
-	out := &pgtest.SyncBuffer{}
-	joiner := exec.Command(os.Args[0], "-test.run=^$")
-	joiner.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+env.SourceURL, envCrashTgt+"="+env.TargetURL)
-	joiner.Stdout, joiner.Stderr = out, out
-	if err := joiner.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { joiner.Process.Signal(syscall.SIGCONT); joiner.Process.Kill(); joiner.Wait() })
+	joiner, _ := startJoiner(t, env)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cfg := testBackfillConfig(t, env, "public.big")

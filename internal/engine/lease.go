@@ -11,8 +11,9 @@ import (
 )
 
 // The lease of joined backfill workers: a process that joined a run (Join) records, every
-// leaderCheckEvery, that its workers' target sessions are alive (coverage.Heartbeat); the run's
-// process ends the sessions of a joined process silent past leaderLease (coverage.EndSilentWorkers),
+// leaderCheckEvery, that its workers' target sessions are alive (coverage.Heartbeat); every running
+// backfill run and every streaming daemon ends the sessions of a joined process silent past
+// leaderLease (coverage.EndSilentWorkers, whichever run it joined),
 // so a frozen or cut-off host neither holds its chunks nor the row locks of its open transactions
 // for ever. The same lease as the leader's (a lease, as in Gray and Cheriton, "Leases", SOSP 1989).
 

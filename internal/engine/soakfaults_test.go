@@ -39,12 +39,39 @@ type soakJoiner struct {
 }
 
 func (j *soakJoiner) start() {
-	j.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	j.cmd.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+j.src, envCrashTgt+"="+j.tgt)
-	j.cmd.Stdout, j.cmd.Stderr = j.out, j.out
+	j.cmd = joinerCmd(j.src, j.tgt, j.out)
 	if err := j.cmd.Start(); err != nil {
 		j.t.Fatal(err)
 	}
+}
+
+// joinerCmd returns the command that runs soakJoinChild against source src and target tgt in a
+// child process of the test binary, its output going to out.
+func joinerCmd(src, tgt string, out *pgtest.SyncBuffer) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+src, envCrashTgt+"="+tgt)
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd
+}
+
+// startJoiner starts joinerCmd for env's databases; at cleanup it is thawed (it may be stopped)
+// and killed, and its output logged when the test failed.
+func startJoiner(t *testing.T, env *pgtest.Env) (*exec.Cmd, *pgtest.SyncBuffer) {
+	t.Helper()
+	out := &pgtest.SyncBuffer{}
+	cmd := joinerCmd(env.SourceURL, env.TargetURL, out)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("the joined process's output:\n%s", out)
+		}
+	})
+	return cmd, out
 }
 
 func (j *soakJoiner) kill() {

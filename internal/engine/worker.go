@@ -38,10 +38,9 @@ type backfillWorker struct {
 	// keepFrom is the smallest S of a chunk another worker completed that the run keeps: chunks
 	// of this run's own snapshot, and with Resume those a stream covers from (backfillJob.KeepFrom).
 	keepFrom pglogrepl.LSN
-	// joined is set in a worker of a process that joined run runID (Join): each of its chunk
+	// runID is set (not 0) in a worker of a process that joined that run (Join): each of its chunk
 	// transactions checks the run still owns the chunk's table backfill (coverage.CheckRunOwnsTx).
-	joined bool
-	runID  int64
+	runID int64
 }
 
 // chunkDone is what applying one chunk did.
@@ -255,7 +254,7 @@ func (w *backfillWorker) beginChunkTx(ctx context.Context, id int64) (*apply.Tx,
 			return nil, err
 		}
 	}
-	if w.joined {
+	if w.runID != 0 {
 		if err := coverage.CheckRunOwnsTx(ctx, tx.Conn(), id, w.runID); err != nil {
 			tx.Rollback(context.WithoutCancel(ctx))
 			return nil, err
