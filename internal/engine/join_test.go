@@ -73,6 +73,12 @@ func TestJoinedWorkersShareARun(t *testing.T) {
 				if n >= 4 {
 					return
 				}
+				select {
+				case o := <-joined:
+					hookErr = fmt.Errorf("the joined process ended after %d chunks while the run's worker was held: %v", o.rep.Chunks, o.err)
+					return
+				default:
+				}
 				if time.Now().After(deadline) {
 					hookErr = fmt.Errorf("only %d chunks completed while the run's own worker was held", n)
 					return
