@@ -242,10 +242,21 @@ func (j *joiner) work(ctx context.Context) error {
 }
 
 // chunkFailed returns what ends worker w after applying its claimed chunk c failed with err: nil
-// when the run ended meanwhile (its process completed, failed or was killed, or a later run
-// adopted the table: a lapsed ownership or snapshot), which ends this process's part, else err,
+// when the run ended meanwhile (its process completed, failed or was killed, a later run adopted
+// the table: a lapsed ownership or snapshot, or, for a daemon's run, another daemon took over its
+// slot: an *apply.FencedError), which ends this process's part, else err,
 // explained when w's target session was ended (explainEnded).
 func (j *joiner) chunkFailed(ctx context.Context, w *backfillWorker, c *coverage.ClaimedChunk, err error) error {
+	var fenced *apply.FencedError
+	if errors.As(err, &fenced) {
+		why := fmt.Sprintf("the daemon that runs it lost the leadership of slot %q to %s (epoch %d after the run's %d): it writes nothing more, and the new leader resumes the run's tables",
+			fenced.Slot, fenced.Holder, fenced.Current, fenced.Epoch)
+		j.log.Info("the backfill run ended while a chunk was being applied: "+why, "table", c.Table.String(), "chunk", c.Ordinal)
+		j.mu.Lock()
+		j.ended = why
+		j.mu.Unlock()
+		return nil
+	}
 	if sessionEnded(w, err) {
 		err = explainEnded(w, err)
 	} else if ended, rerr := j.runEnded(context.WithoutCancel(ctx), w.tgt); errors.Is(err, coverage.ErrRunEnded) || (ended && rerr == nil) {
@@ -286,7 +297,9 @@ func (j *joiner) runEnded(ctx context.Context, tgt *pgx.Conn) (bool, error) {
 		why = "the run's process ended without recording the end (it was killed, or lost its target connection): the next run of its tables resumes it"
 	}
 	j.mu.Lock()
-	j.ended, j.completed = why, status == "completed"
+	if j.ended == "" { // a takeover that fenced a chunk (chunkFailed) says more than its run's end
+		j.ended, j.completed = why, status == "completed"
+	}
 	j.mu.Unlock()
 	return true, nil
 }

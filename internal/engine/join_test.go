@@ -294,3 +294,42 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 	}
 	d.RequireRunning(t)
 }
+
+// A process joined to a daemon's run whose slot another daemon took over (its epoch raised while
+// the run still runs) applies nothing at the old epoch: it leaves the run saying the daemon that
+// runs it lost the slot, not that it lost a leader lock itself, and the run is not completed.
+func TestJoinerOfAFencedDaemonsRunLeaves(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
+	cfg := testConfig(t, env)
+	cfg.BackfillWorkers = 1
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.Knobs.AfterLoadChunk = func(string, int64) {
+		once.Do(func() { close(held); <-release })
+	}
+	startDaemon(t, cfg)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the initial load applied no chunk within 60 s")
+	}
+	pgtest.Exec(t, env.Target, fmt.Sprintf(`update pgconverge.leaders set epoch = epoch + 1, holder = 'a test standing in for a new leader' where slot = '%s'`, env.Name))
+	jrep := waitJoin(t, joinNow(t, env, 1))
+	close(release)
+	want := `the daemon that runs it lost the leadership of slot "` + env.Name + `" to a test standing in for a new leader (epoch 2 after the run's 1)`
+	if jrep.Completed || jrep.Chunks != 0 || !strings.Contains(jrep.Ended, want) {
+		t.Errorf("joined process: %d chunks, completed %v, left because %q; want no chunk, not completed, because %s", jrep.Chunks, jrep.Completed, jrep.Ended, want)
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfill_chunks where completed_at is not null`); n != 1 {
+		t.Errorf("%d chunks completed, want only the one before the takeover", n)
+	}
+}
