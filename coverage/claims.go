@@ -232,66 +232,72 @@ func RunSource(ctx context.Context, conn *pgx.Conn, id int64) (string, error) {
 	return src, nil
 }
 
-// RegisterWorker records conn's session as a worker of run runID joined from host (pid and
-// backend start of the session), seen now; Heartbeat keeps it seen.
-func RegisterWorker(ctx context.Context, conn *pgx.Conn, runID int64, host string) error {
-	_, err := conn.Exec(ctx, `insert into pgconverge.backfill_workers (pid, backend_start, run_id, host, seen_at)
-select pid, backend_start, $1, $2, clock_timestamp() from pg_stat_activity where pid = pg_backend_pid()
-on conflict (pid, backend_start) do update set run_id = excluded.run_id, host = excluded.host, seen_at = excluded.seen_at`, runID, host)
+// RegisterWorker records conn's session as one of run runID's process on host (pid and backend
+// start of the session), joined when that process joined the run (Join) rather than runs it, seen
+// now; Heartbeat keeps it seen.
+func RegisterWorker(ctx context.Context, conn *pgx.Conn, runID int64, host string, joined bool) error {
+	_, err := conn.Exec(ctx, `insert into pgconverge.backfill_workers (pid, backend_start, run_id, joined, host, seen_at)
+select pid, backend_start, $1, $3, $2, clock_timestamp() from pg_stat_activity where pid = pg_backend_pid()
+on conflict (pid, backend_start) do update set run_id = excluded.run_id, joined = excluded.joined, host = excluded.host, seen_at = excluded.seen_at`,
+		runID, host, joined)
 	if err != nil {
-		return fmt.Errorf("register the backfill worker: %w", err)
+		return fmt.Errorf("register the backfill session: %w", err)
 	}
 	return nil
 }
 
-// Heartbeat records that the workers whose target sessions have the backend pids pids are alive.
+// Heartbeat records that the backfill sessions with the backend pids pids are alive.
 func Heartbeat(ctx context.Context, conn *pgx.Conn, pids []int32) error {
 	if _, err := conn.Exec(ctx, `update pgconverge.backfill_workers set seen_at = clock_timestamp() where pid = any($1)`, pids); err != nil {
-		return fmt.Errorf("record the joined workers alive: %w", err)
+		return fmt.Errorf("record the backfill sessions alive: %w", err)
 	}
 	return nil
 }
 
-// ForgetWorkers deletes the rows of the joined workers with backend pids pids, and of workers
-// whose sessions ended.
+// ForgetWorkers deletes the rows of the backfill sessions with backend pids pids, and of
+// sessions that ended.
 func ForgetWorkers(ctx context.Context, conn *pgx.Conn, pids []int32) error {
 	_, err := conn.Exec(ctx, `delete from pgconverge.backfill_workers w where w.pid = any($1)
   or not exists (select 1 from pg_stat_activity a where a.pid = w.pid and a.backend_start = w.backend_start)`, pids)
 	if err != nil {
-		return fmt.Errorf("forget the joined workers: %w", err)
+		return fmt.Errorf("forget the backfill sessions: %w", err)
 	}
 	return nil
 }
 
-// SilentWorker is a joined worker's session that EndSilentWorkers ended.
+// SilentWorker is a backfill session EndSilentWorkers ended: of run RunID's process on Host, or
+// of a process that joined it (Joined), last seen Silent seconds before.
 type SilentWorker struct {
 	PID    int32
+	RunID  int64
+	Joined bool
 	Host   string
-	Silent float64 // seconds since its process was last seen
+	Silent float64
 }
 
-// EndSilentWorkers ends (pg_terminate_backend) the target sessions of joined workers, of any run,
-// whose process was last seen more than lease ago, and returns them: their claims lapse with their
-// sessions, and the row locks of their open transactions are released (a later run, or the
-// stream, would wait for them otherwise). Only a session that is
+// EndSilentWorkers ends (pg_terminate_backend) the target sessions of backfill processes, of any
+// run, whose process was last seen more than lease ago, and returns them: their claims lapse with
+// their sessions, the row locks of their open transactions are released (a later run, or the
+// stream, would wait for them otherwise), and a run whose own process froze loses its run lock
+// (it no longer shows as running; the next run of its tables resumes it). Only a session that is
 // still the one registered (same pid and backend start) is ended; the role must be allowed to
 // signal it (the same role, or pg_signal_backend) and to see its backend start (the same role,
 // or pg_read_all_stats), else it is left alone.
 func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, lease time.Duration) ([]SilentWorker, error) {
 	rows, err := conn.Query(ctx, `with silent as materialized (
-  select w.pid, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8 as secs
+  select w.pid, w.run_id, w.joined, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8 as secs
   from pgconverge.backfill_workers w join pg_stat_activity a on a.pid = w.pid and a.backend_start = w.backend_start
   where w.seen_at < clock_timestamp() - $1::interval)
-select pid, host, secs from silent where pg_terminate_backend(pid)`, lease.String())
+select pid, run_id, joined, host, secs from silent where pg_terminate_backend(pid)`, lease.String())
 	if err != nil {
-		return nil, fmt.Errorf("end silent joined backfill workers: %w", err)
+		return nil, fmt.Errorf("end silent backfill sessions: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SilentWorker, error) {
 		var s SilentWorker
-		return s, r.Scan(&s.PID, &s.Host, &s.Silent)
+		return s, r.Scan(&s.PID, &s.RunID, &s.Joined, &s.Host, &s.Silent)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("end silent joined backfill workers: %w", err)
+		return nil, fmt.Errorf("end silent backfill sessions: %w", err)
 	}
 	return out, nil
 }

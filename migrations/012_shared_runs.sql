@@ -18,15 +18,17 @@ alter table pgconverge.backfill_runs
 -- claimable again.
 alter table pgconverge.backfill_chunks add column claimed_by int;
 
--- backfill_workers: the target sessions of workers of processes that joined a run, with the
--- session's backend start (a pid alone may be reused) and when the joined process last showed
--- it is alive (seen_at, every 2 s). Every running backfill run and every streaming daemon ends a
--- session whose process went silent past the lease (a frozen or cut-off host), so the chunks it
--- claimed are claimable again and the row locks of its open transaction are released.
+-- backfill_workers: the target sessions of the processes that run a backfill run (its control
+-- session and its workers') or joined one (joined), with the session's backend start (a pid alone
+-- may be reused) and when the process last showed it is alive (seen_at, every 2 s). Every running
+-- backfill run and every streaming daemon ends the sessions of a process silent past the lease (a
+-- frozen or cut-off host), so the chunks it claimed are claimable again, the row locks of its
+-- open transactions are released and a run whose process froze no longer shows as running.
 create table pgconverge.backfill_workers (
     pid           int not null,
     backend_start timestamptz not null,
     run_id        bigint not null,
+    joined        boolean not null,
     host          text not null,
     seen_at       timestamptz not null,
     primary key (pid, backend_start)

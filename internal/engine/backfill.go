@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
@@ -67,6 +68,9 @@ type backfillJob struct {
 	SourceID string
 	// conflicts counts the conflicts the run's transactions lost and retried; runBackfill sets it.
 	conflicts *atomic.Int64
+	// lease holds the process's target sessions of the run alive (workerLease); runBackfill and
+	// Join set it.
+	lease *workerLease
 }
 
 // busyPolicy is what a backfill does with a table another backfill holds.
@@ -182,9 +186,19 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	}
 	log := job.Logger
 	defer func() { err = endRun(ctx, ctrl, job.Target, log, rep, err) }()
+	// The run stops when its lease lapsed (lost): other processes may have ended its sessions.
+	leased, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	if job.lease, err = startWorkerLease(leased, job.Target, rep.RunID, false, lost); err != nil {
+		return rep, err
+	}
+	defer job.lease.end(ctx, ctrl, log)
+	if err := job.lease.add(ctx, ctrl); err != nil {
+		return rep, err
+	}
 	snap := job.Snapshot
 	if snap == nil {
-		exp, err := backfill.Export(ctx, job.Source)
+		exp, err := backfill.Export(leased, job.Source)
 		if err != nil {
 			return rep, err
 		}
@@ -193,7 +207,12 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	}
 	rep.Snapshot = snap.LSN
 	log = log.With("run", rep.RunID, "snapshot_lsn", snap.LSN.String())
-	err = runTables(ctx, ctrl, job, *snap, tables, &rep, log)
+	err = runTables(leased, ctrl, job, *snap, tables, &rep, log)
+	if cause := context.Cause(leased); err != nil && ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	} else if isCode(err, pgerrcode.AdminShutdown) {
+		err = fmt.Errorf("%w (a target session of this run was ended: %s; the next run of its tables resumes it)", err, endedBy)
+	}
 	return rep, err
 }
 
@@ -262,7 +281,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		if err := coverage.PublishRun(ctx, ctrl, rep.RunID, snap.Name, snap.LSN, job.Publication, job.LeaderSlot, job.Epoch); err != nil {
 			return err
 		}
-		stopWatch, err := watchJoinedWorkers(ctx, job.Target, log)
+		stopWatch, err := watchWorkerLeases(ctx, job.Target, log)
 		if err != nil {
 			return err
 		}

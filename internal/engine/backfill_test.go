@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -297,6 +298,9 @@ func backfillCrashChild(point string, at int) int {
 	}
 	if point == "backfill-batch" {
 		cfg.ChunkRows, cfg.AfterChunk, cfg.AfterMergedBatch = 100_000, nil, hit
+	}
+	if v, err := strconv.Atoi(os.Getenv(envCrashChunkRows)); err == nil {
+		cfg.ChunkRows = v
 	}
 	_, err := Backfill(context.Background(), cfg)
 	fmt.Fprintf(os.Stderr, "backfill child reached the end without crashing: %v\n", err)

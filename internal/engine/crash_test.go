@@ -31,6 +31,8 @@ const (
 	envCrashSrc   = "PGCONVERGE_CRASH_SOURCE"
 	envCrashTgt   = "PGCONVERGE_CRASH_TARGET"
 	envCrashSlot  = "PGCONVERGE_CRASH_SLOT"
+	// envCrashChunkRows, when set, is the chunk size of the backfill child (backfillCrashChild).
+	envCrashChunkRows = "PGCONVERGE_CRASH_CHUNK_ROWS"
 )
 
 func TestMain(m *testing.M) {

@@ -95,16 +95,10 @@ func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}}
 	jctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
-	stopBeat, err := heartbeat(jctx, cfg.Target, j.workerPIDs, lose)
-	if err != nil {
+	if j.lease, err = startWorkerLease(jctx, cfg.Target, run.ID, true, lose); err != nil {
 		return rep, err
 	}
-	defer func() {
-		stopBeat()
-		if err := coverage.ForgetWorkers(context.WithoutCancel(ctx), tgt, j.workerPIDs()); err != nil {
-			log.Warn("could not remove this process's workers from the ledger", "err", err)
-		}
-	}()
+	defer j.lease.end(ctx, tgt, log)
 	cfg.Progress.Start(0, 0)
 	defer cfg.Progress.Finish()
 	g, gctx := errgroup.WithContext(jctx)
@@ -178,34 +172,21 @@ type joiner struct {
 	ended  string
 	// completed is true when the run ended completed.
 	completed bool
-	// pids are the backend pids of the workers' target sessions (coverage.RegisterWorker).
-	pids []int32
-}
-
-// workerPIDs returns the backend pids of the workers' target sessions registered so far.
-func (j *joiner) workerPIDs() []int32 {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return slices.Clone(j.pids)
+	// lease holds the workers' target sessions alive (workerLease).
+	lease *workerLease
 }
 
 // work is one worker: it claims and applies chunks of the run until the run ends.
 func (j *joiner) work(ctx context.Context) error {
 	run := j.run
 	job := backfillJob{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: backfillBatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log}
-	job.LeaderSlot, job.Epoch = run.LeaderSlot, run.Epoch
+	job.LeaderSlot, job.Epoch, job.lease = run.LeaderSlot, run.Epoch, j.lease
 	w, err := newBackfillWorker(ctx, job, backfill.Snapshot{Name: run.Snapshot, LSN: run.LSN})
 	if err != nil {
 		return err
 	}
 	defer w.close()
 	w.runID = run.ID
-	if err := coverage.RegisterWorker(ctx, w.tgt, run.ID, holder()); err != nil {
-		return err
-	}
-	j.mu.Lock()
-	j.pids = append(j.pids, int32(w.tgt.PgConn().PID()))
-	j.mu.Unlock()
 	for {
 		c, err := coverage.ClaimAnyChunk(ctx, w.tgt, run.ID)
 		if err != nil {
@@ -272,16 +253,17 @@ func sessionEnded(w *backfillWorker, err error) bool {
 	return isCode(err, pgerrcode.AdminShutdown) || w.tgt.IsClosed()
 }
 
-// explainEnded returns err, from worker w, saying why when w's target session was ended (sessionEnded):
-// another pgconverge process ends the sessions of a joined process that was silent past the lease
-// (a backfill run or a streaming daemon, watchJoinedWorkers), or held off a new leader's epoch
-// raise past it.
+// explainEnded returns err, from worker w, saying why when w's target session was ended
+// (sessionEnded): see endedBy.
 func explainEnded(w *backfillWorker, err error) error {
 	if !sessionEnded(w, err) {
 		return err
 	}
-	return fmt.Errorf("%w (this worker's target session was ended by another pgconverge process: one ends a joined process's sessions when it was silent past the %s lease, or held off a new leader's takeover past it; was this process stopped or cut off?)", err, leaderLease)
+	return fmt.Errorf("%w (this worker's target session was ended: %s)", err, endedBy)
 }
+
+// endedBy says who ends a backfill process's target sessions.
+var endedBy = fmt.Sprintf("other pgconverge processes end a backfill process's sessions when it was silent past the %s lease (was this process stopped, or its host cut off?), or when it held off a new leader's takeover past it; else the target shut down, or an operator ended it", leaderLease)
 
 // runEnded reports whether the run no longer runs, and records how it ended.
 func (j *joiner) runEnded(ctx context.Context, tgt *pgx.Conn) (bool, error) {

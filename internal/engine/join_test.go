@@ -194,7 +194,7 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 		once.Do(func() { // the run's own worker waits here until the joiner is frozen mid-chunk
 			mon := pgtest.Connect(t, env.TargetURL)
 			defer mon.Close(context.Background())
-			holding := `select exists (select 1 from pgconverge.backfill_chunks c join pgconverge.backfill_workers w on w.pid = c.claimed_by
+			holding := `select exists (select 1 from pgconverge.backfill_chunks c join pgconverge.backfill_workers w on w.pid = c.claimed_by and w.joined
   where c.completed_at is null)`
 			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 				var busy bool
@@ -230,7 +230,7 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 	pgtest.WaitConverged(t, env, "big", "id")
 	joiner.Process.Signal(syscall.SIGCONT)
 	pgtest.Eventually(t, 30*time.Second, "the thawed joiner says its session was ended", func() (bool, string) {
-		return strings.Contains(out.String(), "was this process stopped or cut off?"), ""
+		return strings.Contains(out.String(), "was this process stopped, or its host cut off?"), ""
 	})
 }
 
@@ -262,7 +262,7 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 			mon := pgtest.Connect(t, env.TargetURL)
 			defer mon.Close(context.Background())
 			writing := `select c.lower_key[1]::bigint, c.upper_key[1]::bigint from pgconverge.backfill_chunks c
-  join pgconverge.backfill_workers w on w.pid = c.claimed_by join pg_stat_activity a on a.pid = w.pid
+  join pgconverge.backfill_workers w on w.pid = c.claimed_by and w.joined join pg_stat_activity a on a.pid = w.pid
   where c.completed_at is null and a.backend_xid is not null and c.lower_key is not null and c.upper_key is not null limit 1`
 			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 				var lo, hi int64

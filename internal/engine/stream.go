@@ -48,7 +48,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	}
 	// A joined backfill worker that froze holding rows the stream writes is ended after the lease,
 	// also when the run it joined has died.
-	stopWatch, err := watchJoinedWorkers(ctx, cfg.Target, cfg.Logger)
+	stopWatch, err := watchWorkerLeases(ctx, cfg.Target, cfg.Logger)
 	if err != nil {
 		return err
 	}

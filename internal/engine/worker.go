@@ -55,6 +55,8 @@ type chunkDone struct {
 	held    bool
 }
 
+// newBackfillWorker connects a worker of job reading at snap: its target session holds the worker
+// lock and is registered under job's lease, if any.
 func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snapshot) (*backfillWorker, error) {
 	src, err := pgsession.Connect(ctx, job.Source, "source")
 	if err != nil {
@@ -63,6 +65,9 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 	tgt, err := pgsession.Connect(ctx, job.Target, "target")
 	if err == nil {
 		err = coverage.HoldWorkerLock(ctx, tgt)
+	}
+	if err == nil && job.lease != nil {
+		err = job.lease.add(ctx, tgt)
 	}
 	if err != nil {
 		src.Close(context.WithoutCancel(ctx))
