@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -246,9 +247,10 @@ on conflict (pid, backend_start) do update set run_id = excluded.run_id, joined 
 	return nil
 }
 
-// Heartbeat records that the backfill sessions with the backend pids pids are alive.
-func Heartbeat(ctx context.Context, conn *pgx.Conn, pids []int32) error {
-	if _, err := conn.Exec(ctx, `update pgconverge.backfill_workers set seen_at = clock_timestamp() where pid = any($1)`, pids); err != nil {
+// Heartbeat records that the backfill sessions of the process on host with the backend pids pids
+// are alive (a pid another process's session reuses is not its).
+func Heartbeat(ctx context.Context, conn *pgx.Conn, host string, pids []int32) error {
+	if _, err := conn.Exec(ctx, `update pgconverge.backfill_workers set seen_at = clock_timestamp() where pid = any($1) and host = $2`, pids, host); err != nil {
 		return fmt.Errorf("record the backfill sessions alive: %w", err)
 	}
 	return nil
@@ -265,39 +267,56 @@ func ForgetWorkers(ctx context.Context, conn *pgx.Conn, pids []int32) error {
 	return nil
 }
 
-// SilentWorker is a backfill session EndSilentWorkers ended: of run RunID's process on Host, or
-// of a process that joined it (Joined), last seen Silent seconds before.
+// SilentWorker is a backfill session of run RunID's process on Host, or of a process that joined
+// it (Joined), last seen Silent seconds before; EndSilentWorkers ended it, or was refused (Refused,
+// the error of pg_terminate_backend).
 type SilentWorker struct {
-	PID    int32
-	RunID  int64
-	Joined bool
-	Host   string
-	Silent float64
+	PID     int32
+	RunID   int64
+	Joined  bool
+	Host    string
+	Silent  float64
+	Refused error
 }
 
 // EndSilentWorkers ends (pg_terminate_backend) the target sessions of backfill processes, of any
-// run, whose process was last seen more than lease ago, and returns them: their claims lapse with
+// run, whose process was last seen more than lease ago, except those of the process on host self
+// (the caller's own, which may just have been paused), and returns them: their claims lapse with
 // their sessions, the row locks of their open transactions are released (a later run, or the
 // stream, would wait for them otherwise), and a run whose own process froze loses its run lock
 // (it no longer shows as running; the next run of its tables resumes it). Only a session that is
-// still the one registered (same pid and backend start) is ended; the role must be allowed to
-// signal it (the same role, or pg_signal_backend) and to see its backend start (the same role,
-// or pg_read_all_stats), else it is left alone.
-func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, lease time.Duration) ([]SilentWorker, error) {
-	rows, err := conn.Query(ctx, `with silent as materialized (
-  select w.pid, w.run_id, w.joined, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8 as secs
-  from pgconverge.backfill_workers w join pg_stat_activity a on a.pid = w.pid and a.backend_start = w.backend_start
-  where w.seen_at < clock_timestamp() - $1::interval)
-select pid, run_id, joined, host, secs from silent where pg_terminate_backend(pid)`, lease.String())
+// still the one registered (same pid and backend start) is ended; one the role may not signal (a
+// superuser's, or another role's without pg_signal_backend) or see (another role's backend start
+// without pg_read_all_stats) is returned with Refused set, or left alone.
+func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, lease time.Duration, self string) ([]SilentWorker, error) {
+	rows, err := conn.Query(ctx, `select w.pid, w.run_id, w.joined, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8
+from pgconverge.backfill_workers w join pg_stat_activity a on a.pid = w.pid and a.backend_start = w.backend_start
+where w.seen_at < clock_timestamp() - $1::interval and w.host <> $2`, lease.String(), self)
 	if err != nil {
-		return nil, fmt.Errorf("end silent backfill sessions: %w", err)
+		return nil, fmt.Errorf("find silent backfill sessions: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SilentWorker, error) {
+	silent, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SilentWorker, error) {
 		var s SilentWorker
 		return s, r.Scan(&s.PID, &s.RunID, &s.Joined, &s.Host, &s.Silent)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("end silent backfill sessions: %w", err)
+		return nil, fmt.Errorf("find silent backfill sessions: %w", err)
+	}
+	var out []SilentWorker
+	for _, s := range silent {
+		// One statement per session: a session the role may not signal fails alone.
+		var ended bool
+		err := conn.QueryRow(ctx, `select pg_terminate_backend($1)`, s.PID).Scan(&ended)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr):
+			s.Refused = pgErr
+		case err != nil:
+			return out, fmt.Errorf("end silent backfill session %d: %w", s.PID, err)
+		case !ended:
+			continue // it ended meanwhile
+		}
+		out = append(out, s)
 	}
 	return out, nil
 }

@@ -183,7 +183,7 @@ func printBackfills(w io.Writer, runs []engine.BackfillRunStatus) {
 	}
 	tw.Flush()
 	if len(dead) > 0 {
-		fmt.Fprintf(w, "run %s: recorded as running, but its process is gone (it ended without recording it): the next backfill run closes it as failed and resumes its tables\n", strings.Join(dead, ", "))
+		fmt.Fprintf(w, "run %s: recorded as running, but its process is gone (it was killed, lost its target connection, or froze and had its sessions ended after the lease): the next backfill run closes it as failed and resumes its tables\n", strings.Join(dead, ", "))
 	}
 	for _, r := range runs {
 		if r.Alive && r.Joinable {

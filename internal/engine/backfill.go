@@ -189,7 +189,7 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	// The run stops when its lease lapsed (lost): other processes may have ended its sessions.
 	leased, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	if job.lease, err = startWorkerLease(leased, job.Target, rep.RunID, false, lost); err != nil {
+	if job.lease, err = startWorkerLease(leased, job.Target, rep.RunID, false, log.With("run", rep.RunID), lost); err != nil {
 		return rep, err
 	}
 	defer job.lease.end(ctx, ctrl, log)

@@ -95,7 +95,7 @@ func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}}
 	jctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
-	if j.lease, err = startWorkerLease(jctx, cfg.Target, run.ID, true, lose); err != nil {
+	if j.lease, err = startWorkerLease(jctx, cfg.Target, run.ID, true, log, lose); err != nil {
 		return rep, err
 	}
 	defer j.lease.end(ctx, tgt, log)
@@ -276,7 +276,7 @@ func (j *joiner) runEnded(ctx context.Context, tgt *pgx.Conn) (bool, error) {
 	case "completed":
 		why = "the run completed"
 	case "running":
-		why = "the run's process ended without recording the end (it was killed, or lost its target connection): the next run of its tables resumes it"
+		why = "the run's process ended without recording the end (it was killed, lost its target connection, or froze and had its sessions ended after the lease): the next run of its tables resumes it"
 	}
 	j.mu.Lock()
 	if j.ended == "" { // a takeover that fenced a chunk (chunkFailed) says more than its run's end

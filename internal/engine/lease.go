@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
@@ -21,28 +22,46 @@ import (
 // nor shows its run as running for ever. The same lease as the leader's (a lease, as in Gray and
 // Cheriton, "Leases", SOSP 1989).
 
-// watchWorkerLeases ends, every leaderCheckEvery until stop, the target sessions of backfill
-// processes (of any run) silent past leaderLease, logging each at WARN. Every backfill run and
-// every streaming daemon session watches, so a frozen process is ended even when its run has
-// died. It uses a connection of its own to target; a failed check is logged and tried again.
+// watchWorkerLeases ends, every leaderCheckEvery until stop, the target sessions of other
+// backfill processes (of any run) silent past leaderLease, logging each at WARN, and a session the
+// role may not end once at ERROR with the fix. Every backfill run and every streaming daemon
+// session watches, so a frozen process is ended even when its run has died. A check that comes
+// late (this process was paused or starved itself, as a whole frozen host is) ends nothing: the
+// other processes of a host that froze with it get a heartbeat in first. It uses a connection of
+// its own to target; a failed check is logged and tried again.
 func watchWorkerLeases(ctx context.Context, target string, log *slog.Logger) (stop func(), err error) {
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
 	}
+	last := time.Now()
+	refused := map[int32]bool{}
 	stopTicking := ticking(ctx, leaderCheckEvery, func(ctx context.Context) {
+		late := time.Since(last) > 2*leaderCheckEvery+leaderCheckTimeout
+		last = time.Now()
+		if late {
+			log.Info("skipped a check of the backfill processes' lease: this process's own checks were late (was it paused?)")
+			return
+		}
 		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
 		defer cancel()
-		ended, err := coverage.EndSilentWorkers(cctx, conn, leaderLease)
+		ended, err := coverage.EndSilentWorkers(cctx, conn, leaderLease, holder())
 		if err != nil && ctx.Err() == nil {
 			log.Warn("could not check the lease of backfill processes; trying again", "err", err)
 		}
 		for _, w := range ended {
-			what := "ended a target session of a backfill run's process silent past the lease (a frozen process or host, or a network that broke without resetting the connection): the run no longer runs (the next run of its tables resumes it), its row locks are released"
-			if w.Joined {
-				what = "ended the target session of a joined backfill worker silent past the lease (a frozen host, or a network that broke without resetting the connection): its chunks are claimable again and its row locks released"
+			attrs := []any{"backfill_run", w.RunID, "host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", leaderLease.String()}
+			switch {
+			case w.Refused != nil && !refused[w.PID]:
+				refused[w.PID] = true
+				log.Error("could not end the target session of a backfill process silent past the lease: it keeps its chunks and row locks until it ends; let the target role end it (the same role for every pgconverge process, or GRANT pg_signal_backend; a superuser's session only a superuser may end)",
+					append(attrs, "err", w.Refused)...)
+			case w.Refused != nil:
+			case w.Joined:
+				log.Warn("ended the target session of a joined backfill worker silent past the lease (a frozen host, or a network that broke without resetting the connection): its chunks are claimable again and its row locks released", attrs...)
+			default:
+				log.Warn("ended a target session of a backfill run's process silent past the lease (a frozen process or host, or a network that broke without resetting the connection): the run no longer runs (the next run of its tables resumes it), its row locks are released", attrs...)
 			}
-			log.Warn(what, "backfill_run", w.RunID, "host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", leaderLease.String())
 		}
 	})
 	return func() { stopTicking(); conn.Close(context.WithoutCancel(ctx)) }, nil
@@ -50,9 +69,9 @@ func watchWorkerLeases(ctx context.Context, target string, log *slog.Logger) (st
 
 // workerLease is the lease of one backfill process's target sessions in run runID: add registers
 // a session (coverage.RegisterWorker), and every leaderCheckEvery until end a connection of its own
-// records them all alive, reconnecting after a failure. When no record succeeded for leaderLease,
-// other processes may already have ended the sessions: it calls lost with the error, once, for the
-// process to stop.
+// records them all alive, reconnecting after a failure (each failure logged at WARN). When no
+// record succeeded for leaderLease, other processes may already have ended the sessions: it calls
+// lost with the error, once, for the process to stop.
 type workerLease struct {
 	runID  int64
 	joined bool
@@ -63,7 +82,7 @@ type workerLease struct {
 
 // startWorkerLease starts the lease of this process's sessions in run runID on target; joined
 // tells whether the process joined the run rather than runs it.
-func startWorkerLease(ctx context.Context, target string, runID int64, joined bool, lost func(error)) (*workerLease, error) {
+func startWorkerLease(ctx context.Context, target string, runID int64, joined bool, log *slog.Logger, lost func(error)) (*workerLease, error) {
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
@@ -71,35 +90,38 @@ func startWorkerLease(ctx context.Context, target string, runID int64, joined bo
 	l := &workerLease{runID: runID, joined: joined}
 	seen := time.Now()
 	var once sync.Once
+	failed := func(ctx context.Context, err error) {
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("could not record this process's backfill sessions alive on the target; trying again (other pgconverge processes end them after the lease without)",
+			"silent_seconds", int(time.Since(seen).Seconds()), "lease", leaderLease.String(), "err", err)
+		if time.Since(seen) > leaderLease {
+			once.Do(func() {
+				lost(fmt.Errorf("this process could not show the other pgconverge processes that its backfill sessions are alive for %s, the lease they end silent sessions after: %w", leaderLease, err))
+			})
+		}
+	}
 	stopTicking := ticking(ctx, leaderCheckEvery, func(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
 		defer cancel()
 		if conn.IsClosed() {
 			c, err := pgsession.Connect(cctx, target, "target")
 			if err != nil {
-				l.failed(ctx, err, seen, &once, lost)
+				failed(ctx, err)
 				return
 			}
 			conn = c
 		}
-		if err := coverage.Heartbeat(cctx, conn, l.registered()); err != nil {
+		if err := coverage.Heartbeat(cctx, conn, holder(), l.registered()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
-			l.failed(ctx, err, seen, &once, lost)
+			failed(ctx, err)
 			return
 		}
 		seen = time.Now()
 	})
 	l.stop = func() { stopTicking(); conn.Close(context.WithoutCancel(ctx)) }
 	return l, nil
-}
-
-// failed calls lost, once, with err when no heartbeat succeeded since seen for leaderLease.
-func (l *workerLease) failed(ctx context.Context, err error, seen time.Time, once *sync.Once, lost func(error)) {
-	if ctx.Err() == nil && time.Since(seen) > leaderLease {
-		once.Do(func() {
-			lost(fmt.Errorf("this process could not show the other pgconverge processes that its backfill sessions are alive for %s, the lease they end silent sessions after: %w", leaderLease, err))
-		})
-	}
 }
 
 // add registers conn's session under the lease.
@@ -121,13 +143,15 @@ func (l *workerLease) registered() []int32 {
 }
 
 // end stops the heartbeat and removes the process's sessions from the ledger over conn; a failure
-// is logged on log (the rows are removed with any ended session's later).
+// other than conn's session having been ended is logged on log (the rows of ended sessions are
+// removed later by any process's end).
 func (l *workerLease) end(ctx context.Context, conn *pgx.Conn, log *slog.Logger) {
 	l.stop()
 	if conn.IsClosed() {
 		return
 	}
-	if err := coverage.ForgetWorkers(context.WithoutCancel(ctx), conn, l.registered()); err != nil {
+	err := coverage.ForgetWorkers(context.WithoutCancel(ctx), conn, l.registered())
+	if err != nil && !isCode(err, pgerrcode.AdminShutdown) && !conn.IsClosed() {
 		log.Warn("could not remove this process's backfill sessions from the ledger", "err", err)
 	}
 }

@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
+	"github.com/pgconverge/pgconverge/migrations"
 )
 
 // A `pgconverge backfill` process frozen (SIGSTOP) inside a chunk's write transaction holds row
@@ -114,4 +117,76 @@ func rowsLocked(t *testing.T, conn *pgx.Conn, lo, hi int64) bool {
 		t.Fatal(err)
 	}
 	return free < all
+}
+
+// A backfill process never ends its own sessions, however stale their heartbeat looks (as after
+// the process itself was paused past the lease): while its sessions' rows are kept 20 s old, its
+// own lease checks run and the run completes.
+func TestRunDoesNotEndItsOwnSessions(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
+		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
+	cfg := testBackfillConfig(t, env, "public.big")
+	cfg.Workers = 1
+	var logs pgtest.SyncBuffer
+	cfg.Logger = newTestLogger(t, &logs)
+	var once sync.Once
+	var staleErr error
+	cfg.AfterChunk = func(string, int64) {
+		once.Do(func() {
+			tgt := pgtest.Connect(t, env.TargetURL)
+			defer tgt.Close(context.Background())
+			// Three lease checks of the run's own process see its sessions silent.
+			for end := time.Now().Add(3*leaderCheckEvery + time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				if _, staleErr = tgt.Exec(context.Background(), `update pgconverge.backfill_workers set seen_at = clock_timestamp() - interval '20 s'`); staleErr != nil {
+					return
+				}
+			}
+		})
+	}
+	rep := backfillNow(t, cfg)
+	if staleErr != nil {
+		t.Fatal(staleErr)
+	}
+	if strings.Contains(logs.String(), "silent past the lease") || rep.Rows != 20000 {
+		t.Errorf("the run ended sessions (its own) or read %d rows, want none ended and 20000 rows:\n%s", rep.Rows, logs.String())
+	}
+	pgtest.WaitConverged(t, env, "big", "id")
+}
+
+// A silent backfill session the target role may not end (a superuser's) is reported as refused
+// and does not keep the lease check from ending the silent sessions it may end.
+func TestLeaseEndsWhatTheRoleMaySignal(t *testing.T) {
+	env := pgtest.New(t)
+	role := env.Name + "_tgt"
+	tempRole(t, env, false, role, "", `grant create on database `+env.Name+` to `+role, `grant pg_read_all_stats to `+role)
+	watcher := pgtest.Connect(t, withUser(t, env.TargetURL, role))
+	if err := migrations.Apply(t.Context(), watcher); err != nil {
+		t.Fatal(err)
+	}
+	super, own := pgtest.Connect(t, env.TargetURL), pgtest.Connect(t, withUser(t, env.TargetURL, role))
+	for i, c := range []*pgx.Conn{super, own} {
+		if err := coverage.RegisterWorker(t.Context(), c, 1, fmt.Sprintf("host %d", i), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pgtest.Exec(t, env.Target, `update pgconverge.backfill_workers set seen_at = clock_timestamp() - interval '1 min'`)
+	got, err := coverage.EndSilentWorkers(t.Context(), watcher, leaderLease, "this host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report []string
+	for _, w := range got {
+		report = append(report, fmt.Sprintf("%s refused=%v", w.Host, w.Refused != nil))
+	}
+	slices.Sort(report)
+	if d := pgtest.Diff([]string{"host 0 refused=true", "host 1 refused=false"}, report); d != "" {
+		t.Errorf("silent sessions: %s", d)
+	}
+	if err := own.Ping(t.Context()); err == nil {
+		t.Errorf("the role's own silent session was not ended")
+	}
+	if err := super.Ping(t.Context()); err != nil {
+		t.Errorf("the superuser's session was ended: %v", err)
+	}
 }

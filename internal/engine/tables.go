@@ -50,8 +50,13 @@ func ensureTypes(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.T
 // now (apply.EnsureTable), with the types they need first, and logs each change of a table's
 // columns. A change that leaves rows without the source's values is recorded at a source position
 // read now, after the tables were described, so only a backfill read later counts. It returns
-// the enums the tables use, as ensureTypes.
+// the enums the tables use, as ensureTypes. Processes do this one at a time (apply.LockTargetDDL).
 func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.Table, log *slog.Logger) (map[string][]string, error) {
+	unlock, err := apply.LockTargetDDL(ctx, tgt)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	enums, err := ensureTypes(ctx, src, tgt, tables, log)
 	if err != nil {
 		return nil, err
