@@ -13,24 +13,6 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
-// ddlLockClass is the first key of the session advisory lock LockTargetDDL takes ('pgct').
-const ddlLockClass = 0x70676374
-
-// LockTargetDDL takes, for conn's session, the lock under which pgconverge processes create and
-// reshape target tables and types (EnsureType, EnsureTable) one at a time, waiting for it; unlock
-// releases it. PostgreSQL's CREATE … IF NOT EXISTS and look-up-then-create both fail with 23505
-// on a catalog's unique index when two sessions create one name at once (two daemons, or a daemon
-// and a backfill, starting together on a new target). The lock is the target database's, so
-// while one process waits for a table lock in a reshape, the others' table setup waits too.
-func LockTargetDDL(ctx context.Context, conn *pgx.Conn) (unlock func(), err error) {
-	if _, err := conn.Exec(ctx, `select pg_advisory_lock($1, 0)`, ddlLockClass); err != nil {
-		return nil, fmt.Errorf("take the lock for creating target tables and types: %w", err)
-	}
-	return func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock($1, 0)`, ddlLockClass)
-	}, nil
-}
-
 // EnsureTable creates the target table for t when it is missing (see createTableSQL) and registers
 // it in pgconverge.tables (register); a table it had to create again, or that was replaced by hand,
 // is registered as not loaded and in a new generation, so the daemon loads it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -269,7 +270,7 @@ func ForgetWorkers(ctx context.Context, conn *pgx.Conn, pids []int32) error {
 
 // SilentWorker is a backfill session of run RunID's process on Host, or of a process that joined
 // it (Joined), last seen Silent seconds before; EndSilentWorkers ended it, or was refused (Refused,
-// the error of pg_terminate_backend).
+// pg_terminate_backend's insufficient_privilege error).
 type SilentWorker struct {
 	PID     int32
 	RunID   int64
@@ -309,7 +310,7 @@ where w.seen_at < clock_timestamp() - $1::interval and w.host <> $2`, lease.Stri
 		err := conn.QueryRow(ctx, `select pg_terminate_backend($1)`, s.PID).Scan(&ended)
 		var pgErr *pgconn.PgError
 		switch {
-		case errors.As(err, &pgErr):
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege:
 			s.Refused = pgErr
 		case err != nil:
 			return out, fmt.Errorf("end silent backfill session %d: %w", s.PID, err)

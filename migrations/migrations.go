@@ -2,8 +2,8 @@
 // embedded in the binary and applied with tern (github.com/jackc/tern/v2/migrate).
 //
 // Invariant: the schema only moves forward; Apply is safe to call from several processes at once
-// (an advisory lock of ours serialises the schema's creation, tern's the migrations) and is a
-// no-op when the schema is current.
+// (LockDDL serialises the schema's creation, tern's advisory lock the migrations) and is a no-op
+// when the schema is current.
 package migrations
 
 import (
@@ -47,21 +47,32 @@ func ApplyTo(ctx context.Context, conn *pgx.Conn, version int32) error {
 	return nil
 }
 
-// schemaLockClass is the first key of the session advisory lock createSchema holds ('pgcm').
-const schemaLockClass = 0x7067636d
+// ddlLockClass is the first key of the session advisory lock LockDDL takes ('pgct').
+const ddlLockClass = 0x70676374
 
-// createSchema creates the metadata schema unless it exists. Two sessions' concurrent
-// `create schema if not exists` can fail on the catalog's unique index (23505) instead of one of
-// them seeing the other's schema, so processes that start at once on a new target take turns.
-func createSchema(ctx context.Context, conn *pgx.Conn) (err error) {
-	if _, err := conn.Exec(ctx, `select pg_advisory_lock($1, 0)`, schemaLockClass); err != nil {
-		return fmt.Errorf("lock the creation of schema %s on the target: %w", Schema, err)
+// LockDDL takes, for conn's session, the lock under which pgconverge processes create objects on
+// the target one at a time, waiting for it: the metadata schema (Apply), and target tables, their
+// schemas and types (the engine's table setup); unlock releases it. PostgreSQL's
+// `CREATE … IF NOT EXISTS` and look-up-then-create both fail with 23505 on a catalog's unique index
+// when two sessions create one name at once (two daemons, or a daemon and a backfill, starting
+// together on a new target). The lock is the target database's, so while one process waits for a
+// table lock in a reshape, the others' table setup waits too.
+func LockDDL(ctx context.Context, conn *pgx.Conn) (unlock func(), err error) {
+	if _, err := conn.Exec(ctx, `select pg_advisory_lock($1, 0)`, ddlLockClass); err != nil {
+		return nil, fmt.Errorf("take the lock for creating objects on the target: %w", err)
 	}
-	defer func() {
-		if _, uerr := conn.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock($1, 0)`, schemaLockClass); err == nil && uerr != nil {
-			err = fmt.Errorf("unlock the creation of schema %s on the target: %w", Schema, uerr)
-		}
-	}()
+	return func() {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock($1, 0)`, ddlLockClass)
+	}, nil
+}
+
+// createSchema creates the metadata schema unless it exists, under LockDDL.
+func createSchema(ctx context.Context, conn *pgx.Conn) error {
+	unlock, err := LockDDL(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if _, err := conn.Exec(ctx, "create schema if not exists "+pgx.Identifier{Schema}.Sanitize()); err != nil {
 		return fmt.Errorf("create schema %s on the target (the role needs CREATE on the database): %w", Schema, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/migrations"
 )
 
 // ensureTypes creates on the target the user-defined types the tables use that it lacks, as the
@@ -50,9 +51,9 @@ func ensureTypes(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.T
 // now (apply.EnsureTable), with the types they need first, and logs each change of a table's
 // columns. A change that leaves rows without the source's values is recorded at a source position
 // read now, after the tables were described, so only a backfill read later counts. It returns
-// the enums the tables use, as ensureTypes. Processes do this one at a time (apply.LockTargetDDL).
+// the enums the tables use, as ensureTypes. Processes do this one at a time (migrations.LockDDL).
 func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.Table, log *slog.Logger) (map[string][]string, error) {
-	unlock, err := apply.LockTargetDDL(ctx, tgt)
+	unlock, err := migrations.LockDDL(ctx, tgt)
 	if err != nil {
 		return nil, err
 	}
