@@ -147,7 +147,7 @@ func (s *session) checkLike(ctx context.Context, leader apply.Leader) error {
 			s.cfg.Slot, leader.Holder, leader.Settings, s.settings()))
 	}
 	if err := coverage.CheckSource(ctx, s.tgt, s.cfg.Slot, s.sourceID); err != nil {
-		return permanent(err)
+		return refusal(err)
 	}
 	return nil
 }

@@ -93,14 +93,32 @@ func decide(err error) decision {
 		}
 		return stop
 	}
-	var connectErr *pgconn.ConnectError
-	var netErr net.Error
-	if errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, pgconn.ErrConnClosed) {
+	if connectionFailed(err) {
 		return backOff
 	}
 	return stop
+}
+
+// connectionFailed reports whether err is a failure of the connection itself (it could not be
+// opened, broke, timed out or was closed), not an answer of the server.
+func connectionFailed(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed)
+}
+
+// refusal marks err, from a check that refuses what only an operator can change (a setting, a
+// table without a key, another source's ledger), permanent, unless the check could not run: its
+// connection failed or its server is shutting down (SQLSTATE class 57), which the next session
+// tries again like any other session failure.
+func refusal(err error) error {
+	var pgErr *pgconn.PgError
+	if err == nil || connectionFailed(err) || errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57") {
+		return err
+	}
+	return permanent(err)
 }
 
 // lostLeadership reports whether err ended a session because the daemon lost its leadership of

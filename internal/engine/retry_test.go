@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -48,6 +50,30 @@ func TestRetryable(t *testing.T) {
 		}
 		if r := reason(c.err); c.want && !slices.Contains(RetryReasons, r) {
 			t.Errorf("%s: reason %q is not among RetryReasons %v, whose metric series exist from the start", c.name, r, RetryReasons)
+		}
+	}
+}
+
+// A check that refuses what only an operator can change stops the daemon; one that could not run
+// because its connection broke or its server was shutting down is retried (the soak once cut the
+// source while the session read its settings, and the daemon exited).
+func TestRefusalOfACheckThatCouldNotRun(t *testing.T) {
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a refusal", errors.New("source wal_level is \"replica\""), false},
+		{"a refusal with a server error", fmt.Errorf("read: %w", &pgconn.PgError{Code: "42501"}), false},
+		{"refusals joined", errors.Join(errors.New("table a has no key"), errors.New("table b has no key")), false},
+		{"connection reset while reading settings", fmt.Errorf("read source settings: %w", reset), true},
+		{"lost connection among refusals", errors.Join(errors.New("table a has no key"), fmt.Errorf("describe b: %w", io.ErrUnexpectedEOF)), true},
+		{"server shutting down", fmt.Errorf("read: %w", &pgconn.PgError{Code: "57P01"}), true},
+	}
+	for _, c := range cases {
+		if got := retryable(refusal(c.err)); got != c.want {
+			t.Errorf("%s: retryable = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -85,7 +85,7 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 			"snapshot_only", len(s.snapshotOnly), "selection", selection)
 		return streamed, nil
 	}
-	return nil, permanent(errors.Join(errs...))
+	return nil, refusal(errors.Join(errs...))
 }
 
 // waitForLostKeys returns a keyLostError when a table of noKey (described without a key) is one a

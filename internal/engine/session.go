@@ -235,7 +235,7 @@ func (s *session) connect(ctx context.Context) error {
 		return err
 	}
 	if err := cdc.CheckSource(ctx, s.src); err != nil {
-		return permanent(err)
+		return refusal(err)
 	}
 	s.sourceID, err = cdc.SourceID(ctx, s.src)
 	return err
@@ -247,12 +247,12 @@ func (s *session) connect(ctx context.Context) error {
 func (s *session) prepareTarget(ctx context.Context) error {
 	cfg := s.cfg
 	if err := coverage.CheckSource(ctx, s.tgt, cfg.Slot, s.sourceID); err != nil {
-		return permanent(err)
+		return refusal(err)
 	}
 	all := append(slices.Clone(s.tables), s.snapshotOnly...)
 	for _, t := range all {
 		if err := coverage.CheckTableSource(ctx, s.tgt, t.TableName, s.sourceID); err != nil {
-			return permanent(err)
+			return refusal(err)
 		}
 	}
 	if err := s.checkNotRewound(ctx); err != nil {
