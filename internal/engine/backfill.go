@@ -460,12 +460,38 @@ func lockTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep *Backf
 					return nil, err
 				}
 			default:
+				if ok, err = lockWithinGrace(ctx, ctrl, t.TableName); err != nil {
+					return nil, err
+				} else if ok {
+					break
+				}
 				return nil, fmt.Errorf("another backfill of %s is running (a `pgconverge backfill`, or a daemon's initial load or scheduled backfill): wait for it to end, or pass --wait", t)
 			}
 		}
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// busyGrace is how long a backfill that may not wait tries a table's busy backfill lock before it
+// refuses: the tombstone pruner holds the lock for one transaction (coverage.TombstoneHorizon), a
+// backfill for its whole run.
+const busyGrace = 5 * time.Second
+
+// lockWithinGrace tries table t's backfill lock in ctrl's session every 100 ms for busyGrace and
+// reports whether it took it.
+func lockWithinGrace(ctx context.Context, ctrl *pgx.Conn, t changebatch.TableName) (bool, error) {
+	for deadline := time.Now().Add(busyGrace); time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if ok, err := coverage.LockBackfill(ctx, ctrl, t, false); err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
 }
 
 // warnSnapshotAge logs a warning every d while the run holds its snapshot; the returned function

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -109,4 +110,25 @@ func TestBackfillAfterATruncateStartsOver(t *testing.T) {
 		t.Errorf("the second run kept %d rows of the stopped one, want 0", rep.Kept)
 	}
 	pgtest.WaitConverged(t, env, "big", "id")
+}
+
+// A backfill that may not wait takes a table's lock that someone holds for one transaction (the
+// tombstone pruner does, while it prunes) once that transaction ends, instead of refusing as if
+// another backfill ran.
+func TestBackfillWaitsOutABriefLockHolder(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g select generate_series(1, 100)`)
+	holder := pgtest.Connect(t, env.TargetURL)
+	tx, err := holder.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(t.Context(), `select pg_advisory_xact_lock($1, hashtext('public.g'))`, 0x70676376); err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(time.Second); tx.Rollback(context.Background()) }() // the brief holder's transaction
+	if _, err := Backfill(t.Context(), testBackfillConfig(t, env, "public.g")); err != nil {
+		t.Fatalf("backfill: %v, want it to take the lock once the holder's transaction ended", err)
+	}
+	pgtest.WaitConverged(t, env, "g", "id")
 }
