@@ -126,8 +126,16 @@ func TestBackfillWaitsOutABriefLockHolder(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), `select pg_advisory_xact_lock($1, hashtext('public.g'))`, 0x70676376); err != nil {
 		t.Fatal(err)
 	}
-	go func() { time.Sleep(time.Second); tx.Rollback(context.Background()) }() // the brief holder's transaction
-	if _, err := Backfill(t.Context(), testBackfillConfig(t, env, "public.g")); err != nil {
+	released := make(chan error, 1)
+	go func() { // the brief holder's transaction
+		time.Sleep(time.Second)
+		released <- tx.Rollback(context.Background())
+	}()
+	_, err = Backfill(t.Context(), testBackfillConfig(t, env, "public.g"))
+	if rerr := <-released; rerr != nil { // the holder's connection is closed by the test's cleanup: wait for it first
+		t.Fatalf("end the holder's transaction: %v", rerr)
+	}
+	if err != nil {
 		t.Fatalf("backfill: %v, want it to take the lock once the holder's transaction ended", err)
 	}
 	pgtest.WaitConverged(t, env, "g", "id")
