@@ -26,7 +26,9 @@ type coverageStart struct {
 // continue it, and a new one starts; every selected table gets a span from where the stream starts
 // applying it (from st.Stream, or for a table that joined the publication since its latest span
 // began, from a position read after the join). Deciding from the spans' own membership tokens, in
-// this one transaction, means a session that dies half-way leaves nothing half-recorded.
+// this one transaction, means a session that dies half-way leaves nothing half-recorded. The
+// transaction holds coverage.LockFollowing and first makes sure that no running daemon of another
+// slot follows a selected table (checkFollowedElsewhere).
 func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	cfg := s.cfg
 	tx, err := s.tgt.Begin(ctx)
@@ -35,6 +37,12 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := apply.CheckLeaderTx(ctx, tx, cfg.Slot, s.epoch); err != nil {
+		return err
+	}
+	if err := coverage.LockFollowing(ctx, tx); err != nil {
+		return err
+	}
+	if err := s.checkFollowedElsewhere(ctx, tx, s.names); err != nil {
 		return err
 	}
 	latest, err := coverage.LatestSpans(ctx, tx, cfg.Slot, s.names)

@@ -74,13 +74,14 @@ func decide(err error) decision {
 	var watch watchError
 	var enumCheck enumCheckError
 	var keyLost keyLostError
+	var overlap followedElsewhereError
 	switch {
 	case errors.As(err, &perm):
 		return stop
 	case errors.Is(err, errMembershipChanged), errors.Is(err, errSlotMoved), errors.Is(err, errEnumChanged),
 		errors.As(err, &schema), lostLeadership(err):
 		return restart
-	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
+	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.As(err, &overlap), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
 		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errCatalogTimeout),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
@@ -139,15 +140,18 @@ func isCode(err error, code string) bool {
 func retryable(err error) bool { return decide(err) != stop }
 
 // RetryReasons are the values reason returns, the labels of the session retry metric.
-var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "schema", "lock", "constraint", "conflict", "resources", "connection", "other"}
+var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "other"}
 
 // reason names the kind of failure err is, for the session retry metric: "leadership" when the
 // daemon lost its leadership of the slot, "restart" for another restart on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
-// "connection", "slot-busy", "watch", "schema" (a table changed while it was read), or "other".
+// "connection", "slot-busy", "watch", "schema" (a table changed while it was read), "overlap" (a
+// selected table is followed by the running daemon of another slot), or "other".
 func reason(err error) string {
 	var pgErr *pgconn.PgError
 	var watch watchError
 	switch {
+	case errors.As(err, &followedElsewhereError{}):
+		return "overlap"
 	case lostLeadership(err):
 		return "leadership"
 	case decide(err) == restart:

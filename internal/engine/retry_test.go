@@ -43,6 +43,7 @@ func TestRetryable(t *testing.T) {
 		{"a refused value the enum labels could not be checked for", enumCheckError{pg("22P02")}, true},
 		{"a replicated table lost its key", keyLostError{errors.New("table public.t has no primary key")}, true},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
+		{"a table the running daemon of another slot follows", fmt.Errorf("record coverage: %w", followedElsewhereError{}), true},
 	}
 	for _, c := range cases {
 		if got := retryable(c.err); got != c.want {
