@@ -29,7 +29,8 @@ import (
 // in pg_locks with objsubid 1) for the slot named by the SQL expression slot: the first 64 bits
 // of md5 of kind, a space and the slot's name. The "leader" key is the session lock that makes
 // one daemon the leader of a slot; each standby of the slot holds the "standby" key shared while
-// it waits, so that standbys can be counted. 64 bits keep two slots' keys apart (hashtext's 32
+// it waits, so that standbys can be counted; every daemon of the slot holds the "running" key
+// shared for as long as its process runs (MarkRunning). 64 bits keep two slots' keys apart (hashtext's 32
 // bits collide for some pairs of names).
 func lockKey(kind, slot string) string {
 	return `('x' || substr(md5('pgconverge ` + kind + ` ' || ` + slot + `), 1, 16))::bit(64)::bigint`
@@ -50,6 +51,18 @@ func MarkStandby(ctx context.Context, conn *pgx.Conn, slot string, standby bool)
 	var ignored string
 	if err := conn.QueryRow(ctx, q, slot).Scan(&ignored); err != nil {
 		return fmt.Errorf("mark this daemon a standby of slot %q on the target: %w", slot, err)
+	}
+	return nil
+}
+
+// MarkRunning takes the running lock of slot, shared, in conn's session, which holds it until the
+// session ends: a daemon holds it on a connection of its own for as long as its process runs,
+// across its sessions and the backoff between them (while the leader lock is held only during a
+// session), so that ReadLeaders reports the slot Running then too.
+func MarkRunning(ctx context.Context, conn *pgx.Conn, slot string) error {
+	var ignored string
+	if err := conn.QueryRow(ctx, `select pg_advisory_lock_shared(`+lockKey("running", "$1")+`)::text`, slot).Scan(&ignored); err != nil {
+		return fmt.Errorf("mark a daemon of slot %q running on the target: %w", slot, err)
 	}
 	return nil
 }
@@ -94,11 +107,12 @@ func ReadLeader(ctx context.Context, conn *pgx.Conn, slot string) (Leader, bool,
 }
 
 // LeaderState is a slot's leader as the target shows it: its row (Leader), whether a session holds
-// the slot's leader lock now (Alive), and how many standbys wait for it (MarkStandby).
+// the slot's leader lock now (Alive), whether a daemon of the slot runs now (Running: Alive, or a
+// session holds its running lock, MarkRunning), and how many standbys wait for it (MarkStandby).
 type LeaderState struct {
 	Leader
-	Alive    bool
-	Standbys int
+	Alive, Running bool
+	Standbys       int
 }
 
 // ReadLeaders returns the leader state of every slot that ever had a leader, by slot; an empty
@@ -106,9 +120,10 @@ type LeaderState struct {
 func ReadLeaders(ctx context.Context, conn *pgx.Conn) (map[string]LeaderState, error) {
 	rows, err := conn.Query(ctx, `select l.slot, l.epoch, l.holder, l.acquired_at::text,
   count(k.*) filter (where `+lockMatch("k", lockKey("leader", "l.slot"))+`) > 0,
+  count(k.*) filter (where `+lockMatch("k", lockKey("leader", "l.slot"))+` or `+lockMatch("k", lockKey("running", "l.slot"))+`) > 0,
   count(k.*) filter (where `+lockMatch("k", lockKey("standby", "l.slot"))+`)
 from pgconverge.leaders l left join pg_locks k on k.granted and (`+lockMatch("k", lockKey("leader", "l.slot"))+` or `+
-		lockMatch("k", lockKey("standby", "l.slot"))+`)
+		lockMatch("k", lockKey("standby", "l.slot"))+` or `+lockMatch("k", lockKey("running", "l.slot"))+`)
 group by l.slot, l.epoch, l.holder, l.acquired_at`)
 	if err != nil {
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
@@ -119,7 +134,7 @@ group by l.slot, l.epoch, l.holder, l.acquired_at`)
 	out := map[string]LeaderState{}
 	var slot string
 	var st LeaderState
-	_, err = pgx.ForEachRow(rows, []any{&slot, &st.Epoch, &st.Holder, &st.AcquiredAt, &st.Alive, &st.Standbys}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&slot, &st.Epoch, &st.Holder, &st.AcquiredAt, &st.Alive, &st.Running, &st.Standbys}, func() error {
 		out[slot] = st
 		return nil
 	})

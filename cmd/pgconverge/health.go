@@ -53,8 +53,12 @@ func (r *readiness) loading(trigger string) {
 }
 
 // retrying is called with SessionRetried: the session failed for reason and the next one starts
-// after a backoff.
+// after a backoff, or (reason "overlap") the session waits for a daemon of another slot.
 func (r *readiness) retrying(reason string) {
+	if reason == "overlap" {
+		r.set(false, "waiting: a selected table is followed by a running daemon of another slot (the log's ERROR line \"waiting: a selected table is followed by a running daemon of another slot\" names it and the fix)")
+		return
+	}
 	if reason == "restart" {
 		r.set(false, "restarting the session on purpose (a schema, publication or slot change; the log's INFO line \"restarting the session to follow a change on the source\" says which)")
 		return

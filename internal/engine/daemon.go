@@ -20,12 +20,17 @@ var ErrUnreachable = errors.New("not reached before the daemon ever connected")
 // what needs loading, stream) until ctx ends, then returns nil. After a session fails it decides
 // (decide) whether to stop, returning the error, or to start the next session: at once after a
 // restart on purpose, else after an exponential backoff (up to 30 s, reset after a session that
-// lasted a minute), logging the failure at ERROR with a hint. A server that could not be reached
+// lasted a minute), logging the failure at ERROR with a hint. It holds the slot's running lock
+// meanwhile (holdPresence), across sessions. A server that could not be reached
 // before any session connected to both sides stops it with an error wrapping ErrUnreachable. The
 // caller validates cfg.
 func Run(ctx context.Context, cfg Config) error {
 	b := backoff.NewExponentialBackOff()
-	b.MaxInterval = 30 * time.Second
+	// Randomised by ±50 % (the library's default, so that daemons that failed together do not
+	// retry together), a wait is at most 30 s.
+	b.MaxInterval = 20 * time.Second
+	running := holdPresence(ctx, cfg)
+	defer running.Release()
 	everConnected := false
 	for {
 		started := time.Now()
@@ -61,6 +66,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		select {
 		case <-ctx.Done():
+			cfg.Logger.Info("daemon stopped on request (SIGINT or SIGTERM) while it waited to retry", "slot", cfg.Slot)
 			return nil
 		case <-time.After(wait):
 		}

@@ -27,8 +27,8 @@ type coverageStart struct {
 // applying it (from st.Stream, or for a table that joined the publication since its latest span
 // began, from a position read after the join). Deciding from the spans' own membership tokens, in
 // this one transaction, means a session that dies half-way leaves nothing half-recorded. The
-// transaction holds coverage.LockFollowing and first makes sure that no running daemon of another
-// slot follows a selected table (checkFollowedElsewhere).
+// transaction first claims the tables (claimTables: none may be followed by a running daemon of
+// another slot).
 func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	cfg := s.cfg
 	tx, err := s.tgt.Begin(ctx)
@@ -39,10 +39,7 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	if err := apply.CheckLeaderTx(ctx, tx, cfg.Slot, s.epoch); err != nil {
 		return err
 	}
-	if err := coverage.LockFollowing(ctx, tx); err != nil {
-		return err
-	}
-	if err := s.checkFollowedElsewhere(ctx, tx, s.names); err != nil {
+	if err := s.claimTables(ctx, tx); err != nil {
 		return err
 	}
 	latest, err := coverage.LatestSpans(ctx, tx, cfg.Slot, s.names)

@@ -27,7 +27,8 @@ type Monitor interface {
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
 	CoverageGap(table string, bytes uint64)
 	// SessionRetried counts a session that failed and is started again, by reason (see reason in
-	// retry.go: "constraint", "lock", "connection", "restart", ...).
+	// retry.go: "constraint", "lock", "connection", "restart", ...); with "overlap" also a
+	// session that waits for a daemon of another slot, once a minute (waitOutOverlap).
 	SessionRetried(reason string)
 	// BackfillProgress returns the Progress a backfill run of trigger ("initial", "gap",
 	// "schedule") reports to: p, which it may wrap to follow the run too.

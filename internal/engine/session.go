@@ -129,7 +129,7 @@ func (e enumCheckError) Unwrap() error { return e.err }
 
 // run is the session's work in order: connect and check, describe the tables and check both
 // sides without writing, lead the slot (waiting as a standby while another daemon leads it, then
-// describing again; lost ends the session when the leader lock's connection fails), make sure no
+// describing again; lost ends the session when the leader lock's connection fails), wait while a
 // running daemon of another slot follows a selected table (overlap.go), prepare the tables, the
 // publication and the slot (loading what needs it), then stream.
 func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
@@ -150,8 +150,8 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 			return err
 		}
 	}
-	if err := s.checkFollowedElsewhere(ctx, s.tgt, names); err != nil {
-		return err // before the session creates anything for its stream (recordCoverage checks again)
+	if describedAt, names, err = s.waitOutOverlap(ctx, describedAt, names); err != nil {
+		return err
 	}
 	if err := s.prepareTarget(ctx); err != nil {
 		return err
