@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
@@ -80,7 +82,10 @@ func LatestCutover(ctx context.Context, conn *pgx.Conn) (Cutover, bool, error) {
 func hasCutovers(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var known bool
 	if err := conn.QueryRow(ctx, `select to_regclass('pgconverge.cutovers') is not null`).Scan(&known); err != nil {
-		return false, fmt.Errorf("look up the cutover records (the target role needs USAGE on schema pgconverge; after a cutover, was it given to another role?): %w", err)
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
+			return false, fmt.Errorf("look up the cutover records (the target role needs USAGE on schema pgconverge; after a cutover, was it given to another role?): %w", err)
+		}
+		return false, fmt.Errorf("look up the cutover records: %w", err)
 	}
 	return known, nil
 }

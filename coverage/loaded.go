@@ -91,29 +91,33 @@ where schema_name = $1 and table_name = $2`, t.Schema, t.Name)
 }
 
 // SyncMembership records token as table t's publication membership (cdc.Memberships) and returns
-// the token recorded before ("" when none was). When it differs from a token recorded before, the
-// table left the publication in between and the stream missed its changes: the table is marked
-// for loading.
-func SyncMembership(ctx context.Context, conn *pgx.Conn, t changebatch.Table, token string) (string, error) {
-	var old *string
-	err := conn.QueryRow(ctx, `with old as (
-  select membership from pgconverge.tables where schema_name = $1 and table_name = $2 for update)
+// the token recorded before ("" when none was) and the slot that followed the table then
+// (pgconverge.tables.slot, "" when none did). When the token differs from a token recorded before,
+// the table left the publication in between (or another slot's publication recorded it) and the
+// stream missed its changes: the table is marked for loading.
+func SyncMembership(ctx context.Context, conn *pgx.Conn, t changebatch.Table, token string) (old, oldSlot string, err error) {
+	var tok, slot *string
+	err = conn.QueryRow(ctx, `with old as (
+  select membership, slot from pgconverge.tables where schema_name = $1 and table_name = $2 for update)
 update pgconverge.tables t set membership = $3,
   loaded_lsn = case when old.membership is distinct from $3 then null else t.loaded_lsn end,
   loaded_at = case when old.membership is distinct from $3 then null else t.loaded_at end,
   slot = case when old.membership is distinct from $3 then null else t.slot end
 from old where t.schema_name = $1 and t.table_name = $2
-returning old.membership`, t.Schema, t.Name, token).Scan(&old)
+returning old.membership, old.slot`, t.Schema, t.Name, token).Scan(&tok, &slot)
 	if err != nil {
-		return "", fmt.Errorf("record publication membership of %s: %w", t, err)
+		return "", "", fmt.Errorf("record publication membership of %s: %w", t, err)
 	}
-	if old != nil && *old != token {
-		return *old, AbandonBackfills(ctx, conn, t.TableName)
+	if slot != nil {
+		oldSlot = *slot
 	}
-	if old == nil {
-		return "", nil
+	if tok == nil {
+		return "", oldSlot, nil
 	}
-	return *old, nil
+	if *tok != token {
+		return *tok, oldSlot, AbandonBackfills(ctx, conn, t.TableName)
+	}
+	return *tok, oldSlot, nil
 }
 
 // MarkSnapshotOnly records, per table, why no publication can carry its changes

@@ -98,6 +98,8 @@ type Knobs struct {
 	// checks (preflight).
 	CatalogTimeout  time.Duration
 	BeforePreflight func()
+	// PresenceCheckEvery, when set, replaces presenceCheckEvery.
+	PresenceCheckEvery time.Duration
 }
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.

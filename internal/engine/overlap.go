@@ -23,10 +23,16 @@ import (
 // take turns, and ends the open spans that stopped slots still have of its tables: their streams
 // no longer follow them.
 
-// overlapPoll is how often a waiting session looks again; overlapLogEvery how often it says so.
+// overlapPoll is how often a waiting session looks again whether the other daemon runs;
+// overlapLogEvery how often it says so, and describes its selection again (the operator's fix may
+// be a change of it). overlapGrace is how long a slot that follows a selected table must look
+// stopped before a session takes the table: a daemon whose target connections all failed (a
+// target restart) takes its running lock again within presenceCheckEvery of the target's return,
+// and must not find its tables taken by a daemon that was quicker.
 const (
 	overlapPoll     = 5 * time.Second
 	overlapLogEvery = time.Minute
+	overlapGrace    = 10 * time.Second
 )
 
 // followedElsewhereError is a session's selection holding tables that a running daemon of another
@@ -70,32 +76,45 @@ func (s *session) followedElsewhere(ctx context.Context, db coverage.DB, names [
 	return running, stopped, leaders, nil
 }
 
-// waitOutOverlap returns once no running daemon of another slot follows a selected table, with the
-// tables described again when it waited (as describe: the operator's fix may be a change of the
-// selection). Meanwhile the session keeps leading its slot, writes nothing, closes its
-// replication connection and looks again every overlapPoll; it logs at ERROR which tables, which
-// slots and the fix, and counts retry reason "overlap", at first and every overlapLogEvery.
+// waitOutOverlap returns once no running daemon of another slot follows a selected table, and a
+// slot that follows one without a running daemon has looked stopped for overlapGrace, with the
+// tables described again when it waited. Meanwhile the session keeps leading its slot,
+// writes nothing, closes its replication connection and looks again every overlapPoll; it logs at
+// ERROR which tables, which slots and the fix and counts retry reason "overlap", at first and every
+// overlapLogEvery, and describes its selection again every overlapLogEvery.
 func (s *session) waitOutOverlap(ctx context.Context, describedAt pglogrepl.LSN, names []changebatch.TableName) (pglogrepl.LSN, []changebatch.TableName, error) {
-	var logged, since time.Time
+	var logged, since, stoppedSince time.Time
+	described := time.Now()
 	for {
-		running, _, leaders, err := s.followedElsewhere(ctx, s.tgt, names)
+		running, stopped, leaders, err := s.followedElsewhere(ctx, s.tgt, names)
 		if err != nil {
 			return 0, nil, err
 		}
-		if len(running) == 0 {
-			if !since.IsZero() {
-				s.cfg.Logger.Info("no running daemon of another slot follows a selected table any more: this daemon goes on", "slot", s.cfg.Slot, "waited", time.Since(since).Round(time.Second).String())
+		switch {
+		case len(running) > 0:
+			stoppedSince = time.Time{}
+			if since.IsZero() {
+				since = time.Now()
 			}
+			if time.Since(logged) >= overlapLogEvery {
+				s.mon.SessionRetried("overlap")
+				s.cfg.Logger.Error("waiting: a selected table is followed by a running daemon of another slot", "slot", s.cfg.Slot,
+					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", overlapPoll.String())
+				logged = time.Now()
+			}
+		case len(stopped) > 0 && stoppedSince.IsZero():
+			stoppedSince = time.Now()
+			s.cfg.Logger.Info("a selected table is followed by a slot none of whose daemons runs: this daemon takes it over unless one shows within the grace",
+				"slot", s.cfg.Slot, "table", stopped[0].Table.String(), "from_slot", stopped[0].Slot, "grace", overlapGrace.String())
+		case len(stopped) > 0 && time.Since(stoppedSince) < overlapGrace:
+		case !since.IsZero() || !stoppedSince.IsZero():
+			if since.IsZero() {
+				since = stoppedSince
+			}
+			s.cfg.Logger.Info("no running daemon of another slot follows a selected table any more: this daemon goes on", "slot", s.cfg.Slot, "waited", time.Since(since).Round(time.Second).String())
+			return s.describe(ctx) // the source may have changed meanwhile
+		default:
 			return describedAt, names, nil
-		}
-		if since.IsZero() {
-			since = time.Now()
-		}
-		if time.Since(logged) >= overlapLogEvery {
-			s.mon.SessionRetried("overlap")
-			s.cfg.Logger.Error("waiting: a selected table is followed by a running daemon of another slot", "slot", s.cfg.Slot,
-				"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", overlapPoll.String())
-			logged = time.Now()
 		}
 		if s.repl != nil {
 			s.repl.Close(ctx)
@@ -106,8 +125,11 @@ func (s *session) waitOutOverlap(ctx context.Context, describedAt pglogrepl.LSN,
 			return 0, nil, context.Cause(ctx)
 		case <-time.After(overlapPoll):
 		}
-		if describedAt, names, err = s.describe(ctx); err != nil {
-			return 0, nil, err
+		if time.Since(described) >= overlapLogEvery {
+			if describedAt, names, err = s.describe(ctx); err != nil {
+				return 0, nil, err
+			}
+			described = time.Now()
 		}
 	}
 }

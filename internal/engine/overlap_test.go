@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,4 +148,49 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 	if n := secondMon.counts(); n["overlap"] < 1 || len(n) != 1 {
 		t.Errorf("the second daemon's retries: %v, want only overlap", n)
 	}
+}
+
+// A daemon whose target connections all broke (as in a target restart) keeps its tables. Here the
+// first daemon's next session is slow to start (8 s) and its running lock is taken again only after
+// 20 s, so the daemon of another slot that waits for a shared table, cut off too, comes back first
+// and finds the first daemon holding neither lock; it takes nothing before that has lasted
+// overlapGrace, and by then the first leads its slot again.
+func TestDaemonsCutFromTheTargetKeepTheirTables(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table b (id int primary key, v int)`, `insert into b select g, g from generate_series(1, 100) g`)
+	first, second := testConfig(t, env), testConfig(t, env)
+	var sessions atomic.Int32
+	first.Knobs.BeforePreflight = func() {
+		if sessions.Add(1) > 1 {
+			time.Sleep(8 * time.Second) // a session start slowed down (catalog reads under load), not synchronisation
+		}
+	}
+	first.Knobs.PresenceCheckEvery = 20 * time.Second
+	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.b"}
+	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.b"}
+	secondMon := &retryCounter{}
+	second.Monitor = secondMon
+	d1 := startDaemon(t, first)
+	pgtest.WaitConverged(t, env, "b", "id")
+	d2 := startDaemon(t, second)
+	pgtest.Eventually(t, 60*time.Second, "the second daemon waits for the first", func() (bool, string) {
+		return secondMon.counts()["overlap"] >= 1, fmt.Sprint(secondMon.counts())
+	})
+	following := func() string {
+		return pgtest.Scalar[string](t, env.Target, `select coalesce(string_agg(s.slot, ',' order by s.slot), '')
+from pgconverge.table_spans t join pgconverge.stream_segments s on s.id = t.segment_id
+where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
+	}
+	pgtest.Exec(t, env.Target, `select pg_terminate_backend(pid) from pg_stat_activity
+where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'`)
+	// A takeover would happen within overlapGrace and two polls of the cut: watch that long.
+	for until := time.Now().Add(overlapGrace + 2*overlapPoll); time.Now().Before(until); time.Sleep(250 * time.Millisecond) {
+		if got := following(); got != first.Slot {
+			t.Fatalf("slots following public.b after the cut: %q, want only %s", got, first.Slot)
+		}
+	}
+	pgtest.Exec(t, env.Source, `update b set v = v + 1 where id % 10 = 0`)
+	pgtest.WaitConverged(t, env, "b", "id")
+	d1.RequireRunning(t)
+	d2.RequireRunning(t)
 }

@@ -54,7 +54,11 @@ func (p *presence) keep(ctx context.Context) {
 			conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	t := time.NewTicker(presenceCheckEvery)
+	every := presenceCheckEvery
+	if p.cfg.Knobs.PresenceCheckEvery > 0 {
+		every = p.cfg.Knobs.PresenceCheckEvery
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

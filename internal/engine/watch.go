@@ -40,11 +40,14 @@ func (s *session) syncMemberships(ctx context.Context, names []changebatch.Table
 		if tok == "" {
 			return fmt.Errorf("table %s is not in publication %q after it was added: it was removed concurrently; restart", t, s.cfg.Publication)
 		}
-		old, err := coverage.SyncMembership(ctx, s.tgt, t, tok)
-		if err != nil {
+		old, oldSlot, err := coverage.SyncMembership(ctx, s.tgt, t, tok)
+		switch {
+		case err != nil:
 			return err
-		}
-		if old != "" && old != tok {
+		case old != "" && old != tok && oldSlot != "" && oldSlot != s.cfg.Slot:
+			s.cfg.Logger.Info("the table was followed by another slot until now: this slot's stream takes it, and it is loaded again",
+				"table", t.String(), "from_slot", oldSlot, "publication", s.cfg.Publication)
+		case old != "" && old != tok:
 			s.cfg.Logger.Warn("the table's publication membership changed since it was loaded (it left the publication and came back, was recreated, or the publication was altered): loading it again",
 				"table", t.String(), "publication", s.cfg.Publication)
 		}
