@@ -15,78 +15,67 @@ import (
 // then see it running while it reconnects after an error, and take none of the tables it follows
 // (overlap.go). A killed process, or one whose connection broke, holds nothing.
 type presence struct {
-	cfg  Config
-	stop context.CancelFunc
-	done sync.WaitGroup
+	cfg    Config
+	mu     sync.Mutex // held by check
+	conn   *pgx.Conn  // holds the lock; nil while it could not be taken
+	warned bool       // the last failure was logged
+	first  sync.WaitGroup
+	stop   func()
 }
 
 // presenceCheckEvery is how often the presence connection is checked, and reconnected (the lock
 // taken again) when it failed; leaderCheckTimeout bounds each check and each connection attempt.
 const presenceCheckEvery = 2 * time.Second
 
-// holdPresence takes the running lock of cfg.Slot on a new target connection in a goroutine,
-// and keeps it until Release. A lock it could not hold (the target cannot be reached: the sessions
-// report that too) is logged at WARN, once until it holds it again.
+// holdPresence takes the running lock of cfg.Slot on a new target connection in a goroutine, and
+// keeps it (check, every presenceCheckEvery) until Release. A lock it could not hold is logged at
+// WARN, once until it holds it again; not at the first try (the target cannot be reached: the
+// sessions report that).
 func holdPresence(ctx context.Context, cfg Config) *presence {
-	ctx, stop := context.WithCancel(ctx)
-	p := &presence{cfg: cfg, stop: stop}
-	p.done.Add(1)
+	p := &presence{cfg: cfg, warned: true}
+	every := presenceCheckEvery
+	if cfg.Knobs.PresenceCheckEvery > 0 {
+		every = cfg.Knobs.PresenceCheckEvery
+	}
+	p.first.Add(1)
 	go func() {
-		defer p.done.Done()
-		p.keep(ctx)
+		defer p.first.Done()
+		p.check(ctx)
 	}()
+	p.stop = ticking(ctx, every, p.check)
 	return p
 }
 
-// Release closes the presence connection, releasing the running lock, and waits for its goroutine.
+// Release stops the checks and closes the presence connection, releasing the running lock.
 func (p *presence) Release() {
 	p.stop()
-	p.done.Wait()
+	p.first.Wait()
+	if p.conn != nil {
+		p.conn.Close(context.Background())
+	}
 }
 
-// keep takes the lock at once, then checks its connection every presenceCheckEvery, replacing it
-// when it failed (or could not be made), until ctx ends.
-func (p *presence) keep(ctx context.Context) {
-	conn, err := p.take(ctx)
-	warned := err != nil // the sessions say why the target cannot be reached
-	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	every := presenceCheckEvery
-	if p.cfg.Knobs.PresenceCheckEvery > 0 {
-		every = p.cfg.Knobs.PresenceCheckEvery
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+// check makes sure the presence connection answers, replacing it when it does not (or is nil).
+func (p *presence) check(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var err error
+	if p.conn != nil {
+		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		_, err = p.conn.Exec(cctx, "select 1")
+		cancel()
+		if err == nil {
 			return
-		case <-t.C:
 		}
-		err = nil
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
-			_, err = conn.Exec(cctx, "select 1")
-			cancel()
-			if err != nil {
-				conn.Close(context.WithoutCancel(ctx))
-				conn = nil
-			}
-		}
-		if conn == nil {
-			conn, err = p.take(ctx)
-		}
-		switch {
-		case err == nil:
-			warned = false
-		case !warned && ctx.Err() == nil:
-			p.cfg.Logger.Warn("could not hold this daemon's running lock on the target: while it is not held, a daemon of another slot may take the tables this one follows; retrying every 2 s",
-				"slot", p.cfg.Slot, "err", err)
-			warned = true
-		}
+		p.conn.Close(context.WithoutCancel(ctx))
+		p.conn = nil
+	}
+	if p.conn, err = p.take(ctx); err == nil {
+		p.warned = false
+	} else if !p.warned && ctx.Err() == nil {
+		p.cfg.Logger.Warn("could not hold this daemon's running lock on the target: while it is not held, a daemon of another slot may take the tables this one follows; retrying every 2 s",
+			"slot", p.cfg.Slot, "err", err)
+		p.warned = true
 	}
 }
 
