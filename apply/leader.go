@@ -30,8 +30,8 @@ import (
 // of md5 of kind, a space and the slot's name. The "leader" key is the session lock that makes
 // one daemon the leader of a slot; each standby of the slot holds the "standby" key shared while
 // it waits, so that standbys can be counted; every daemon of the slot holds the "running" key
-// shared for as long as its process runs (MarkRunning). 64 bits keep two slots' keys apart (hashtext's 32
-// bits collide for some pairs of names).
+// shared for as long as its process runs (MarkRunning). 64 bits keep two slots' keys apart
+// (hashtext's 32 bits collide for some pairs of names).
 func lockKey(kind, slot string) string {
 	return `('x' || substr(md5('pgconverge ` + kind + ` ' || ` + slot + `), 1, 16))::bit(64)::bigint`
 }

@@ -96,7 +96,6 @@ where schema_name = $1 and table_name = $2`, t.Schema, t.Name)
 // the table left the publication in between (or another slot's publication recorded it) and the
 // stream missed its changes: the table is marked for loading.
 func SyncMembership(ctx context.Context, conn *pgx.Conn, t changebatch.Table, token string) (old, oldSlot string, err error) {
-	var tok, slot *string
 	err = conn.QueryRow(ctx, `with old as (
   select membership, slot from pgconverge.tables where schema_name = $1 and table_name = $2 for update)
 update pgconverge.tables t set membership = $3,
@@ -104,20 +103,14 @@ update pgconverge.tables t set membership = $3,
   loaded_at = case when old.membership is distinct from $3 then null else t.loaded_at end,
   slot = case when old.membership is distinct from $3 then null else t.slot end
 from old where t.schema_name = $1 and t.table_name = $2
-returning old.membership, old.slot`, t.Schema, t.Name, token).Scan(&tok, &slot)
+returning coalesce(old.membership, ''), coalesce(old.slot, '')`, t.Schema, t.Name, token).Scan(&old, &oldSlot)
 	if err != nil {
 		return "", "", fmt.Errorf("record publication membership of %s: %w", t, err)
 	}
-	if slot != nil {
-		oldSlot = *slot
+	if old != "" && old != token {
+		return old, oldSlot, AbandonBackfills(ctx, conn, t.TableName)
 	}
-	if tok == nil {
-		return "", oldSlot, nil
-	}
-	if *tok != token {
-		return *tok, oldSlot, AbandonBackfills(ctx, conn, t.TableName)
-	}
-	return *tok, oldSlot, nil
+	return old, oldSlot, nil
 }
 
 // MarkSnapshotOnly records, per table, why no publication can carry its changes
