@@ -82,7 +82,7 @@ func decide(err error) decision {
 		errors.As(err, &schema), lostLeadership(err):
 		return restart
 	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.As(err, &overlap), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
-		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errCatalogTimeout),
+		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errCatalogTimeout), errors.Is(err, errSlotLost),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
 		return backOff
@@ -140,11 +140,11 @@ func isCode(err error, code string) bool {
 func retryable(err error) bool { return decide(err) != stop }
 
 // RetryReasons are the values reason returns, the labels of the session retry metric.
-var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "other"}
+var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "slot-lost", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "other"}
 
 // reason names the kind of failure err is, for the session retry metric: "leadership" when the
 // daemon lost its leadership of the slot, "restart" for another restart on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
-// "connection", "slot-busy", "watch", "schema" (a table changed while it was read), "overlap" (a
+// "connection", "slot-busy", "slot-lost" (the source invalidated the slot), "watch", "schema" (a table changed while it was read), "overlap" (a
 // selected table is followed by the running daemon of another slot), or "other".
 func reason(err error) string {
 	var pgErr *pgconn.PgError
@@ -160,6 +160,8 @@ func reason(err error) string {
 		return "watch"
 	case errors.Is(err, cdc.ErrSlotBusy), isCode(err, pgerrcode.ObjectInUse):
 		return "slot-busy"
+	case errors.Is(err, errSlotLost):
+		return "slot-lost"
 	case errors.Is(err, backfill.ErrRewritten), errors.As(err, &keyLostError{}), isCode(err, pgerrcode.UndefinedColumn), isCode(err, pgerrcode.UndefinedTable):
 		return "schema"
 	case isCode(err, pgerrcode.LockNotAvailable):
@@ -205,6 +207,8 @@ func hint(err error) string {
 		return "a disk of the server that reported it is full (the error names the file): free space or grow the filesystem there; nothing was committed from the failed transaction, and the daemon retries the same changes until it succeeds"
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "53"):
 		return "the server that reported it lacks a resource (memory, connections, disk): the error names it; the daemon retries the same changes"
+	case errors.Is(err, errSlotLost):
+		return "the source removed WAL the slot still needed because it held more than max_slot_wal_keep_size (a load, or a lag, longer than the source keeps WAL for): raise max_slot_wal_keep_size on the source (ALTER SYSTEM SET max_slot_wal_keep_size = '…'; -1 keeps all), or it happens again at the next load; the next session creates the slot anew and backfills what was not streamed"
 	case errors.Is(err, cdc.ErrSourceSilent):
 		return "the replication connection went silent without an error (a network dropping packets, a hung server or proxy): the daemon reconnects; check the network between this host and the source"
 	case errors.As(err, &connectErr):

@@ -42,6 +42,7 @@ func TestRetryable(t *testing.T) {
 		{"a failed catalog read of the watcher", watchError{pg("XX000")}, true},
 		{"a refused value the enum labels could not be checked for", enumCheckError{pg("22P02")}, true},
 		{"a replicated table lost its key", keyLostError{errors.New("table public.t has no primary key")}, true},
+		{"slot invalidated while the session used it", fmt.Errorf("%w: (start replication: %w)", errSlotLost, &pgconn.PgError{Code: "55000"}), true},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
 		{"a table the running daemon of another slot follows", fmt.Errorf("record coverage: %w", followedElsewhereError{}), true},
 	}

@@ -73,6 +73,12 @@ type session struct {
 // the session loaded tables; the next session records the break in the ledger.
 var errSlotMoved = errors.New("replication slot moved during the session's start")
 
+// errSlotLost ends a session whose slot the source invalidated (wal_status lost) after the session
+// began: it removed WAL the slot still needed, past max_slot_wal_keep_size. The next session, after
+// a backoff (a load longer than the source keeps WAL for loses the next slot alike), creates the
+// slot anew and backfills the gap.
+var errSlotLost = errors.New("replication slot invalidated by the source")
+
 // errEnumChanged ends a session when an enum a table uses changed its labels on the source; the
 // next session changes the target's enum alike (a renamed label changes the rows that hold it).
 var errEnumChanged = errors.New("enum labels changed on the source")

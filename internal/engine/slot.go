@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -230,4 +231,33 @@ func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error
 			errSlotMoved, s.cfg.Slot, slot.Exists, slot.WALStatus, slot.ConfirmedFlush, start)
 	}
 	return nil
+}
+
+// slotGoneOr returns err, with which the session's stream ended, wrapped in errSlotLost when the
+// source invalidated the slot (wal_status lost) or in errSlotMoved when it was dropped, at any
+// moment of the session: during an initial load START_REPLICATION then fails (55000 "cannot read
+// from logical replication slot"), while streaming the source ends the walsender. The next session
+// creates the slot anew and records and backfills the gap, as for a slot found gone at its start.
+// It reads the slot over a connection of its own (the session's source connection belongs to the
+// WAL sampler); when the slot cannot be read, err is returned as it is.
+func (s *session) slotGoneOr(ctx context.Context, err error) error {
+	if errors.Is(err, errSlotMoved) || errors.Is(err, errSlotLost) {
+		return err
+	}
+	cctx, cancel := s.catalogDeadline(ctx)
+	defer cancel()
+	conn, cerr := pgsession.Connect(cctx, s.cfg.Source, "source")
+	if cerr != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot, rerr := cdc.ReadSlot(cctx, conn, s.cfg.Slot)
+	switch {
+	case rerr != nil || slot.Exists && !slot.Lost():
+		return err
+	case !slot.Exists:
+		return fmt.Errorf("%w: slot %q was dropped: restarting the session to create it anew and record the gap (%w)", errSlotMoved, s.cfg.Slot, err)
+	}
+	return fmt.Errorf("%w: the source invalidated slot %q (wal_status lost) while this session used it: the next session creates it anew and backfills the gap (%w)",
+		errSlotLost, s.cfg.Slot, err)
 }

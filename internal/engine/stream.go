@@ -70,6 +70,9 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 		return gctx.Err() // ended with its context: by ctx, or by another goroutine's error
 	})
 	err = g.Wait()
+	if err != nil && ctx.Err() == nil {
+		err = s.slotGoneOr(ctx, err)
+	}
 	var schema *cdc.SchemaChangeError
 	if errors.As(err, &schema) {
 		attrs := []any{"table", schema.Table.String(), "lsn", schema.LSN.String(), "added", schema.Added,
