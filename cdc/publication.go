@@ -128,7 +128,7 @@ func planPublication(ctx context.Context, conn *pgx.Conn, name string, tables []
 	return plan, nil
 }
 
-// EnsurePublication creates publication name for tables, or adds to an existing publication the
+// EnsurePublication creates publication name for tables (empty when tables is), or adds to an existing publication the
 // tables it lacks; a publication it creates for a partitioned table publishes via the partition
 // root, so that the partitions' changes arrive under the table's own name. It refuses what
 // CheckPublication refuses, before it writes. beforeAdd runs with the tables about to be added,
@@ -144,7 +144,15 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		return nil, err
 	}
 	missing := plan.missing
+	if len(missing) == 0 && plan.exists {
+		return nil, nil
+	}
 	if len(missing) == 0 {
+		// Every selected table is kept by snapshots: START_REPLICATION still needs the
+		// publication, and tables that become streamable are added to it.
+		if _, err := conn.Exec(ctx, "create publication "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return nil, fmt.Errorf("create publication %q: %w", name, err)
+		}
 		return nil, nil
 	}
 	list := quotedList(missing)

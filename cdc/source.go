@@ -1,9 +1,11 @@
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +43,9 @@ const (
 	SnapshotOnlyUnlogged = "UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED makes it streamable)"
 	SnapshotOnlyNothing  = "REPLICA IDENTITY NOTHING: a publication carrying its UPDATEs and DELETEs would make the source refuse them (ALTER TABLE … REPLICA IDENTITY DEFAULT makes it streamable)"
 	SnapshotOnlyNoKey    = "no primary key or replica identity index, and REPLICA IDENTITY is not FULL: a publication carrying its UPDATEs and DELETEs would make the source refuse them (ALTER TABLE … ADD PRIMARY KEY, or REPLICA IDENTITY FULL, makes it streamable)"
+	// SnapshotOnlyDeferrable is a table whose only key is a DEFERRABLE primary key, which
+	// PostgreSQL cannot use as replica identity (CREATE TABLE, "DEFERRABLE"; §31.1).
+	SnapshotOnlyDeferrable = "its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: a publication carrying its UPDATEs and DELETEs would make the source refuse them (REPLICA IDENTITY FULL makes it streamable by whole rows; a NOT DEFERRABLE key, by its key)"
 )
 
 // DescribeTable reads table schema.name from the source catalog: its columns in attribute order
@@ -88,8 +93,9 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 
 		t.SnapshotOnly = SnapshotOnlyNothing
 	}
 	t.SourceOID = oid
-	if err := checkImmediateKey(ctx, conn, t, oid, ident); err != nil {
-		return t, err
+	deferrable, err := hasDeferrableKey(ctx, conn, oid, ident)
+	if err != nil {
+		return t, fmt.Errorf("read key of source table %s: %w", t, err)
 	}
 	keys, err := keyColumns(ctx, conn, oid, ident)
 	if err != nil {
@@ -141,15 +147,24 @@ where a.attrelid = $1 and a.attnum > 0 and not a.attisdropped and a.attgenerated
 	if err != nil {
 		return t, fmt.Errorf("read columns of source table %s: %w", t, err)
 	}
-	// REPLICA IDENTITY FULL without a primary key: pgoutput sends whole old rows, which identify
-	// the row by its value. A table kept by snapshots alone is identified alike when it has no key.
+	// REPLICA IDENTITY FULL without a primary key (or with a DEFERRABLE one, which is no key: one
+	// statement may pass through duplicate keys, UPDATE t SET id = id + 1): pgoutput sends whole
+	// old rows, which identify the row by its value. A table kept by snapshots alone is identified
+	// alike when it has no key.
 	t.Keyless = len(keys) == 0 && (ident == "f" || t.SnapshotOnly != "")
 	if len(keys) == 0 && !t.Keyless && !t.Partitioned {
 		t.Keyless, t.SnapshotOnly = true, SnapshotOnlyNoKey
+		if deferrable {
+			t.SnapshotOnly = SnapshotOnlyDeferrable
+		}
 	}
 	if t.Keyless && t.Partitioned {
-		return t, fmt.Errorf("source table %s is partitioned and has no primary key: pgconverge replicates a table without a key by whole rows only when it is not partitioned; add a primary key (ALTER TABLE %s ADD PRIMARY KEY (...), with the partition key's columns), or leave the table out: %w",
-			t, t.Quoted(), changebatch.ErrNoKey)
+		what := "has no primary key"
+		if deferrable {
+			what = "has only a DEFERRABLE primary key, which is no replica identity"
+		}
+		return t, fmt.Errorf("source table %s is partitioned and %s: pgconverge replicates a table without a key by whole rows only when it is not partitioned; add a primary key (ALTER TABLE %s ADD PRIMARY KEY (...), with the partition key's columns, NOT DEFERRABLE), or leave the table out: %w",
+			t, what, t.Quoted(), changebatch.ErrNoKey)
 	}
 	return t, t.Validate()
 }
@@ -195,37 +210,26 @@ select distinct on (top) top, format_type(base, mod) from chain where nn order b
 	return nil
 }
 
-// checkImmediateKey refuses a table whose key would be a DEFERRABLE primary key (the replica
-// identity of REPLICA IDENTITY DEFAULT or FULL): PostgreSQL does not take a deferrable index as
-// replica identity, so with REPLICA IDENTITY DEFAULT the table has none and, once published, every
-// UPDATE and DELETE on the source fails; and one statement may pass through duplicate keys
+// hasDeferrableKey reports whether the table's primary key is DEFERRABLE where it would be the
+// replica identity (REPLICA IDENTITY DEFAULT or FULL): PostgreSQL does not take a deferrable index
+// as replica identity, so with REPLICA IDENTITY DEFAULT the table has none and, once published,
+// every UPDATE and DELETE on the source fails; and one statement may pass through duplicate keys
 // (UPDATE t SET id = id + 1), whose changes cannot be applied key by key (PostgreSQL docs §31.1
-// "Publication", and CREATE TABLE "DEFERRABLE").
-func checkImmediateKey(ctx context.Context, conn *pgx.Conn, t changebatch.Table, oid uint32, ident string) error {
+// "Publication", and CREATE TABLE "DEFERRABLE"). Such a key is no key: keyColumns leaves it out.
+func hasDeferrableKey(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (bool, error) {
 	if ident == "i" {
-		return nil // PostgreSQL accepts only an immediate index as replica identity index
+		return false, nil // PostgreSQL accepts only an immediate index as replica identity index
 	}
-	var constraint string
-	var cols []string
-	err := conn.QueryRow(ctx, `select coalesce((select conname::text from pg_constraint where conindid = i.indexrelid and conrelid = i.indrelid), ''),
-  array(select quote_ident(attname) from unnest(i.indkey[0:i.indnkeyatts-1]) with ordinality k(n, o)
-    join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.n order by k.o)
-from pg_index i where i.indrelid = $1 and i.indisprimary and not i.indimmediate`, oid).Scan(&constraint, &cols)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read key of source table %s: %w", t, err)
-	}
-	return fmt.Errorf("source table %s has a DEFERRABLE primary key (%s), which PostgreSQL cannot use as replica identity (a published table without one fails every UPDATE and DELETE on the source) and which lets one statement pass through duplicate keys: create it again NOT DEFERRABLE (ALTER TABLE %s DROP CONSTRAINT %s, ADD PRIMARY KEY (%s)), or add a unique index on NOT NULL columns that is not deferrable and run ALTER TABLE %s REPLICA IDENTITY USING INDEX <index>, or leave the table out: %w",
-		t, constraint, t.Quoted(), pgx.Identifier{constraint}.Sanitize(), strings.Join(cols, ", "), t.Quoted(), changebatch.ErrNoKey)
+	var deferrable bool
+	err := conn.QueryRow(ctx, `select exists (select 1 from pg_index where indrelid = $1 and indisprimary and not indimmediate)`, oid).Scan(&deferrable)
+	return deferrable, err
 }
 
 // keyColumns maps the attribute numbers of the replica identity key to their 1-based position in
 // its index: the index marked as replica identity for REPLICA IDENTITY USING INDEX, else the
-// primary key.
+// primary key unless it is DEFERRABLE (then there is none).
 func keyColumns(ctx context.Context, conn *pgx.Conn, oid uint32, ident string) (map[int16]int, error) {
-	cond := "indisprimary"
+	cond := "indisprimary and indimmediate"
 	if ident == "i" {
 		cond = "indisreplident"
 	}
@@ -252,58 +256,97 @@ type SkippedTable struct {
 
 // DefaultTables chooses the tables to replicate when none are named: every table of the
 // publication when it exists (pg_publication_tables: the partitioned tables when it publishes via
-// the partition root, else their partitions), else every user table that has a primary key (not DEFERRABLE), a
-// replica identity index or REPLICA IDENTITY FULL, where a partitioned table counts as one table and its partitions are
-// left out (they are replicated through it). Tables left out are returned with the reason.
+// the partition root, else their partitions) and every table no publication can carry, which the
+// daemon keeps by snapshots (UnpublishableTables); else every table CandidateTables lists. Tables
+// left out are returned with the reason, in name order.
 func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]changebatch.TableName, []SkippedTable, error) {
 	exists, err := publicationExists(ctx, conn, publication)
 	if err != nil {
 		return nil, nil, err
 	}
-	if exists {
-		names, err := PublishedTables(ctx, conn, publication)
-		return names, nil, err
+	if !exists {
+		return CandidateTables(ctx, conn)
 	}
-	return CandidateTables(ctx, conn)
+	names, err := PublishedTables(ctx, conn, publication)
+	if err != nil {
+		return nil, nil, err
+	}
+	cands, err := listTables(ctx, conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	var skipped []SkippedTable
+	for _, c := range cands {
+		switch {
+		case c.skip != "" && c.unpublishable:
+			skipped = append(skipped, SkippedTable{c.name, c.skip})
+		case c.unpublishable && !c.partitioned && !slices.Contains(names, c.name):
+			// A partitioned one is left to the publication, which may carry its partitions.
+			names = append(names, c.name)
+		}
+	}
+	slices.SortFunc(names, func(a, b changebatch.TableName) int {
+		return cmp.Or(strings.Compare(a.Schema, b.Schema), strings.Compare(a.Name, b.Name))
+	})
+	return names, skipped, nil
 }
 
-// CandidateTables lists the source's user tables that a publication can carry: each that has a
-// primary key (not DEFERRABLE), a replica identity index or REPLICA IDENTITY FULL, where a
-// partitioned table counts as one table and its partitions are left out (they are replicated
-// through it); the other tables are returned with the reason and the fix.
+// CandidateTables lists the source's user tables that pgconverge can carry, in name order: each a
+// publication can carry (a primary key that is not DEFERRABLE, a replica identity index or
+// REPLICA IDENTITY FULL), and each it keeps by snapshots instead (UNLOGGED, REPLICA IDENTITY
+// NOTHING, without such a key and not FULL), where a partitioned table counts as one table and its
+// partitions are left out (they are replicated through it). A partitioned table without a usable
+// key is returned apart, with the reason and the fix: pgconverge follows a table without a key by
+// whole rows only when it is not partitioned.
 func CandidateTables(ctx context.Context, conn *pgx.Conn) ([]changebatch.TableName, []SkippedTable, error) {
-	rows, err := conn.Query(ctx, `select n.nspname::text, c.relname::text,
-  case when c.relpersistence = 'u' then 'UNLOGGED: PostgreSQL writes no WAL for it, so no publication can carry its changes (ALTER TABLE … SET LOGGED replicates it; named with --tables it is kept by snapshots)'
-    when c.relreplident = 'n' then 'REPLICA IDENTITY NOTHING (ALTER TABLE … REPLICA IDENTITY DEFAULT replicates it; named with --tables it is kept by snapshots)'
-    when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisreplident and c.relreplident = 'i') then ''
-    when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate)
-      then 'its primary key is DEFERRABLE, which PostgreSQL cannot use as replica identity: make it NOT DEFERRABLE to replicate the table'
-    when exists (select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) then ''
-    when c.relreplident = 'f' then ''
-    else 'no primary key or replica identity index, and REPLICA IDENTITY is not FULL (ALTER TABLE … ADD PRIMARY KEY, or REPLICA IDENTITY FULL, replicates it; named with --tables it is kept by snapshots)' end
-from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't' and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge')
-  and n.nspname not like 'pg\_%'
-order by 1, 2`)
+	cands, err := listTables(ctx, conn)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list source tables: %w", err)
+		return nil, nil, err
 	}
-	defer rows.Close()
 	var names []changebatch.TableName
 	var skipped []SkippedTable
-	for rows.Next() {
-		var n changebatch.TableName
-		var unkeyed string
-		if err := rows.Scan(&n.Schema, &n.Name, &unkeyed); err != nil {
-			return nil, nil, fmt.Errorf("list source tables: %w", err)
-		}
-		if unkeyed == "" {
-			names = append(names, n)
+	for _, c := range cands {
+		if c.skip != "" {
+			skipped = append(skipped, SkippedTable{c.name, c.skip})
 		} else {
-			skipped = append(skipped, SkippedTable{n, unkeyed})
+			names = append(names, c.name)
 		}
 	}
-	return names, skipped, rows.Err()
+	return names, skipped, nil
+}
+
+// candidate is a source table as listTables sees it: unpublishable when no publication can carry
+// its changes, skip the reason pgconverge cannot carry it at all ("" when it can).
+type candidate struct {
+	name                       changebatch.TableName
+	partitioned, unpublishable bool
+	skip                       string
+}
+
+// listTables lists the source's user tables and partitioned tables that are not partitions, in
+// name order, as candidates.
+func listTables(ctx context.Context, conn *pgx.Conn) ([]candidate, error) {
+	rows, err := conn.Query(ctx, `with t as (
+  select n.nspname::text as schema_name, c.relname::text as table_name, c.relkind = 'p' as partitioned,
+    exists (select 1 from pg_index i where i.indrelid = c.oid and (i.indisreplident and c.relreplident = 'i' or i.indisprimary and i.indimmediate)) as keyed,
+    c.relpersistence = 'u' or c.relreplident = 'n' as no_wal_or_identity, c.relreplident = 'f' as full_identity
+  from pg_class c join pg_namespace n on n.oid = c.relnamespace
+  where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't'
+    and n.nspname not in ('pg_catalog', 'information_schema', 'pgconverge') and n.nspname not like 'pg\_%')
+select schema_name, table_name, partitioned, no_wal_or_identity or not keyed and not full_identity,
+  case when partitioned and not keyed then 'partitioned and without a primary key (or with a DEFERRABLE one): pgconverge follows a table without a key by whole rows only when it is not partitioned; add a primary key NOT DEFERRABLE, with the partition key''s columns (ALTER TABLE … ADD PRIMARY KEY (...))' else '' end
+from t order by 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("list source tables: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
+		var c candidate
+		return c, r.Scan(&c.name.Schema, &c.name.Name, &c.partitioned, &c.unpublishable, &c.skip)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list source tables: %w", err)
+	}
+	return out, nil
 }
 
 // PublishedTables lists the tables of publication (none when it does not exist).

@@ -173,7 +173,7 @@ func (t Table) KeyIndexes() []int {
 }
 
 // ErrNoKey is wrapped by the error for a table without a usable key: Validate's for one without
-// key columns, and the source's description of one whose primary key is DEFERRABLE.
+// key columns, and the source's description of a partitioned one without a key.
 var ErrNoKey = errors.New("no key")
 
 // Validate reports every problem of the description at once: no key column (unless Keyless), a

@@ -34,8 +34,11 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 		for _, sk := range skipped {
 			s.cfg.Logger.Warn("skipping table", "table", sk.Table.String(), "reason", sk.Reason)
 		}
+		if names, err = s.withKeptBySnapshots(ctx, names); err != nil {
+			return nil, err
+		}
 		if len(names) == 0 {
-			return nil, permanent(errors.New("no table to replicate: the source has no table with a primary key; name tables with --tables"))
+			return nil, permanent(errors.New("no table to replicate: the source database has no table pgconverge can carry (an ordinary table, or a partitioned one with a primary key); create one, or name tables with --tables"))
 		}
 	}
 	var errs []error
@@ -53,7 +56,7 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 			continue
 		}
 		if t.SnapshotOnly != "" {
-			if t.SnapshotOnly == cdc.SnapshotOnlyNoKey {
+			if t.SnapshotOnly == cdc.SnapshotOnlyNoKey || t.SnapshotOnly == cdc.SnapshotOnlyDeferrable {
 				noKey = append(noKey, n) // waited for if it was streamed: see below
 			}
 			s.snapshotOnly = append(s.snapshotOnly, t)
@@ -107,6 +110,34 @@ func (s *session) waitForLostKeys(ctx context.Context, noKey []changebatch.Table
 		}
 	}
 	return nil
+}
+
+// withKeptBySnapshots returns names, the default selection, with the tables the target keeps by
+// snapshots that the source still has as candidates (cdc.CandidateTables): such a table is in no
+// publication, so one that became streamable (SET LOGGED, a key, REPLICA IDENTITY FULL) is still
+// selected, and the session publishes it and loads it at the seam.
+func (s *session) withKeptBySnapshots(ctx context.Context, names []changebatch.TableName) ([]changebatch.TableName, error) {
+	if ok, err := apply.HasMetadata(ctx, s.tgt); err != nil || !ok {
+		return names, err
+	}
+	rows, err := s.tgt.Query(ctx, `select schema_name, table_name from pgconverge.tables where snapshot_only is not null and retired_at is null order by 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("read the tables kept by snapshots: %w", err)
+	}
+	kept, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
+	if err != nil || len(kept) == 0 {
+		return names, err
+	}
+	candidates, _, err := cdc.CandidateTables(ctx, s.src)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range kept {
+		if slices.Contains(candidates, n) && !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names, nil
 }
 
 // keyLostError is a description refused because a table the target already follows has no key
