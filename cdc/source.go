@@ -328,7 +328,7 @@ type candidate struct {
 func listTables(ctx context.Context, conn *pgx.Conn) ([]candidate, error) {
 	rows, err := conn.Query(ctx, `with t as (
   select n.nspname::text as schema_name, c.relname::text as table_name, c.relkind = 'p' as partitioned,
-    exists (select 1 from pg_index i where i.indrelid = c.oid and (i.indisreplident and c.relreplident = 'i' or i.indisprimary and i.indimmediate)) as keyed,
+    exists (select 1 from pg_index i where i.indrelid = c.oid and case when c.relreplident = 'i' then i.indisreplident else i.indisprimary and i.indimmediate end) as keyed,
     c.relpersistence = 'u' or c.relreplident = 'n' as no_wal_or_identity, c.relreplident = 'f' as full_identity
   from pg_class c join pg_namespace n on n.oid = c.relnamespace
   where c.relkind in ('r', 'p') and not c.relispartition and c.relpersistence <> 't'
