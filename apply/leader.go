@@ -24,14 +24,20 @@ import (
 //     which waits for those transactions. So once a new leader raised it, a daemon that lost the
 //     lock without knowing it (its lock connection cut, its writes on other connections going on)
 //     can never commit again.
+//
+// Work that spans several transactions of one connection (a session start's schema work, a bulk
+// load's key deferral) or reaches the source (a publication change) holds the epoch with a lock
+// of that connection's session instead (HoldEpoch), which Lead takes too before it raises.
 
 // lockKey returns the SQL expression of a 64-bit advisory lock key (the single-bigint form, shown
 // in pg_locks with objsubid 1) for the slot named by the SQL expression slot: the first 64 bits
 // of md5 of kind, a space and the slot's name. The "leader" key is the session lock that makes
 // one daemon the leader of a slot; each standby of the slot holds the "standby" key shared while
 // it waits, so that standbys can be counted; every daemon of the slot holds the "running" key
-// shared for as long as its process runs (MarkRunning). 64 bits keep two slots' keys apart
-// (hashtext's 32 bits collide for some pairs of names).
+// shared for as long as its process runs (MarkRunning); a leader's connection holds the "epoch"
+// key shared while it works as the leader across transactions (HoldEpoch), which Lead takes
+// exclusively. 64 bits keep two slots' keys apart (hashtext's 32 bits collide for some pairs of
+// names).
 func lockKey(kind, slot string) string {
 	return `('x' || substr(md5('pgconverge ` + kind + ` ' || ` + slot + `), 1, 16))::bit(64)::bigint`
 }
@@ -165,15 +171,20 @@ where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, 
 }
 
 // Lead raises slot's epoch and records holder as its leader, with the settings every daemon of
-// the slot must share; the caller holds the leader lock (LockLeader). It waits for the
-// transactions that locked the row under the previous epoch (CheckLeaderTx) and returns the new
-// epoch, 1 for a slot never led before.
+// the slot must share; the caller holds the leader lock (LockLeader). It waits for the sessions
+// that hold the previous epoch (HoldEpoch), then for the transactions that locked the row under
+// it (CheckLeaderTx), and returns the new epoch, 1 for a slot never led before.
 func Lead(ctx context.Context, conn *pgx.Conn, slot, holder, settings string) (int64, error) {
 	var epoch int64
-	// clock_timestamp: the moment the raise got the row, after the previous leader's transactions.
-	err := conn.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder, settings, acquired_at) values ($1, 1, $2, $3, clock_timestamp())
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(`+lockKey("epoch", "$1")+`)`, slot); err != nil {
+			return err
+		}
+		// clock_timestamp: the moment the raise got the row, after the previous leader's transactions.
+		return tx.QueryRow(ctx, `insert into pgconverge.leaders as l (slot, epoch, holder, settings, acquired_at) values ($1, 1, $2, $3, clock_timestamp())
 on conflict (slot) do update set epoch = l.epoch + 1, holder = excluded.holder, settings = excluded.settings, acquired_at = clock_timestamp()
 returning epoch`, slot, holder, settings).Scan(&epoch)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("record the new leader of slot %q: %w", slot, err)
 	}
@@ -184,15 +195,20 @@ returning epoch`, slot, holder, settings).Scan(&epoch)
 // did: this daemon lost the leader lock (its lock connection ended) and must stop writing.
 type FencedError struct {
 	Slot string
-	// Epoch is this daemon's; Current and Holder the slot's leader now.
+	// Epoch is this daemon's; Current and Holder the slot's leader now (Current is 0 when it is
+	// not known yet: the row is gone, or a new leader's raise waits).
 	Epoch, Current int64
 	Holder         string
 }
 
 // Error names the slot, both epochs and the new leader.
 func (e *FencedError) Error() string {
-	return fmt.Sprintf("slot %q is led by %s since epoch %d, after this daemon's epoch %d: this daemon lost its leader lock (its lock connection to the target ended) and writes nothing more; it waits as a standby",
-		e.Slot, e.Holder, e.Current, e.Epoch)
+	since := ""
+	if e.Current != 0 {
+		since = fmt.Sprintf(" since epoch %d", e.Current)
+	}
+	return fmt.Sprintf("slot %q is led by %s%s, after this daemon's epoch %d: this daemon lost its leader lock (its lock connection to the target ended) and writes nothing more; it waits as a standby",
+		e.Slot, e.Holder, since, e.Epoch)
 }
 
 // leaderSQL locks slot $1's leader row against a new leader's Lead until the transaction ends.

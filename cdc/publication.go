@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -128,14 +129,27 @@ func planPublication(ctx context.Context, conn *pgx.Conn, name string, tables []
 	return plan, nil
 }
 
+// PublishHooks are what EnsurePublication runs around its change of a publication.
+type PublishHooks struct {
+	// BeforeAdd runs with the tables about to be added, before they are: the stream never
+	// carried their earlier changes, so the caller marks them for loading first and a crash in
+	// between cannot hide that. Nil runs nothing.
+	BeforeAdd func([]changebatch.TableName) error
+	// BeforeCommit runs after the change, before the source transaction that made it commits; an
+	// error rolls the change back. Nil runs nothing.
+	BeforeCommit func() error
+	// CommitWithin, when not 0, is how long the source waits for the commit once the change (and
+	// each later statement of its transaction) ran: a commit that comes later fails, the source
+	// ends the transaction's session (idle_in_transaction_session_timeout) and nothing changes.
+	CommitWithin time.Duration
+}
+
 // EnsurePublication creates publication name for tables (empty when tables is), or adds to an existing publication the
-// tables it lacks; a publication it creates for a partitioned table publishes via the partition
-// root, so that the partitions' changes arrive under the table's own name. It refuses what
-// CheckPublication refuses, before it writes. beforeAdd runs with the tables about to be added,
-// before they are: the stream never carried their earlier changes, so the caller marks them for
-// loading first and a crash in between cannot hide that. It returns the tables it added (all of
-// them when it created the publication).
-func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName, beforeAdd func([]changebatch.TableName) error) ([]changebatch.TableName, error) {
+// tables it lacks, in one source transaction, running hooks around the change; a publication it
+// creates for a partitioned table publishes via the partition root, so that the partitions'
+// changes arrive under the table's own name. It refuses what CheckPublication refuses, before it
+// writes. It returns the tables it added (all of them when it created the publication).
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName, hooks PublishHooks) ([]changebatch.TableName, error) {
 	plan, err := planPublication(ctx, conn, name, tables)
 	if err != nil {
 		return nil, err
@@ -147,34 +161,51 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	if len(missing) == 0 && plan.exists {
 		return nil, nil
 	}
-	if len(missing) == 0 {
-		// Every selected table is kept by snapshots: START_REPLICATION still needs the
-		// publication, and tables that become streamable are added to it.
-		if _, err := conn.Exec(ctx, "create publication "+pgx.Identifier{name}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("create publication %q: %w", name, err)
-		}
-		return nil, nil
-	}
 	list := quotedList(missing)
-	if err := beforeAdd(missing); err != nil {
-		return nil, err
+	if len(missing) > 0 && hooks.BeforeAdd != nil {
+		if err := hooks.BeforeAdd(missing); err != nil {
+			return nil, err
+		}
 	}
 	sql := "create publication " + pgx.Identifier{name}.Sanitize() + " for table " + list
-	if plan.viaRoot {
+	switch {
+	case plan.exists:
+		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
+	case len(missing) == 0:
+		// Every selected table is kept by snapshots: START_REPLICATION still needs the
+		// publication, and tables that become streamable are added to it.
+		sql, list = "create publication "+pgx.Identifier{name}.Sanitize(), "no table"
+	case plan.viaRoot:
 		sql += " with (publish_via_partition_root = true)"
 	}
-	if plan.exists {
-		sql = "alter publication " + pgx.Identifier{name}.Sanitize() + " add table " + list
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if hooks.CommitWithin > 0 {
+			if _, err := tx.Exec(ctx, `select set_config('idle_in_transaction_session_timeout', $1, true)`, fmt.Sprint(hooks.CommitWithin.Milliseconds())); err != nil {
+				return fmt.Errorf("bound the wait for the commit of publication %q's change: %w", name, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
+				return fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
+			}
+			if errors.As(err, &pgErr) && pgErr.Detail != "" {
+				return fmt.Errorf("publish %s in publication %q: %w: %s", list, name, err, pgErr.Detail)
+			}
+			return fmt.Errorf("publish %s in publication %q: %w", list, name, err)
+		}
+		if hooks.BeforeCommit != nil {
+			return hooks.BeforeCommit()
+		}
+		return nil
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.IdleInTransactionSessionTimeout {
+		return nil, fmt.Errorf("commit the publishing of %s in publication %q: the commit came later than %s after the change (this process stalled in between), so the source ended the transaction and nothing changed: %w",
+			list, name, hooks.CommitWithin, err)
 	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
-			return nil, fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
-		}
-		if errors.As(err, &pgErr) && pgErr.Detail != "" {
-			return nil, fmt.Errorf("publish %s in publication %q: %w: %s", list, name, err, pgErr.Detail)
-		}
-		return nil, fmt.Errorf("publish %s in publication %q: %w", list, name, err)
+	if err != nil {
+		return nil, err
 	}
 	return missing, nil
 }

@@ -62,6 +62,8 @@ type backfillJob struct {
 	// AfterMergedBatch after each committed batch of a merged chunk.
 	AfterChunk       func(table string, rows int64)
 	AfterMergedBatch func()
+	// BeforeFenced is Knobs.BeforeFenced of a daemon's runs.
+	BeforeFenced func(change string)
 	// Monitor counts the rows read and applied.
 	Monitor Monitor
 	// SourceID identifies the source database (cdc.SourceID); runBackfill reads it.
@@ -266,15 +268,23 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 	runs := make([]*tableRun, len(tables))
 	pending := make([][]chunkWork, len(tables))
 	var total int64
+	// A daemon's run starts the tables (deferring, restoring keys, emptying an interrupted bulk
+	// load) only while ctrl holds its epoch (fence.go).
+	release, err := holdEpoch(ctx, ctrl, job.LeaderSlot, job.Epoch)
+	if err != nil {
+		return err
+	}
 	for i, t := range tables {
 		tr, work, kept, err := startTable(ctx, ctrl, src, job, rep.RunID, snap.LSN, t)
 		if err != nil {
+			release()
 			return err
 		}
 		runs[i], pending[i] = tr, work
 		rep.Kept += kept
 		total += estimateRows(ctx, src, t)
 	}
+	release()
 	if snap.Name != "" {
 		// From here on every chunk recorded for the run may be read by any worker, this process's
 		// or one that joins the run.

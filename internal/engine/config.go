@@ -100,6 +100,18 @@ type Knobs struct {
 	BeforePreflight func()
 	// PresenceCheckEvery, when set, replaces presenceCheckEvery.
 	PresenceCheckEvery time.Duration
+	// BeforeFenced runs right before a change the leader makes only while it holds its epoch
+	// (fence.go), naming it: "schema" (a session start's target tables, types and live views),
+	// "key " and the table (a bulk load's key deferral), "publication" (adding tables to it),
+	// "publication commit" (after that change, before its check and commit).
+	BeforeFenced func(change string)
+}
+
+// beforeFenced runs BeforeFenced, when set, with change.
+func (k Knobs) beforeFenced(change string) {
+	if k.BeforeFenced != nil {
+		k.BeforeFenced(change)
+	}
 }
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.

@@ -186,22 +186,36 @@ func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 	}
 }
 
-// raiseEpoch raises the slot's epoch over lock (apply.Lead). Transactions of the previous leader
-// (or of backfill workers that joined its runs) that checked the epoch hold it off; any still doing
-// so after leaderLease belong to a process that lost the lock and is frozen or cut off, and are
-// ended (logged at WARN), from then on every standbyPoll: the raise waits for the holders of the
-// row's shared lock one at a time, and each must go.
+// raiseEpoch raises the slot's epoch over lock (apply.Lead). Sessions and transactions of the
+// previous leader (or of backfill workers that joined its runs) that hold the epoch hold it off;
+// any still doing so once the raise has been seen waiting for leaderLease (looked at every
+// standbyPoll) belong to a process that lost the lock and is frozen or cut off, and are ended
+// (logged at WARN), from then on every standbyPoll: the raise waits for the holders of the
+// epoch's lock, then of the row's shared lock, and each must go. The lease counts from a wait
+// seen on the target, not from the start of the raise, so a holder that saw no raise waiting
+// (apply.CheckUnchallenged) keeps the epoch for at least a lease from then (publishHooks).
 func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error) {
 	done := make(chan struct{})
 	exited := make(chan struct{})
 	pid := lock.PgConn().PID()
 	go func() {
 		defer close(exited)
-		for wait := leaderLease; ; wait = standbyPoll {
+		var waiting time.Time // when the raise was first seen waiting
+		for {
 			select {
 			case <-done:
 				return
-			case <-time.After(wait):
+			case <-time.After(standbyPoll):
+			}
+			if waiting.IsZero() {
+				var blocked bool
+				if err := s.tgt.QueryRow(ctx, `select cardinality(pg_blocking_pids($1)) > 0`, pid).Scan(&blocked); err == nil && blocked {
+					waiting = time.Now()
+				}
+				continue
+			}
+			if time.Since(waiting) < leaderLease {
+				continue
 			}
 			rows, err := s.tgt.Query(ctx, `select b from unnest(pg_blocking_pids($1)) b where pg_terminate_backend(b)`, pid)
 			if err != nil {
@@ -209,7 +223,7 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 			}
 			ended, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 			if err == nil && len(ended) > 0 {
-				s.cfg.Logger.Warn("ended transactions that held off the epoch raise past the lease (the previous leader's, or its joined backfill workers')", "slot", s.cfg.Slot, "target_pids", ended)
+				s.cfg.Logger.Warn("ended sessions and transactions that held off the epoch raise past the lease (the previous leader's, or its joined backfill workers')", "slot", s.cfg.Slot, "target_pids", ended)
 			}
 		}
 	}()

@@ -25,7 +25,7 @@ import (
 // and bulk loaded again. A new backfill of a table that holds
 // no row and that no stream follows is a bulk load: its key is dropped until it completes
 // (apply.DeferKey), and it is cut by block ranges where the source allows it
-// (backfill.BlockPlanOK).
+// (backfill.BlockPlanOK). In a daemon's run ctrl holds the daemon's epoch meanwhile (runTables).
 func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
 	keys := backfill.KeyColumnNames(t)
 	tr := &tableRun{t: t}
@@ -76,6 +76,9 @@ func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID
 			return tr, nil, 0, err
 		}
 		tr.keyDeferred = true
+		if job.BeforeFenced != nil {
+			job.BeforeFenced("key " + t.String())
+		}
 		return tr, nil, 0, apply.DeferKey(ctx, ctrl, t, changebatch.Version{LSN: s})
 	}
 	if err := coverage.AdoptTableBackfill(ctx, ctrl, prev.ID, runID, job.Slot); err != nil {

@@ -52,12 +52,14 @@ func permanent(err error) error {
 // object is in use (a replication slot still active), a lock another session holds was not
 // granted in time (a lock_timeout someone set), a target table was dropped while streaming (the
 // next session recreates and reloads it), a column was dropped or renamed on the source while a
-// load read it (the next session describes the table again).
+// load read it (the next session describes the table again), a publication change whose commit
+// came too late (cdc.PublishHooks.CommitWithin: the source rolled it back).
 var retryableCodes = map[string]bool{
-	pgerrcode.ObjectInUse:      true,
-	pgerrcode.LockNotAvailable: true,
-	pgerrcode.UndefinedTable:   true,
-	pgerrcode.UndefinedColumn:  true,
+	pgerrcode.ObjectInUse:                     true,
+	pgerrcode.LockNotAvailable:                true,
+	pgerrcode.UndefinedTable:                  true,
+	pgerrcode.UndefinedColumn:                 true,
+	pgerrcode.IdleInTransactionSessionTimeout: true,
 }
 
 // retryableClasses are the SQLSTATE classes of failures an operator or time can fix while the

@@ -136,8 +136,9 @@ func (e enumCheckError) Unwrap() error { return e.err }
 // run is the session's work in order: connect and check, describe the tables and check both
 // sides without writing, lead the slot (waiting as a standby while another daemon leads it, then
 // describing again; lost ends the session when the leader lock's connection fails), wait while a
-// running daemon of another slot follows a selected table (overlap.go), prepare the tables, the
-// publication and the slot (loading what needs it), then stream.
+// running daemon of another slot follows a selected table (overlap.go), prepare the tables and
+// the publication (holding the epoch: prepare), then the slot (loading what needs it), then
+// stream.
 func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 	if err := s.connect(ctx); err != nil {
 		return err
@@ -159,10 +160,7 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 	if describedAt, names, err = s.waitOutOverlap(ctx, describedAt, names); err != nil {
 		return err
 	}
-	if err := s.prepareTarget(ctx); err != nil {
-		return err
-	}
-	if err := s.preparePublication(ctx, names); err != nil {
+	if err := s.prepare(ctx, names); err != nil {
 		return err
 	}
 	start, err := s.prepareSlot(ctx)
@@ -269,6 +267,7 @@ func (s *session) prepareTarget(ctx context.Context) error {
 		return err
 	}
 	var err error
+	cfg.Knobs.beforeFenced("schema")
 	if s.enums, err = ensureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
 		return err
 	}
@@ -321,9 +320,7 @@ func (s *session) prepareTarget(ctx context.Context) error {
 // loading first), warns about published tables not selected, and records the memberships.
 func (s *session) preparePublication(ctx context.Context, names []changebatch.TableName) error {
 	cfg := s.cfg
-	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names, func(adding []changebatch.TableName) error {
-		return coverage.MarkUnloaded(ctx, s.tgt, s.described(adding))
-	})
+	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names, s.publishHooks(ctx))
 	if err != nil {
 		return err
 	}

@@ -189,7 +189,7 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 		what = "gap backfill"
 	}
 	job := s.backfillJob(tables, trigger, what)
-	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk = cfg.Slot, snap, true, keepFrom, busyWait, cfg.Knobs.AfterLoadChunk
+	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, busyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
 	rep, err := runBackfill(ctx, job)
 	if err == nil {
 		logSequenceSync(ctx, cfg, tables, rep)
