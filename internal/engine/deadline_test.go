@@ -64,3 +64,26 @@ func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
 		})
 	}
 }
+
+// A source whose network freezes while the daemon streams fails the watcher's next read (the WAL
+// position every second, the catalog checks every 5 s) at the statement deadline, well before the
+// replication connection is given up as silent: the session is retried as a "timeout" and streams
+// on once the network forwards again.
+func TestFrozenSourceWhileStreamingFailsTheWatcher(t *testing.T) {
+	env, proxy, cfg, logs := behindSourceProxy(t)
+	mon := &retryCounter{}
+	cfg.Monitor = mon
+	cfg.Knobs.StatementTimeout = 2 * time.Second
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `insert into a values (0, 'zero')`)
+	pgtest.WaitConverged(t, env, "a", "id")
+	proxy.frozen.Store(true)
+	pgtest.Eventually(t, 20*time.Second, "the frozen watcher retried as a timeout", func() (bool, string) {
+		return mon.counts()["timeout"] > 0 && strings.Contains(logs.String(), "watch the source"), fmt.Sprintf("retries %v", mon.counts())
+	})
+	proxy.frozen.Store(false)
+	pgtest.Exec(t, env.Source, `insert into a values (2, 'after')`, `update a set v = 'uno' where id = 1`)
+	pgtest.WaitConverged(t, env, "a", "id")
+	d.RequireRunning(t)
+}
