@@ -85,6 +85,10 @@ type StreamConfig struct {
 	// Start and not from a later position (PostgreSQL silently forwards a start position below
 	// the slot's confirmed_flush_lsn). An error ends Run.
 	CheckStart func(ctx context.Context) error
+	// StartBound, when set, returns the context START_REPLICATION waits for its answer under
+	// (a deadline, so that a frozen network fails the start instead of holding it), and the func
+	// to call once it answered; the receive loop is not bounded by it.
+	StartBound func(ctx context.Context) (context.Context, func())
 	// ConfirmLimit, when set, bounds the flush position reported to the source (the slot's
 	// confirmed_flush_lsn) by a position the caller vouches for, such as one read before its last
 	// successful catalog check: a change without row events (ATTACH PARTITION, ADD COLUMN …
@@ -214,9 +218,14 @@ func (s *Streamer) confirmable() pglogrepl.LSN {
 // target or decoding are returned wrapped; the caller reconnects.
 func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	cfg := s.cfg
-	err := pglogrepl.StartReplication(ctx, conn, cfg.Slot, cfg.Start, pglogrepl.StartReplicationOptions{
+	sctx, answered := ctx, func() {}
+	if cfg.StartBound != nil {
+		sctx, answered = cfg.StartBound(ctx)
+	}
+	err := pglogrepl.StartReplication(sctx, conn, cfg.Slot, cfg.Start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'"},
 	})
+	answered()
 	if err != nil {
 		if isCode(err, pgerrcode.UndefinedObject) {
 			// The one object START_REPLICATION names that can be missing is the slot.

@@ -97,7 +97,7 @@ func newMetrics() *metrics {
 	m.conflicts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_conflicts_total",
 		Help: "Backfill transactions that lost a deadlock or a serialization conflict with a concurrent writer (the stream, or another session on the target) and were retried, by table."}, []string{"table"})
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_session_retries_total",
-		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, slot-busy, schema, watch, restart, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
+		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, timeout, slot-busy, schema, watch, restart, leadership, overlap, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
 	m.leader = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_leader",
 		Help: "1 while this daemon leads the slot (streams and writes), 0 while it waits as a standby for the daemon that does; absent before it first tried."}, []string{"slot"})
 	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.conflicts, m.retries, m.leader} {

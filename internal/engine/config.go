@@ -94,10 +94,12 @@ type Knobs struct {
 	// StatusInterval, when set, replaces the stream's status interval (10 s), which also sets how
 	// soon a silent source connection is given up (cdc.ErrSourceSilent).
 	StatusInterval time.Duration
-	// CatalogTimeout, when set, replaces catalogTimeout; BeforePreflight runs before a session's
-	// checks (preflight).
-	CatalogTimeout  time.Duration
-	BeforePreflight func()
+	// StatementTimeout, when set, replaces statementTimeout. BeforePreflight runs before a
+	// session's checks (preflight); BeforeStep before each step of a session's start, named
+	// "connect", "describe", "lead", "prepare-target", "publication", "slot" and "stream".
+	StatementTimeout time.Duration
+	BeforePreflight  func()
+	BeforeStep       func(step string)
 	// PresenceCheckEvery, when set, replaces presenceCheckEvery.
 	PresenceCheckEvery time.Duration
 	// BeforeFenced runs right before a change the leader makes only while it holds its epoch

@@ -28,9 +28,11 @@ func (s *session) prepare(ctx context.Context, names []changebatch.TableName) er
 		return err
 	}
 	defer release()
+	s.step("prepare-target")
 	if err := s.prepareTarget(ctx); err != nil {
 		return err
 	}
+	s.step("publication")
 	return s.preparePublication(ctx, names)
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // This file decides, in one place, what the daemon does after a session ended with an error:
@@ -69,8 +70,14 @@ var retryableCodes = map[string]bool{
 // full disk), operator intervention (a server shutting down or starting), system errors.
 var retryableClasses = map[string]bool{"23": true, "08": true, "40": true, "53": true, "57": true, "58": true}
 
-// decide classifies the error a session ended with.
+// decide classifies the error a session ended with. A statement that passed its deadline
+// (*pgsession.TimeoutError) backs off whatever else the error holds: its connection was closed,
+// so what failed after it failed on that.
 func decide(err error) decision {
+	var timeout *pgsession.TimeoutError
+	if errors.As(err, &timeout) {
+		return backOff
+	}
 	var perm permanentError
 	var schema *cdc.SchemaChangeError
 	var watch watchError
@@ -84,7 +91,7 @@ func decide(err error) decision {
 		errors.As(err, &schema), lostLeadership(err):
 		return restart
 	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.As(err, &overlap), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
-		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errCatalogTimeout), errors.Is(err, errSlotLost),
+		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errSlotLost),
 		// A load stopped by a source table rewrite resumes from a new snapshot in the next session.
 		errors.Is(err, backfill.ErrRewritten):
 		return backOff
@@ -142,20 +149,25 @@ func isCode(err error, code string) bool {
 func retryable(err error) bool { return decide(err) != stop }
 
 // RetryReasons are the values reason returns, the labels of the session retry metric.
-var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "slot-lost", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "other"}
+var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "slot-lost", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "timeout", "other"}
 
 // reason names the kind of failure err is, for the session retry metric: "leadership" when the
 // daemon lost its leadership of the slot, "restart" for another restart on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
-// "connection", "slot-busy", "slot-lost" (the source invalidated the slot), "watch", "schema" (a table changed while it was read), "overlap" (a
-// selected table is followed by the running daemon of another slot), or "other".
+// "connection", "slot-busy", "slot-lost" (the source invalidated the slot), "watch", "schema" (a
+// table changed while it was read), "overlap" (a selected table is followed by the running daemon
+// of another slot), "timeout" (a statement of the session's start, catalog checks or ledger
+// bookkeeping passed its deadline: *pgsession.TimeoutError), or "other".
 func reason(err error) string {
 	var pgErr *pgconn.PgError
 	var watch watchError
+	var timeout *pgsession.TimeoutError
 	switch {
 	case errors.As(err, &followedElsewhereError{}):
 		return "overlap"
 	case lostLeadership(err):
 		return "leadership"
+	case errors.As(err, &timeout):
+		return "timeout"
 	case decide(err) == restart:
 		return "restart"
 	case errors.As(err, &watch):
@@ -190,7 +202,10 @@ func reason(err error) string {
 func hint(err error) string {
 	var pgErr *pgconn.PgError
 	var connectErr *pgconn.ConnectError
+	var timeout *pgsession.TimeoutError
 	switch {
+	case errors.As(err, &timeout):
+		return "the " + timeout.Role + " stopped answering behind an open connection (a frozen host or proxy, or a network that drops packets, which TCP keepalives do not notice while the peer's kernel still acknowledges), or a statement waited that long for a lock (pg_locks on the " + timeout.Role + " shows who holds it): the daemon reconnects; check the network between this host and the " + timeout.Role
 	case errors.Is(err, errEnumChanged):
 		return "an enum label was added or renamed on the source: the next session changes the target's type alike"
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23") && strings.HasPrefix(pgErr.TableName, "pgconverge_stage"):

@@ -8,9 +8,11 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 func TestRetryable(t *testing.T) {
@@ -45,6 +47,8 @@ func TestRetryable(t *testing.T) {
 		{"slot invalidated while the session used it", fmt.Errorf("%w: (start replication: %w)", errSlotLost, &pgconn.PgError{Code: "55000"}), true},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
 		{"a table the running daemon of another slot follows", fmt.Errorf("record coverage: %w", followedElsewhereError{}), true},
+		{"a statement past its deadline", fmt.Errorf("%w (%w)", &pgsession.TimeoutError{Role: "source", Timeout: time.Minute}, io.ErrUnexpectedEOF), true},
+		{"a statement past its deadline, then a refusal on its closed connection", fmt.Errorf("%w (%w)", &pgsession.TimeoutError{Role: "target", Timeout: time.Minute}, permanent(errors.New("check"))), true},
 	}
 	for _, c := range cases {
 		if got := retryable(c.err); got != c.want {

@@ -67,6 +67,9 @@ type session struct {
 	// fills under way, whose snapshot may be older than a tombstone horizon.
 	unknown chan unknownKeys
 	filling atomic.Int32
+	// deadline bounds each statement of the session's start, catalog checks and ledger
+	// bookkeeping, which run under its contexts (bounded, statementTimeout).
+	deadline *pgsession.Deadline
 }
 
 // errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while
@@ -96,7 +99,7 @@ var errMembershipChanged = errors.New("publication membership changed")
 // session reached both the source and the target.
 func runSession(parent context.Context, cfg Config) (connected bool, err error) {
 	ctx, lost := context.WithCancelCause(parent)
-	s := &session{cfg: cfg, mon: cfg.monitor()}
+	s := &session{cfg: cfg, mon: cfg.monitor(), deadline: cfg.newDeadline()}
 	defer s.close()
 	defer lost(nil)
 	err = s.run(ctx, lost)
@@ -107,12 +110,12 @@ func runSession(parent context.Context, cfg Config) (connected bool, err error) 
 		if cause := context.Cause(ctx); errors.Is(cause, errLeadershipLost) {
 			err = cause
 		} else {
-			err = s.explainByTakeover(parent, err)
+			err = s.explainByTakeover(parent, s.timedOut(err))
 		}
 	}
 	connected = s.src != nil && s.tgt != nil
 	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && isCode(err, pgerrcode.InvalidTextRepresentation) {
-		changed, cerr := s.enumChange(ctx)
+		changed, cerr := s.enumChange(s.bounded(ctx))
 		switch {
 		case changed != nil:
 			return connected, fmt.Errorf("%w: %w", changed, err)
@@ -138,39 +141,46 @@ func (e enumCheckError) Unwrap() error { return e.err }
 // describing again; lost ends the session when the leader lock's connection fails), wait while a
 // running daemon of another slot follows a selected table (overlap.go), prepare the tables and
 // the publication (holding the epoch: prepare), then the slot (loading what needs it), then
-// stream.
+// stream. Each statement of the start has the session's statement deadline (bounded), the loads
+// excepted.
 func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
-	if err := s.connect(ctx); err != nil {
+	start := s.bounded(ctx)
+	s.step("connect")
+	if err := s.connect(start); err != nil {
 		return err
 	}
-	describedAt, names, err := s.describe(ctx)
+	s.step("describe")
+	describedAt, names, err := s.describe(start)
 	if err != nil {
 		return err
 	}
-	waited, err := s.lead(ctx, lost)
+	s.step("lead")
+	waited, err := s.lead(start, lost)
 	if err != nil {
 		return err
 	}
 	if waited {
 		// The source may have changed while this daemon waited as a standby.
-		if describedAt, names, err = s.describe(ctx); err != nil {
+		if describedAt, names, err = s.describe(start); err != nil {
 			return err
 		}
 	}
-	if describedAt, names, err = s.waitOutOverlap(ctx, describedAt, names); err != nil {
+	if describedAt, names, err = s.waitOutOverlap(start, describedAt, names); err != nil {
 		return err
 	}
-	if err := s.prepare(ctx, names); err != nil {
+	if err := s.prepare(start, names); err != nil {
 		return err
 	}
-	start, err := s.prepareSlot(ctx)
+	s.step("slot")
+	startLSN, err := s.prepareSlot(start)
 	if err != nil {
 		return err
 	}
 	if err := s.loadSnapshotOnly(ctx); err != nil {
 		return err
 	}
-	return s.stream(ctx, start, describedAt)
+	s.step("stream")
+	return s.stream(ctx, startLSN, describedAt)
 }
 
 // describe returns a source position read before the tables are described (a Relation message of
@@ -178,11 +188,9 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 // not seen), and the selected tables, described (selectTables); then it checks both sides
 // without writing anything (preflight), which opens the replication connection.
 func (s *session) describe(ctx context.Context) (pglogrepl.LSN, []changebatch.TableName, error) {
-	cctx, cancel := s.catalogDeadline(ctx)
-	describedAt, err := cdc.CurrentLSN(cctx, s.src)
-	cancel()
+	describedAt, err := cdc.CurrentLSN(ctx, s.src)
 	if err != nil {
-		return 0, nil, timedOut(ctx, cctx, err)
+		return 0, nil, err
 	}
 	s.tables, s.snapshotOnly, s.patterns = nil, nil, nil
 	names, err := s.selectTables(ctx)
@@ -192,41 +200,10 @@ func (s *session) describe(ctx context.Context) (pglogrepl.LSN, []changebatch.Ta
 	if s.cfg.Knobs.BeforePreflight != nil {
 		s.cfg.Knobs.BeforePreflight()
 	}
-	cctx, cancel = s.catalogDeadline(ctx)
-	defer cancel()
-	if err := s.preflight(cctx, names); err != nil {
-		return 0, nil, timedOut(ctx, cctx, err)
+	if err := s.preflight(ctx, names); err != nil {
+		return 0, nil, err
 	}
 	return describedAt, names, nil
-}
-
-// catalogTimeout bounds a session's reads of the catalogs and checks that take well under a second
-// on a server that answers (the source position before the tables are described, the checks of
-// preflight, the slot-start check): a source or target that stops answering behind a connection
-// that stays open (a frozen host or network, which TCP keepalives do not see while the peer's
-// kernel still acknowledges) fails the session, which is retried, instead of holding it forever.
-const catalogTimeout = 2 * time.Minute
-
-// catalogDeadline returns ctx bounded by catalogTimeout (or Knobs.CatalogTimeout), failing with
-// an error that says what did not answer.
-func (s *session) catalogDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := catalogTimeout
-	if s.cfg.Knobs.CatalogTimeout > 0 {
-		d = s.cfg.Knobs.CatalogTimeout
-	}
-	return context.WithTimeoutCause(ctx, d, fmt.Errorf("%w: a catalog read or check got no answer within %s (a frozen source or target, or a network that drops packets)", errCatalogTimeout, d))
-}
-
-// errCatalogTimeout marks a session whose catalog read or check timed out (catalogDeadline).
-var errCatalogTimeout = errors.New("the server stopped answering")
-
-// timedOut returns err, which a call under cctx (catalogDeadline of ctx) returned, joined with
-// the deadline's cause when that deadline, not ctx, ended the call.
-func timedOut(ctx, cctx context.Context, err error) error {
-	if cause := context.Cause(cctx); ctx.Err() == nil && errors.Is(cause, errCatalogTimeout) {
-		return fmt.Errorf("%w (%w)", cause, err)
-	}
-	return err
 }
 
 // connect opens the source and target connections and checks the source.

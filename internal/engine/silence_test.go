@@ -53,12 +53,12 @@ func TestSilentSourceIsReconnected(t *testing.T) {
 // next session starts and streams.
 func TestFrozenSourceAtSessionStartIsRetried(t *testing.T) {
 	env, proxy, cfg, logs := behindSourceProxy(t)
-	cfg.Knobs.CatalogTimeout = 2 * time.Second
+	cfg.Knobs.StatementTimeout = 2 * time.Second
 	var froze sync.Once
 	cfg.Knobs.BeforePreflight = func() { froze.Do(func() { proxy.frozen.Store(true) }) }
 	d := startDaemon(t, cfg)
 	pgtest.Eventually(t, 30*time.Second, "the frozen session start logged", func() (bool, string) {
-		return strings.Contains(logs.String(), "a catalog read or check got no answer within 2s"), ""
+		return strings.Contains(logs.String(), "the source gave no answer to a statement within 2s"), ""
 	})
 	proxy.frozen.Store(false)
 	pgtest.WaitStreaming(t, env)

@@ -181,9 +181,11 @@ func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error
 // loadTables backfills tables before streaming starts (a backfill run with trigger "initial" or
 // "gap"): from snap when it is set (a new slot's own exported snapshot, which stays importable
 // while the replication connection is idle), else from a temporary slot's. Chunks an interrupted
-// load completed at an S at or above keepFrom, where the stream resumes, are kept.
+// load completed at an S at or above keepFrom, where the stream resumes, are kept. Its statements
+// have no deadline (a chunk's COPY runs as long as it needs).
 func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, trigger string, snap *backfill.Snapshot, keepFrom pglogrepl.LSN) error {
 	cfg := s.cfg
+	ctx = pgsession.Unbound(ctx)
 	what := "initial load"
 	if trigger == coverage.TriggerGap {
 		what = "gap backfill"
@@ -213,18 +215,18 @@ func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) 
 
 // checkSlotStart returns an error wrapping errSlotMoved when the slot, now held by this session's
 // walsender, no longer starts at start. It reads the slot over a connection of its own: the
-// session's source connection belongs to the WAL sampler by now.
+// session's source connection belongs to the WAL sampler by now. Its statements have the
+// session's deadline.
 func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error {
-	cctx, cancel := s.catalogDeadline(ctx)
-	defer cancel()
-	conn, err := pgsession.Connect(cctx, s.cfg.Source, "source")
+	ctx = s.bounded(ctx)
+	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
 	if err != nil {
-		return timedOut(ctx, cctx, err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	slot, err := cdc.ReadSlot(cctx, conn, s.cfg.Slot)
+	slot, err := cdc.ReadSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
-		return timedOut(ctx, cctx, err)
+		return err
 	}
 	if !slot.Exists || slot.Lost() || slot.ConfirmedFlush > start {
 		return fmt.Errorf("%w: slot %q (exists %v, wal_status %q, confirmed_flush_lsn %s) no longer starts at the target's progress %s; restarting the session to record the gap",
@@ -244,8 +246,7 @@ func (s *session) slotGoneOr(ctx context.Context, err error) error {
 	if errors.Is(err, errSlotMoved) || errors.Is(err, errSlotLost) {
 		return err
 	}
-	cctx, cancel := s.catalogDeadline(ctx)
-	defer cancel()
+	cctx := s.bounded(ctx)
 	conn, cerr := pgsession.Connect(cctx, s.cfg.Source, "source")
 	if cerr != nil {
 		return err

@@ -26,7 +26,7 @@ func (s *session) loadSnapshotOnly(ctx context.Context) error {
 	if len(s.snapshotOnly) == 0 {
 		return nil
 	}
-	states, err := coverage.ReadTables(ctx, s.tgt)
+	states, err := coverage.ReadTables(s.bounded(ctx), s.tgt)
 	if err != nil {
 		return err
 	}

@@ -27,10 +27,12 @@ import (
 func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) error {
 	cfg := s.cfg
 	var walEnd atomic.Uint64
-	if err := s.readWALEnd(ctx, &walEnd); err != nil {
+	// The stream's setup, START_REPLICATION and the watcher's checks have the session's statement
+	// deadline; the applies do not.
+	if err := s.readWALEnd(s.bounded(ctx), &walEnd); err != nil {
 		return err
 	}
-	fences, err := s.reloadFences(ctx)
+	fences, err := s.reloadFences(s.bounded(ctx))
 	if err != nil {
 		return err
 	}
@@ -42,13 +44,14 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 		// The slot is confirmed only as far as the catalog checks vouch for (checkMemberships).
 		ConfirmLimit: func() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) },
 		CheckStart:   func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
+		StartBound:   func(ctx context.Context) (context.Context, func()) { return pgsession.Call(s.bounded(ctx), "source") },
 	})
 	if err != nil {
 		return permanent(err)
 	}
 	// A joined backfill worker that froze holding rows the stream writes is ended after the lease,
 	// also when the run it joined has died.
-	stopWatch, err := watchWorkerLeases(ctx, cfg.Target, cfg.Logger)
+	stopWatch, err := watchWorkerLeases(s.bounded(ctx), cfg.Target, cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -56,7 +59,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
 	defer s.mon.FollowStream(nil)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.watch(gctx, &walEnd) })
+	g.Go(func() error { return s.watch(s.bounded(gctx), &walEnd) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
@@ -84,7 +87,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 		cfg.Logger.Warn("source table changed while streaming (columns, key or storage): restarting the session, which brings the target table in line and logs whether its rows are loaded again", attrs...)
 		if schema.Reload {
 			// The transaction at LSN is left to a backfill read after it.
-			if rerr := apply.RecordSchemaChange(context.WithoutCancel(ctx), s.tgt, schema.Table.TableName, schema.LSN+1, coverage.AbandonBackfills); rerr != nil {
+			if rerr := apply.RecordSchemaChange(s.bounded(context.WithoutCancel(ctx)), s.tgt, schema.Table.TableName, schema.LSN+1, coverage.AbandonBackfills); rerr != nil {
 				return rerr
 			}
 		}
@@ -147,7 +150,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	s.noteUnknown(unknown)
 	s.mon.StreamApplied(rows, time.Since(began))
 	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
-		if err := s.publishCoverage(ctx, false); err != nil {
+		if err := s.publishCoverage(s.bounded(ctx), false); err != nil {
 			return err
 		}
 	}

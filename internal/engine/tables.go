@@ -11,6 +11,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
@@ -52,6 +53,7 @@ func ensureTypes(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.T
 // columns. A change that leaves rows without the source's values is recorded at a source position
 // read now, after the tables were described, so only a backfill read later counts. It returns
 // the enums the tables use, as ensureTypes. Processes do this one at a time (migrations.LockDDL).
+// The reshapes, which may rewrite a table, have no statement deadline (pgsession.Unbound).
 func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.Table, log *slog.Logger) (map[string][]string, error) {
 	unlock, err := migrations.LockDDL(ctx, tgt)
 	if err != nil {
@@ -67,7 +69,7 @@ func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.
 		return nil, err
 	}
 	for _, t := range tables {
-		r, err := apply.EnsureTable(ctx, tgt, t, changedAt, coverage.AbandonBackfills)
+		r, err := apply.EnsureTable(pgsession.Unbound(ctx), tgt, t, changedAt, coverage.AbandonBackfills)
 		if err != nil {
 			return nil, err
 		}

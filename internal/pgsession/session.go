@@ -80,13 +80,18 @@ func setParams(cfg *pgconn.Config) {
 const DefaultConnectTimeout = 30 * time.Second
 
 // Connect opens an ordinary SQL connection to url with pgconverge's session settings. role names
-// the side ("source" or "target") in errors; a failed connection is a *ConnectError.
+// the side ("source" or "target") in errors; a failed connection is a *ConnectError. Opening it
+// under a context of Deadline.Bound is bounded by that deadline, and so is each statement the
+// connection runs under such a context.
 func Connect(ctx context.Context, url, role string) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s URL: %w", role, err)
 	}
 	setParams(&cfg.Config)
+	cfg.Tracer = tracer{role: role}
+	ctx, end := Call(ctx, role)
+	defer end()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, &ConnectError{Role: role, Addr: fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), User: cfg.User, err: err}
@@ -94,7 +99,8 @@ func Connect(ctx context.Context, url, role string) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// ConnectReplication opens a logical replication connection (replication=database) to the database of url.
+// ConnectReplication opens a logical replication connection (replication=database) to the
+// database of url; under a context of Deadline.Bound, within that deadline.
 func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
@@ -102,6 +108,8 @@ func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	}
 	setParams(cfg)
 	cfg.RuntimeParams["replication"] = "database"
+	ctx, end := Call(ctx, "source")
+	defer end()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, &ConnectError{Role: "source", Addr: fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), User: cfg.User,
