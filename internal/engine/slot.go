@@ -235,6 +235,9 @@ func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error
 	return nil
 }
 
+// slotGoneCheck bounds slotGoneOr's look at the slot: the session's error waits for it.
+const slotGoneCheck = 10 * time.Second
+
 // slotGoneOr returns err, with which the session's stream ended, wrapped in errSlotLost when the
 // source invalidated the slot (wal_status lost) or in errSlotMoved when it was dropped, at any
 // moment of the session: during an initial load START_REPLICATION then fails (55000 "cannot read
@@ -243,10 +246,12 @@ func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error
 // It reads the slot over a connection of its own (the session's source connection belongs to the
 // WAL sampler); when the slot cannot be read, err is returned as it is.
 func (s *session) slotGoneOr(ctx context.Context, err error) error {
-	if errors.Is(err, errSlotMoved) || errors.Is(err, errSlotLost) {
-		return err
+	var te *pgsession.TimeoutError
+	if errors.Is(err, errSlotMoved) || errors.Is(err, errSlotLost) || errors.Is(err, cdc.ErrSourceSilent) || errors.As(err, &te) {
+		return err // the source did not answer: the next session looks at the slot
 	}
-	cctx := s.bounded(ctx)
+	cctx, cancel := context.WithTimeout(s.bounded(ctx), slotGoneCheck)
+	defer cancel()
 	conn, cerr := pgsession.Connect(cctx, s.cfg.Source, "source")
 	if cerr != nil {
 		return err
