@@ -351,7 +351,8 @@ func (r *Reshape) plan(t changebatch.Table, cols []targetColumn, old sourceShape
 }
 
 // reshapeError names what the target refused and the fix that fits the error: a missing type or
-// function (create it on the target), else a value that does not convert.
+// function (create it on the target), objects depending on a column it replaces (drop them), else
+// a value that does not convert.
 func reshapeError(t changebatch.Table, r Reshape, err error) error {
 	what := fmt.Sprintf("change target table %s to the source's columns (added %q, replaced %q, changed type %q, generated %q, made plain %q)",
 		t, r.Added, r.Replaced, r.Retyped, r.Generated, r.Plain)
@@ -362,6 +363,9 @@ func reshapeError(t changebatch.Table, r Reshape, err error) error {
 			return fmt.Errorf("%s: %w; a type (or its schema) the source uses does not exist on the target: create it there first (CREATE TYPE, or CREATE EXTENSION for an extension's type), then restart", what, err)
 		case pgerrcode.UndefinedFunction:
 			return fmt.Errorf("%s: %w; a function a generated column's expression uses does not exist on the target: create it there first, then restart", what, err)
+		case pgerrcode.DependentObjectsStillExist:
+			return fmt.Errorf("%s: %w (%s); objects of yours on the target depend on a column pgconverge drops and adds again, because the source's column of that name is a new one: drop or change them (or drop the column by hand), and the daemon, which retries meanwhile, replaces the column and loads the table again",
+				what, err, pgErr.Detail)
 		}
 	}
 	return fmt.Errorf("%s: %w; change the target table by hand to the source's column types (ALTER TABLE %s ALTER COLUMN ... TYPE ... USING ...) or drop it (DROP TABLE %s CASCADE on the target: CASCADE drops its live view too, and any view of yours over it), then restart: pgconverge reloads the table either way",

@@ -2,10 +2,13 @@ package engine
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -109,6 +112,41 @@ func TestColumnAddedAgainHoldsNoOldValues(t *testing.T) {
 		t.Errorf("%d target rows hold a value of a dropped column before the reload", got)
 	}
 	d = startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "t", "id")
+	waitCovered(t, env)
+	requireVerifyClean(t, env)
+	d.RequireRunning(t)
+}
+
+// A view of the operator's on the target over a column that comes back cannot stay as it is: the
+// column is dropped and added again. The session that brings the table in line fails, logged at
+// ERROR with the view and the fix, and is retried with backoff: the daemon keeps running, coverage
+// reports the table schema-changed, and once the view is dropped the column is replaced and
+// loaded again.
+func TestColumnComingBackWaitsForAViewOverIt(t *testing.T) {
+	env := pgtest.New(t)
+	d := streamingTable(t, env)
+	pgtest.Exec(t, env.Target, `create view mine as select id, v from t`)
+	d.Stop(t)
+	pgtest.Exec(t, env.Source, `alter table t drop column v`, `alter table t add column v int`, `update t set v = id where id <= 5`)
+	var logs pgtest.SyncBuffer
+	cfg := testConfig(t, env)
+	cfg.Logger = newTestLogger(t, &logs)
+	d = startDaemon(t, cfg)
+	pgtest.Eventually(t, 60*time.Second, "the view over the replaced column logged at ERROR with the fix", func() (bool, string) {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=ERROR") && strings.Contains(line, "view mine depends on column") &&
+				strings.Contains(line, "public.t") && strings.Contains(line, "drop or change them") {
+				return true, ""
+			}
+		}
+		return false, ""
+	})
+	d.RequireRunning(t)
+	if rep, code := coverageOf(t, env); code != exitGap || tableReport(t, rep, "public.t").Status != coverage.SchemaChanged {
+		t.Errorf("coverage exit %d, %+v, want %d and schema-changed", code, tableReport(t, rep, "public.t"), exitGap)
+	}
+	pgtest.Exec(t, env.Target, `drop view mine`)
 	pgtest.WaitConverged(t, env, "t", "id")
 	waitCovered(t, env)
 	requireVerifyClean(t, env)
