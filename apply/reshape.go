@@ -20,6 +20,10 @@ type Reshape struct {
 	// Added are the columns it added (nullable, no default); Retyped describe the columns it
 	// changed to the source's new type, as "name: old type -> new type".
 	Added, Retyped []string
+	// Replaced are the target columns it dropped and added again empty, with the source's type:
+	// the source column of that name is another column than the one whose values they hold
+	// (sourceShape.replaces: dropped and added again, or another renamed onto the name).
+	Replaced []string
 	// Rewritten says why the source table's rows may hold values no change delivered although
 	// the columns look alike (sourceShape.changes): a rewrite, a column dropped and added again.
 	Rewritten []string
@@ -39,7 +43,7 @@ type Reshape struct {
 // Reloads reports whether the change leaves existing rows without the source's values, so that
 // the table must be loaded again.
 func (r Reshape) Reloads() bool {
-	return len(r.Added)+len(r.Retyped)+len(r.Rewritten) > 0 || r.Rekeyed != ""
+	return len(r.Added)+len(r.Retyped)+len(r.Replaced)+len(r.Rewritten) > 0 || r.Rekeyed != ""
 }
 
 // targetColumn is a data column of a target table: its type as format_type prints it with
@@ -113,14 +117,14 @@ func reshape(ctx context.Context, conn *pgx.Conn, t changebatch.Table, changedAt
 			return r, err
 		}
 	}
-	oldKey, newKey := keyChange(t, cols)
-	if oldKey != nil {
-		r.Rekeyed = fmt.Sprintf("(%s) -> (%s)", strings.Join(oldKey, ", "), strings.Join(newKey, ", "))
-	}
-	ddl := r.plan(t, cols)
 	old, err := readShape(ctx, conn, t)
 	if err != nil {
 		return r, err
+	}
+	ddl := r.plan(t, cols, old)
+	oldKey, newKey := keyChange(t, cols, r.Replaced)
+	if oldKey != nil {
+		r.Rekeyed = fmt.Sprintf("(%s) -> (%s)", strings.Join(oldKey, ", "), strings.Join(newKey, ", "))
 	}
 	cur := shapeOf(t)
 	r.Rewritten = old.changes(cur)
@@ -210,8 +214,9 @@ func missingKey(t changebatch.Table, cols []targetColumn) bool {
 }
 
 // keyChange returns the target table's primary key columns and the source's key columns (both
-// sorted) when they differ, nil and nil when they do not.
-func keyChange(t changebatch.Table, cols []targetColumn) (oldKey, newKey []string) {
+// sorted) when they differ or when a column of the target's key is among the replaced ones (its
+// drop takes the primary key with it), nil and nil otherwise.
+func keyChange(t changebatch.Table, cols []targetColumn, replaced []string) (oldKey, newKey []string) {
 	for _, i := range t.KeyIndexes() {
 		newKey = append(newKey, t.Columns[i].Name)
 	}
@@ -222,7 +227,7 @@ func keyChange(t changebatch.Table, cols []targetColumn) (oldKey, newKey []strin
 	}
 	slices.Sort(newKey)
 	slices.Sort(oldKey)
-	if slices.Equal(oldKey, newKey) {
+	if slices.Equal(oldKey, newKey) && !slices.ContainsFunc(oldKey, func(c string) bool { return slices.Contains(replaced, c) }) {
 		return nil, nil
 	}
 	return oldKey, newKey
@@ -281,9 +286,12 @@ func addKey(ctx context.Context, tx pgx.Tx, t changebatch.Table) error {
 	return nil
 }
 
-// plan fills r with the differences between the target's columns and t and returns the ALTER
-// TABLE subcommands that remove them, one statement each.
-func (r *Reshape) plan(t changebatch.Table, cols []targetColumn) []string {
+// plan fills r with the differences between the target's columns and t, old being the shape the
+// target's rows were streamed against, and returns the ALTER TABLE subcommands that remove them,
+// one statement each. A target column holding another column's values than the source's of its
+// name (old.replaces) is dropped and added again, whatever its type: its values are loaded again
+// and never cast.
+func (r *Reshape) plan(t changebatch.Table, cols []targetColumn, old sourceShape) []string {
 	have := map[string]targetColumn{}
 	for _, c := range cols {
 		have[c.name] = c
@@ -295,6 +303,11 @@ func (r *Reshape) plan(t changebatch.Table, cols []targetColumn) []string {
 		if !ok {
 			r.Added = append(r.Added, c.Name)
 			ddl = append(ddl, "add column "+q+" "+c.Type)
+			continue
+		}
+		if old.replaces(c) {
+			r.Replaced = append(r.Replaced, c.Name)
+			ddl = append(ddl, "drop column "+q, "add column "+q+" "+c.Type)
 			continue
 		}
 		if tc.expr != "" {
@@ -338,10 +351,11 @@ func (r *Reshape) plan(t changebatch.Table, cols []targetColumn) []string {
 }
 
 // reshapeError names what the target refused and the fix that fits the error: a missing type or
-// function (create it on the target), else a value that does not convert.
+// function (create it on the target), objects depending on a column it replaces (drop them), else
+// a value that does not convert.
 func reshapeError(t changebatch.Table, r Reshape, err error) error {
-	what := fmt.Sprintf("change target table %s to the source's columns (added %q, changed type %q, generated %q, made plain %q)",
-		t, r.Added, r.Retyped, r.Generated, r.Plain)
+	what := fmt.Sprintf("change target table %s to the source's columns (added %q, replaced %q, changed type %q, generated %q, made plain %q)",
+		t, r.Added, r.Replaced, r.Retyped, r.Generated, r.Plain)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -349,6 +363,9 @@ func reshapeError(t changebatch.Table, r Reshape, err error) error {
 			return fmt.Errorf("%s: %w; a type (or its schema) the source uses does not exist on the target: create it there first (CREATE TYPE, or CREATE EXTENSION for an extension's type), then restart", what, err)
 		case pgerrcode.UndefinedFunction:
 			return fmt.Errorf("%s: %w; a function a generated column's expression uses does not exist on the target: create it there first, then restart", what, err)
+		case pgerrcode.DependentObjectsStillExist:
+			return fmt.Errorf("%s: %w (%s); objects of yours on the target depend on a column pgconverge drops and adds again, because the source's column of that name is a new one: drop or change them (or drop the column by hand), and the daemon, which retries meanwhile, replaces the column and loads the table again",
+				what, err, pgErr.Detail)
 		}
 	}
 	return fmt.Errorf("%s: %w; change the target table by hand to the source's column types (ALTER TABLE %s ALTER COLUMN ... TYPE ... USING ...) or drop it (DROP TABLE %s CASCADE on the target: CASCADE drops its live view too, and any view of yours over it), then restart: pgconverge reloads the table either way",

@@ -76,6 +76,20 @@ func (old sourceShape) changes(cur sourceShape) []string {
 	return out
 }
 
+// replaces reports whether the target's column of source column c's name holds the values of
+// another column than c, so that it must be dropped and added again rather than kept or cast:
+// old, the shape its rows were streamed against, lacks the name (the target kept the column
+// after a DROP COLUMN or a rename on the source) or has it under another attnum (dropped and added
+// again, or another column renamed onto its name). False when old was never recorded, or when an
+// attnum is unknown.
+func (old sourceShape) replaces(c changebatch.Column) bool {
+	if old.Columns == nil {
+		return false
+	}
+	o, had := old.Columns[c.Name]
+	return !had || o.Attnum != 0 && c.Attnum != 0 && o.Attnum != c.Attnum
+}
+
 // ShapeChanges returns why target table t's rows may differ from the source table described as
 // t (cdc.DescribeTable) in a way no streamed change shows, against the shape recorded when the
 // stream last followed it (sourceShape.changes); nil when none, or when none was recorded.

@@ -19,11 +19,13 @@ import (
 //
 // An existing table is brought in line with t, the source table's current description (reshape):
 // a column t has and the table lacks is added, nullable and without a default; a column of another
-// type is changed to t's type with a cast. Either leaves existing rows without the source's values
-// (ADD COLUMN ... DEFAULT and ALTER COLUMN ... TYPE rewrite the source table without logical
-// changes), so the table's schema_changed_lsn becomes changedAt, a source position read after t was
-// described: backfills read at or before it stop counting as coverage and the table is loaded
-// again.
+// type is changed to t's type with a cast; a column holding another source column's values than
+// t's of its name (dropped and added again, or another renamed onto its name: its attnum is not
+// the one recorded) is dropped and added again, empty. Each leaves existing rows without the
+// source's values (ADD COLUMN ... DEFAULT and ALTER COLUMN ... TYPE rewrite the source table
+// without logical changes), so the table's schema_changed_lsn becomes changedAt, a source
+// position read after t was described: backfills read at or before it stop counting as coverage
+// and the table is loaded again.
 // Target columns t lacks are kept and no longer written. A table made for the other kind of
 // identity (a key, or whole rows for a keyless table) is replaced by a new one, in one
 // transaction, and loaded again (rebuildForIdentity). It returns what it changed, and an error

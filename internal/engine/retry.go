@@ -54,13 +54,16 @@ func permanent(err error) error {
 // granted in time (a lock_timeout someone set), a target table was dropped while streaming (the
 // next session recreates and reloads it), a column was dropped or renamed on the source while a
 // load read it (the next session describes the table again), a publication change whose commit
-// came too late (cdc.PublishHooks.CommitWithin: the source rolled it back).
+// came too late (cdc.PublishHooks.CommitWithin: the source rolled it back), objects of the
+// operator's depend on a target column pgconverge must drop (one the source created again: the
+// next session replaces it once they are dropped).
 var retryableCodes = map[string]bool{
 	pgerrcode.ObjectInUse:                     true,
 	pgerrcode.LockNotAvailable:                true,
 	pgerrcode.UndefinedTable:                  true,
 	pgerrcode.UndefinedColumn:                 true,
 	pgerrcode.IdleInTransactionSessionTimeout: true,
+	pgerrcode.DependentObjectsStillExist:      true,
 }
 
 // retryableClasses are the SQLSTATE classes of failures an operator or time can fix while the
@@ -154,9 +157,10 @@ var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "slot
 // reason names the kind of failure err is, for the session retry metric: "leadership" when the
 // daemon lost its leadership of the slot, "restart" for another restart on purpose, "constraint", "lock", "conflict" (serialization, deadlock), "resources",
 // "connection", "slot-busy", "slot-lost" (the source invalidated the slot), "watch", "schema" (a
-// table changed while it was read), "overlap" (a selected table is followed by the running daemon
-// of another slot), "timeout" (a statement of the session's start, catalog checks or ledger
-// bookkeeping passed its deadline: *pgsession.TimeoutError), or "other".
+// table changed while it was read, or objects of the operator's depend on what a schema change
+// drops on the target), "overlap" (a selected table is followed by the running daemon of another
+// slot), "timeout" (a statement of the session's start, catalog checks or ledger bookkeeping
+// passed its deadline: *pgsession.TimeoutError), or "other".
 func reason(err error) string {
 	var pgErr *pgconn.PgError
 	var watch watchError
@@ -176,7 +180,8 @@ func reason(err error) string {
 		return "slot-busy"
 	case errors.Is(err, errSlotLost):
 		return "slot-lost"
-	case errors.Is(err, backfill.ErrRewritten), errors.As(err, &keyLostError{}), isCode(err, pgerrcode.UndefinedColumn), isCode(err, pgerrcode.UndefinedTable):
+	case errors.Is(err, backfill.ErrRewritten), errors.As(err, &keyLostError{}), isCode(err, pgerrcode.UndefinedColumn), isCode(err, pgerrcode.UndefinedTable),
+		isCode(err, pgerrcode.DependentObjectsStillExist):
 		return "schema"
 	case isCode(err, pgerrcode.LockNotAvailable):
 		return "lock"
@@ -220,6 +225,8 @@ func hint(err error) string {
 		return "a table is missing; if a target table was dropped, the next session recreates and reloads it"
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn:
 		return "a column was dropped or renamed on the source while it was read: the next session describes the table again"
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.DependentObjectsStillExist:
+		return "objects on the target (" + pgErr.Detail + ") depend on a target column, table or live view that pgconverge must drop to follow a change of the source (most likely a column the source dropped and added again): drop or change them; the daemon retries meanwhile"
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.DiskFull:
 		return "a disk of the server that reported it is full (the error names the file): free space or grow the filesystem there; nothing was committed from the failed transaction, and the daemon retries the same changes until it succeeds"
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "53"):

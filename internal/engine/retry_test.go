@@ -31,6 +31,7 @@ func TestRetryable(t *testing.T) {
 		{"lost connection", fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), true},
 		{"target table dropped", pg("42P01"), true},
 		{"undefined column: dropped on the source while a load read it", pg("42703"), true},
+		{"objects of the operator's depend on a target column the source created again", pg("2BP01"), true},
 		{"invalid text for a type", pg("22P02"), false},
 		{"a target check constraint refuses a row", pg("23514"), true},
 		{"a target unique index refuses a row", pg("23505"), true},

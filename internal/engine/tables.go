@@ -75,7 +75,7 @@ func ensureTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.
 		}
 		if r.Reloads() {
 			log.Warn("source table changed in a way no streamed change shows (its columns, or a rewrite such as TRUNCATE, VACUUM FULL or ALTER COLUMN TYPE): target table brought in line; its rows are loaded again from a new snapshot",
-				"table", t.String(), "added", r.Added, "changed_type", r.Retyped, "rewritten", r.Rewritten, "key", r.Rekeyed, "schema_changed_lsn", changedAt.String())
+				"table", t.String(), "added", r.Added, "replaced", r.Replaced, "changed_type", r.Retyped, "rewritten", r.Rewritten, "key", r.Rekeyed, "schema_changed_lsn", changedAt.String())
 		}
 		if len(r.Generated)+len(r.Plain) > 0 {
 			log.Info("changed the target table's generated columns to the source's", "table", t.String(),
