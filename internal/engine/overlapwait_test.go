@@ -164,3 +164,66 @@ where coalesce(r.slot, r.leader_slot) = $1 and b.table_name = 'u'`, slot)
 	pgtest.WaitConverged(t, env, "u", "id")
 	d2.RequireRunning(t)
 }
+
+// A daemon without --tables follows its publication: one whose publication holds a table the
+// running daemon of another slot follows skips that table's changes while it streams the others,
+// without restarting at its catalog checks, and takes the table over at the seam once the other
+// daemon stops (its stream skipped the table's changes until then: the table is loaded again).
+func TestWaitingDaemonWithoutTablesSkipsTheSharedTable(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`, `create table c (id int primary key, v text)`,
+		`insert into b select g, 'b' from generate_series(1, 500) g`, `insert into c select g, 'c' from generate_series(1, 500) g`)
+	first, second := testConfig(t, env), testConfig(t, env)
+	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.b"}
+	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", nil
+	pgtest.Exec(t, env.Source, `create publication `+second.Publication+` for table b, c`)
+	secondMon := &retryCounter{}
+	second.Monitor = secondMon
+	d1 := startDaemon(t, first)
+	pgtest.WaitConverged(t, env, "b", "id")
+	d2 := startDaemon(t, second)
+	pgtest.WaitConverged(t, env, "c", "id")
+	for i := range 3 {
+		pgtest.Exec(t, env.Source, fmt.Sprintf(`update b set v = 'both run %d' where id %% 3 = 0`, i), fmt.Sprintf(`update c set v = 'both run %d' where id %% 4 = 0`, i))
+		pgtest.WaitConverged(t, env, "b", "id")
+		pgtest.WaitConverged(t, env, "c", "id")
+	}
+	// The catalog checks (every 5 s) vouch for c's membership once two of them passed, each of
+	// which would have restarted the session over the skipped table (counted "restart").
+	pgtest.Eventually(t, 60*time.Second, "two catalog checks of the second daemon passed", func() (bool, string) {
+		pgtest.Exec(t, env.Source, `update c set v = v || '.' where id = 1`)
+		confirmed := pgtest.Scalar[bool](t, env.Target, `select coalesce(bool_or(t.confirmed_lsn > t.start_lsn), false)
+from pgconverge.table_spans t join pgconverge.stream_segments s on s.id = t.segment_id
+where s.slot = $1 and t.table_name = 'c' and t.end_lsn is null and s.end_lsn is null`, second.Slot)
+		n := secondMon.counts()
+		return confirmed && n["overlap"] >= 1, fmt.Sprintf("c confirmed past its start: %t, retries %v", confirmed, n)
+	})
+	if n := secondMon.counts(); n["restart"] != 0 {
+		t.Errorf("the second daemon's retries while it skips public.b: %v, want no restart", n)
+	}
+	open := func() string {
+		return pgtest.Scalar[string](t, env.Target, `select coalesce(string_agg(s.slot, ',' order by s.slot), '')
+from pgconverge.table_spans t join pgconverge.stream_segments s on s.id = t.segment_id
+where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
+	}
+	if got := open(); got != first.Slot {
+		t.Errorf("slots following public.b while both run: %q, want only %s", got, first.Slot)
+	}
+	d1.Stop(t)
+	pgtest.Exec(t, env.Source, `update b set v = 'between' where id % 5 = 0`, `delete from b where id % 13 = 0`)
+	pgtest.Eventually(t, 90*time.Second, "the second daemon follows public.b", func() (bool, string) {
+		got := open()
+		return got == second.Slot, got
+	})
+	pgtest.Exec(t, env.Source, `update b set v = 'after' where id % 7 = 0`, `insert into b values (9001, 'new')`)
+	pgtest.WaitConverged(t, env, "b", "id")
+	pgtest.WaitConverged(t, env, "c", "id")
+	rep, err := CoverageReport(t.Context(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: second.Slot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := tableReport(t, rep, "public.b"); tr.Status != coverage.Covered || tr.Slot != second.Slot || tr.GapBytes != 0 {
+		t.Errorf("public.b after the handover: %+v, want covered by %s without a gap", tr, second.Slot)
+	}
+	d2.RequireRunning(t)
+}
