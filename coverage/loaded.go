@@ -115,7 +115,8 @@ returning coalesce(old.membership, ''), coalesce(old.slot, '')`, t.Schema, t.Nam
 
 // MarkSnapshotOnly records, per table, why no publication can carry its changes
 // (changebatch.Table.SnapshotOnly) in pgconverge.tables.snapshot_only: NULL for a streamed table.
-// A table kept by snapshots follows no slot. It returns the streamed tables that were kept by
+// A table kept by snapshots follows no slot; a streamed one is kept by no daemon
+// (KeepSnapshotOnly). It returns the streamed tables that were kept by
 // snapshots only until now: they join the stream.
 func MarkSnapshotOnly(ctx context.Context, conn *pgx.Conn, tables []changebatch.Table) ([]changebatch.TableName, error) {
 	var joined []changebatch.TableName
@@ -123,7 +124,8 @@ func MarkSnapshotOnly(ctx context.Context, conn *pgx.Conn, tables []changebatch.
 		var was bool
 		err := conn.QueryRow(ctx, `with old as (select snapshot_only is not null as was from pgconverge.tables
   where schema_name = $1 and table_name = $2 for update),
-u as (update pgconverge.tables set snapshot_only = nullif($3, ''), slot = case when $3 = '' then slot end
+u as (update pgconverge.tables set snapshot_only = nullif($3, ''), slot = case when $3 = '' then slot end,
+    kept_by = case when $3 <> '' then kept_by end
   where schema_name = $1 and table_name = $2)
 select coalesce((select was from old), false)`, t.Schema, t.Name, t.SnapshotOnly).Scan(&was)
 		if err != nil {

@@ -44,9 +44,11 @@ type TableState struct {
 	SchemaChanged pglogrepl.LSN
 	// SnapshotOnly is why no publication can carry the table's changes ("" for a streamed table):
 	// backfills alone keep it (MarkSnapshotOnly). LoadedAge is how long ago its last load completed
-	// (the target's clock), 0 when it never completed one.
+	// (the target's clock), 0 when it never completed one. KeptBy is the slot whose daemon keeps
+	// it (KeepSnapshotOnly), "" when none does.
 	SnapshotOnly string
 	LoadedAge    time.Duration
+	KeptBy       string
 	// Retired is when the table was retired (Retire, RetireLeft), nil when it was not;
 	// RetiredReason says why.
 	Retired       *time.Time
@@ -59,7 +61,8 @@ func ReadTables(ctx context.Context, db DB) (map[changebatch.TableName]*TableSta
 	rows, err := db.Query(ctx, `select schema_name, table_name, coalesce(truncated_lsn, '0/0')::text, coalesce(schema_changed_lsn, '0/0')::text, coalesce(membership, ''),
   to_regclass(format('%I.%I', schema_name, table_name)) is null
     or coalesce(target_oid <> to_regclass(format('%I.%I', schema_name, table_name))::oid, false),
-  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0), retired_at, coalesce(retired_reason, '')
+  coalesce(snapshot_only, ''), coalesce(extract(epoch from now() - loaded_at)::float8, 0), retired_at, coalesce(retired_reason, ''),
+  coalesce(kept_by, '')
 from pgconverge.tables`)
 	if err != nil {
 		return nil, fmt.Errorf("read coverage ledger tables: %w", err)
@@ -68,7 +71,7 @@ from pgconverge.tables`)
 		st := &TableState{}
 		var truncated, changed string
 		var age float64
-		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age, &st.Retired, &st.RetiredReason); err != nil {
+		if err := rows.Scan(&st.Table.Schema, &st.Table.Name, &truncated, &changed, &st.Membership, &st.TargetReplaced, &st.SnapshotOnly, &age, &st.Retired, &st.RetiredReason, &st.KeptBy); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read coverage ledger tables: %w", err)
 		}

@@ -74,6 +74,9 @@ type Report struct {
 	Covered bool          `json:"covered"`
 	Slots   []SlotHealth  `json:"slots"`
 	Tables  []TableReport `json:"tables"`
+	// Waiting are the selected tables that a running daemon leaves to the running daemon of
+	// another slot and waits for, by slot then table (Facts.Waits); empty when none does.
+	Waiting []Wait `json:"waiting"`
 }
 
 // Table returns the report of the table named name (as changebatch.TableName.String prints it),
@@ -116,8 +119,10 @@ type TableReport struct {
 	// ColumnList names the columns the table's publication lists (nil: every column): only
 	// those are replicated.
 	ColumnList []string `json:"column_list,omitempty"`
-	// SnapshotAgeSeconds is, for a snapshot-only table, how long ago its last backfill completed.
+	// SnapshotAgeSeconds is, for a snapshot-only table, how long ago its last backfill completed;
+	// KeptBy the slot whose daemon keeps it (omitted when none does).
 	SnapshotAgeSeconds float64 `json:"snapshot_age_seconds,omitempty"`
+	KeptBy             string  `json:"kept_by,omitempty"`
 	// RetiredAt is when a Retired table was retired; omitted for others.
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
 	// Note explains a status: why the stream stopped or broke.
@@ -173,6 +178,8 @@ type Facts struct {
 	RowFilters map[changebatch.TableName]string
 	// ColumnLists are the listed columns of the streamed tables published with a column list.
 	ColumnLists map[changebatch.TableName][]string
+	// Waits are the recorded waits (ReadWaits) of the slots a daemon of which runs now.
+	Waits []Wait
 }
 
 // NewReport returns the report of the tables' ledger states (ReadTables) given the facts. A slot
@@ -183,7 +190,7 @@ type Facts struct {
 // wrapping ErrOtherSource when the source is not the database the ledger's streams read, or is
 // behind a watermark (restored from a backup, failed over to a standby that lacks changes).
 func NewReport(states map[changebatch.TableName]*TableState, f Facts) (Report, error) {
-	rep := Report{SourceLSN: LSN(f.SourceLSN), Slots: slices.Clone(f.Slots)}
+	rep := Report{SourceLSN: LSN(f.SourceLSN), Slots: slices.Clone(f.Slots), Waiting: append([]Wait{}, f.Waits...)}
 	slices.SortFunc(rep.Slots, func(a, b SlotHealth) int { return strings.Compare(a.Name, b.Name) })
 	slots := map[string]SlotHealth{}
 	for _, h := range append(slices.Clone(f.MoreSlots), f.Slots...) {
@@ -398,7 +405,7 @@ func FormatKeyRanges(ranges []KeyRange) string {
 // snapshotOnlyReport completes tr for a table kept by snapshots only: snapshot-only as of its last
 // backfill, or never-loaded (a gap) until one completed.
 func snapshotOnlyReport(st *TableState, tr TableReport) TableReport {
-	tr.WatermarkLSN, tr.LagBytes = 0, 0
+	tr.WatermarkLSN, tr.LagBytes, tr.KeptBy = 0, 0, st.KeptBy
 	if st.Backfilled == 0 || st.TargetReplaced {
 		tr.Status, tr.BackfillLSN = NeverLoaded, nil
 		tr.Note = "snapshot-only (" + st.SnapshotOnly + "): no backfill of it completed yet"
@@ -408,5 +415,8 @@ func snapshotOnlyReport(st *TableState, tr TableReport) TableReport {
 	tr.SnapshotAgeSeconds = st.LoadedAge.Round(time.Second).Seconds()
 	tr.Note = fmt.Sprintf("snapshot-only (%s): the target holds it as of snapshot %s, taken %s ago; backfills keep it (run --snapshot-schedule, or pgconverge backfill)",
 		st.SnapshotOnly, st.Backfilled, st.LoadedAge.Round(time.Second))
+	if st.KeptBy != "" {
+		tr.Note += "; kept by the daemon of slot " + st.KeptBy
+	}
 	return tr
 }

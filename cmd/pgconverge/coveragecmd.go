@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/spf13/cobra"
@@ -124,6 +125,7 @@ func printCoverage(w io.Writer, rep engine.Report) {
 			fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
 		}
 	}
+	printWaits(w, rep.Waiting)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TABLE\tSTATUS\tBACKFILLED AT\tSTREAMED SINCE\tWATERMARK\tLAG\tGAPS")
@@ -167,6 +169,15 @@ func printCoverage(w io.Writer, rep engine.Report) {
 	default:
 		fmt.Fprintf(w, "\nnot covered: %s\n", strings.Join(uncovered(rep), ", "))
 		fmt.Fprintln(w, "pgconverge run backfills never-loaded tables and, with --on-gap=backfill (the default), gaps when a session starts; loading tables are being backfilled now; or run pgconverge backfill --table for each")
+	}
+}
+
+// printWaits writes one line per table a running daemon leaves to the running daemon of another
+// slot and waits for.
+func printWaits(w io.Writer, waits []engine.Wait) {
+	for _, x := range waits {
+		fmt.Fprintf(w, "slot %s waits for table %s: followed by the running daemon of slot %s (since %s); take the table out of one daemon's selection, or stop the other daemon (this one then takes it over)\n",
+			x.Slot, x.Table, x.FollowedBy, x.Since.Local().Format(time.DateTime))
 	}
 }
 

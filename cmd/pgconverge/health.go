@@ -53,10 +53,11 @@ func (r *readiness) loading(trigger string) {
 }
 
 // retrying is called with SessionRetried: the session failed for reason and the next one starts
-// after a backoff, or (reason "overlap") the session waits for a daemon of another slot.
+// after a backoff, or (reason "overlap") the session waits for a table a daemon of another slot
+// follows (streaming its other tables, if any).
 func (r *readiness) retrying(reason string) {
 	if reason == "overlap" {
-		r.set(false, "waiting: a selected table is followed by a running daemon of another slot (the log's ERROR line \"waiting: a selected table is followed by a running daemon of another slot\" names it and the fix)")
+		r.set(false, "waiting: a selected table is followed by a running daemon of another slot (the log's ERROR lines starting \"waiting\" name it and the fix; the daemon follows its other tables meanwhile)")
 		return
 	}
 	if reason == "restart" {

@@ -73,6 +73,7 @@ func printStatus(w io.Writer, rep engine.StatusReport) {
 	for _, s := range rep.Slots {
 		printSlotStatus(w, s)
 	}
+	printWaits(w, rep.Waiting)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TABLE\tSTATUS\tFOLLOWED\tLAG\tLAG TIME\tWATERMARK AGE")

@@ -28,7 +28,7 @@ type coverageStart struct {
 // began, from a position read after the join). Deciding from the spans' own membership tokens, in
 // this one transaction, means a session that dies half-way leaves nothing half-recorded. The
 // transaction first claims the tables (claimTables: none may be followed by a running daemon of
-// another slot).
+// another slot) and records the snapshot-only tables this slot keeps.
 func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	cfg := s.cfg
 	tx, err := s.tgt.Begin(ctx)

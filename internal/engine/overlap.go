@@ -2,38 +2,55 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // One table is followed by one daemon. Two daemons with different slots whose selections share a
 // table would each record the table's publication membership under their own publication, find
-// the other's token at each start, and load the table again, over and over. So a session takes no
-// table that a running daemon of another slot follows (its slot has an open span of the table, and
-// one of its daemons holds the slot's running lock, which a daemon holds for as long as its process
-// runs: holdPresence). After leading its slot, a session waits until none does (waitOutOverlap),
-// before it creates anything for its stream; recordCoverage checks again under
-// coverage.LockFollowing in the transaction that opens its spans, where daemons that start at once
-// take turns, and ends the open spans that stopped slots still have of its tables: their streams
-// no longer follow them.
+// the other's token at each start, and load the table again, over and over; two that both keep a
+// snapshot-only table would back it up twice. So a session takes no table that a running daemon of
+// another slot follows (its slot has an open span of the table, or keeps it by snapshots:
+// pgconverge.tables.kept_by, and one of its daemons holds the slot's running lock, which a daemon
+// holds for as long as its process runs: holdPresence). After leading its slot, a session leaves
+// those tables to that daemon (settleOverlap): it does not publish, create, load, stream or back
+// them up (its stream skips the changes of a published table it does not select), records what it
+// waits for (coverage.RecordWaits, for status and coverage), and follows its other tables; one
+// whose every table is followed elsewhere writes nothing for its stream and waits. While streaming
+// it looks every overlapPoll whether the other daemon still runs (watchWaiting), and restarts once
+// it does not: the next session waits out overlapGrace and takes the table at the seam of a table
+// that joins (loaded from an exact snapshot while its slot keeps the later changes).
+// recordCoverage checks again under coverage.LockFollowing in the transaction that opens its spans
+// and records its snapshot-only tables (claimTables), where daemons that start at once take turns,
+// and ends the open spans that stopped slots still have of its tables: their streams no longer
+// follow them.
 
-// overlapPoll is how often a waiting session looks again whether the other daemon runs;
-// overlapLogEvery how often it says so, and describes its selection again (the operator's fix may
-// be a change of it). overlapGrace is how long a slot that follows a selected table must look
-// stopped before a session takes the table: a daemon whose target connections all failed (a
-// target restart) takes its running lock again within presenceCheckEvery of the target's return,
-// and must not find its tables taken by a daemon that was quicker.
+// overlapPoll is how often a session looks again whether the other daemon runs; overlapLogEvery
+// how often a waiting session says so (and, when it writes nothing, describes its selection again:
+// the operator's fix may be a change of it). overlapGrace is how long a slot that follows a
+// selected table must look stopped before a session takes the table: a daemon whose target
+// connections all failed (a target restart) takes its running lock again within
+// presenceCheckEvery of the target's return, and must not find its tables taken by a daemon that
+// was quicker.
 const (
 	overlapPoll     = 5 * time.Second
 	overlapLogEvery = time.Minute
 	overlapGrace    = 10 * time.Second
 )
+
+// errFollowerStopped ends a session that left a table to a daemon of another slot once no daemon
+// of that slot runs: the next session takes the table.
+var errFollowerStopped = errors.New("the daemon of another slot that followed a selected table stopped")
 
 // followedElsewhereError is a session's selection holding tables that a running daemon of another
 // slot follows.
@@ -52,18 +69,18 @@ func (e followedElsewhereError) Error() string {
 		l := e.leaders[f.Slot]
 		fmt.Fprintf(&b, "%s is followed by a running daemon of slot %q (last leader %s, since %s)", f.Table, f.Slot, l.Holder, l.AcquiredAt)
 	}
-	return b.String() + ": one table is followed by one daemon (two would reload it from each other); take the table out of one daemon's selection (--tables, or ALTER PUBLICATION … DROP TABLE for a daemon without --tables) or stop the other daemon; this daemon writes nothing for its stream until then"
+	return b.String() + ": one table is followed by one daemon (two would reload it from each other); take the table out of one daemon's selection (--tables, or ALTER PUBLICATION … DROP TABLE for a daemon without --tables) or stop the other daemon; this daemon leaves the table to it until then, and takes it over once that daemon stopped"
 }
 
-// followedElsewhere returns the tables among names, the session's selected tables, that a slot
-// other than the session's follows (coverage.FollowedElsewhere, read on db: s.tgt, or a
-// transaction on it), split by whether a daemon of that slot runs now, and the slots' leaders.
-func (s *session) followedElsewhere(ctx context.Context, db coverage.DB, names []changebatch.TableName) (running, stopped []coverage.Follower, leaders map[string]apply.LeaderState, err error) {
+// followedElsewhere returns the tables among names, selected tables, that a slot other than the
+// session's follows (coverage.FollowedElsewhere, read on db: conn, or a transaction on it), split
+// by whether a daemon of that slot runs now, and the slots' leaders (read on conn).
+func (s *session) followedElsewhere(ctx context.Context, conn *pgx.Conn, db coverage.DB, names []changebatch.TableName) (running, stopped []coverage.Follower, leaders map[string]apply.LeaderState, err error) {
 	followers, err := coverage.FollowedElsewhere(ctx, db, s.cfg.Slot, names)
 	if err != nil || len(followers) == 0 {
 		return nil, nil, nil, err
 	}
-	if leaders, err = apply.ReadLeaders(ctx, s.tgt); err != nil {
+	if leaders, err = apply.ReadLeaders(ctx, conn); err != nil {
 		return nil, nil, nil, err
 	}
 	for _, f := range followers {
@@ -76,45 +93,60 @@ func (s *session) followedElsewhere(ctx context.Context, db coverage.DB, names [
 	return running, stopped, leaders, nil
 }
 
-// waitOutOverlap returns once no running daemon of another slot follows a selected table, and a
-// slot that follows one without a running daemon has looked stopped for overlapGrace, with the
-// tables described again when it waited. Meanwhile the session keeps leading its slot,
-// writes nothing, closes its replication connection and looks again every overlapPoll; it logs at
-// ERROR which tables, which slots and the fix and counts retry reason "overlap", at first and every
-// overlapLogEvery, and describes its selection again every overlapLogEvery.
-func (s *session) waitOutOverlap(ctx context.Context, describedAt pglogrepl.LSN, names []changebatch.TableName) (pglogrepl.LSN, []changebatch.TableName, error) {
-	var logged, since, stoppedSince time.Time
-	described := time.Now()
+// settleOverlap returns, once the session knows which selected tables it leaves to running
+// daemons of other slots (leave), its source position and the selected tables it follows. While a
+// selected table is followed by a slot none of whose daemons runs, it waits until that has lasted
+// overlapGrace (then the session takes the table: claimTables), and while every selected table is
+// followed by a running daemon of another slot it waits too, writing nothing but what it waits for
+// (coverage.RecordWaits), logging at ERROR and counting retry reason "overlap" at first and every
+// overlapLogEvery, and describing its selection again every overlapLogEvery. Meanwhile the session
+// keeps leading its slot, closes its replication connection and looks again every overlapPoll;
+// after a wait it describes its selection again before it goes on.
+func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, names []changebatch.TableName) (pglogrepl.LSN, []changebatch.TableName, error) {
+	var logged, since, stoppedSince, described time.Time
+	fresh := true
 	for {
-		running, stopped, leaders, err := s.followedElsewhere(ctx, s.tgt, names)
+		running, stopped, leaders, err := s.followedElsewhere(ctx, s.tgt, s.tgt, s.selected(names))
 		if err != nil {
 			return 0, nil, err
 		}
-		switch {
-		case len(running) > 0:
+		stopped = slices.DeleteFunc(stopped, func(f coverage.Follower) bool { return followed(running, f.Table) })
+		if len(stopped) == 0 {
 			stoppedSince = time.Time{}
-			if since.IsZero() {
-				since = time.Now()
-			}
-			if time.Since(logged) >= overlapLogEvery {
-				s.mon.SessionRetried("overlap")
-				s.cfg.Logger.Error("waiting: a selected table is followed by a running daemon of another slot", "slot", s.cfg.Slot,
-					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", overlapPoll.String())
-				logged = time.Now()
-			}
+		}
+		switch {
 		case len(stopped) > 0 && stoppedSince.IsZero():
 			stoppedSince = time.Now()
 			s.cfg.Logger.Info("a selected table is followed by a slot none of whose daemons runs: this daemon takes it over unless one shows within the grace",
 				"slot", s.cfg.Slot, "table", stopped[0].Table.String(), "from_slot", stopped[0].Slot, "grace", overlapGrace.String())
 		case len(stopped) > 0 && time.Since(stoppedSince) < overlapGrace:
-		case !since.IsZero() || !stoppedSince.IsZero():
+		case len(running) > 0 && !slices.ContainsFunc(s.selected(names), func(n changebatch.TableName) bool { return !followed(running, n) }):
 			if since.IsZero() {
-				since = stoppedSince
+				since = time.Now()
 			}
-			s.cfg.Logger.Info("no running daemon of another slot follows a selected table any more: this daemon goes on", "slot", s.cfg.Slot, "waited", time.Since(since).Round(time.Second).String())
-			return s.describe(ctx) // the source may have changed meanwhile
+			if err := coverage.RecordWaits(ctx, s.tgt, s.cfg.Slot, running); err != nil {
+				return 0, nil, err
+			}
+			if time.Since(logged) >= overlapLogEvery {
+				s.mon.SessionRetried("overlap")
+				s.cfg.Logger.Error("waiting: every selected table is followed by a running daemon of another slot, so this daemon writes nothing for its stream", "slot", s.cfg.Slot,
+					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", overlapPoll.String())
+				logged = time.Now()
+			}
+		case !fresh:
+			// The source may have changed while this session waited.
+			if describedAt, names, err = s.describe(ctx); err != nil {
+				return 0, nil, err
+			}
+			fresh, described = true, time.Now()
+			continue
 		default:
-			return describedAt, names, nil
+			if !since.IsZero() {
+				s.cfg.Logger.Info("a selected table is no longer followed by a running daemon of another slot: this daemon goes on", "slot", s.cfg.Slot,
+					"waited", time.Since(since).Round(time.Second).String())
+			}
+			names, err = s.leave(ctx, names, running, leaders)
+			return describedAt, names, err
 		}
 		if s.repl != nil {
 			s.repl.Close(ctx)
@@ -125,24 +157,118 @@ func (s *session) waitOutOverlap(ctx context.Context, describedAt pglogrepl.LSN,
 			return 0, nil, context.Cause(ctx)
 		case <-time.After(overlapPoll):
 		}
+		fresh = false
+		if described.IsZero() {
+			described = time.Now()
+		}
 		if time.Since(described) >= overlapLogEvery {
 			if describedAt, names, err = s.describe(ctx); err != nil {
 				return 0, nil, err
 			}
-			described = time.Now()
+			fresh, described = true, time.Now()
+		}
+	}
+}
+
+// selected returns names, the selected tables to stream, followed by the selected tables kept by
+// snapshots only.
+func (s *session) selected(names []changebatch.TableName) []changebatch.TableName {
+	out := slices.Clone(names)
+	for _, t := range s.snapshotOnly {
+		out = append(out, t.TableName)
+	}
+	return out
+}
+
+// followed reports whether table n is among followers.
+func followed(followers []coverage.Follower, n changebatch.TableName) bool {
+	return slices.ContainsFunc(followers, func(f coverage.Follower) bool { return f.Table == n })
+}
+
+// leave takes the tables running follows out of the session's selection (names, which it returns
+// without them, s.tables and s.snapshotOnly), notes them in s.waiting, records them on the target
+// (coverage.RecordWaits, which forgets what an earlier session waited for) and logs each at ERROR
+// with its follower and the fix.
+func (s *session) leave(ctx context.Context, names []changebatch.TableName, running []coverage.Follower, leaders map[string]apply.LeaderState) ([]changebatch.TableName, error) {
+	s.waiting = nil
+	for _, f := range running {
+		if !followed(s.waiting, f.Table) {
+			s.waiting = append(s.waiting, f)
+		}
+	}
+	if err := coverage.RecordWaits(ctx, s.tgt, s.cfg.Slot, s.waiting); err != nil {
+		return nil, err
+	}
+	if len(s.waiting) == 0 {
+		return names, nil
+	}
+	left := func(n changebatch.TableName) bool { return followed(s.waiting, n) }
+	s.tables = slices.DeleteFunc(s.tables, func(t changebatch.Table) bool { return left(t.TableName) })
+	s.snapshotOnly = slices.DeleteFunc(s.snapshotOnly, func(t changebatch.Table) bool { return left(t.TableName) })
+	s.cfg.Logger.Error("waiting for a table: it is followed by a running daemon of another slot; this daemon leaves it to that one and follows its other tables", "slot", s.cfg.Slot,
+		"err", followedElsewhereError{s.waiting, leaders}.Error(), "looks_again_every", overlapPoll.String())
+	return slices.DeleteFunc(slices.Clone(names), left), nil
+}
+
+// waitsFor reports whether table n is one the session leaves to a daemon of another slot.
+func (s *session) waitsFor(n changebatch.TableName) bool { return followed(s.waiting, n) }
+
+// watchWaiting runs with the stream while the session leaves tables to daemons of other slots
+// (s.waiting): over a target connection of its own it counts retry reason "overlap" at once, then
+// looks every overlapPoll whether those daemons still run, logging at ERROR and counting "overlap"
+// again every overlapLogEvery. It returns an error wrapping errFollowerStopped once a table's
+// follower runs no more (the next session takes the table, after overlapGrace), and nil at once
+// when the session waits for nothing.
+func (s *session) watchWaiting(ctx context.Context) error {
+	if len(s.waiting) == 0 {
+		return nil
+	}
+	conn, err := pgsession.Connect(ctx, s.cfg.Target, "target")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	names := make([]changebatch.TableName, len(s.waiting))
+	for i, f := range s.waiting {
+		names[i] = f.Table
+	}
+	s.mon.SessionRetried("overlap")
+	logged := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(overlapPoll):
+		}
+		running, _, leaders, err := s.followedElsewhere(ctx, conn, conn, names)
+		if err != nil {
+			return err
+		}
+		for _, f := range s.waiting {
+			if !followed(running, f.Table) {
+				return fmt.Errorf("%w: %s is no longer followed by a running daemon of slot %q: restarting the session to take it over (after a grace of %s, loaded from an exact snapshot while the slot keeps its later changes)",
+					errFollowerStopped, f.Table, f.Slot, overlapGrace)
+			}
+		}
+		if time.Since(logged) >= overlapLogEvery {
+			s.mon.SessionRetried("overlap")
+			s.cfg.Logger.Error("waiting for a table: it is followed by a running daemon of another slot; this daemon leaves it to that one and follows its other tables", "slot", s.cfg.Slot,
+				"err", followedElsewhereError{running, leaders}.Error(), "looks_again_every", overlapPoll.String())
+			logged = time.Now()
 		}
 	}
 }
 
 // claimTables, in recordCoverage's transaction tx, takes coverage.LockFollowing, returns a
 // followedElsewhereError when a running daemon of another slot follows one of the session's tables
-// (the session ends and the next one waits), and otherwise ends the open spans that stopped slots
-// have of them: from now on this slot follows them.
+// (the session ends and the next one leaves the table), and otherwise ends the open spans that
+// stopped slots have of them (from now on this slot follows them) and records that this slot keeps
+// its snapshot-only tables (coverage.KeepSnapshotOnly).
 func (s *session) claimTables(ctx context.Context, tx coverage.DB) error {
 	if err := coverage.LockFollowing(ctx, tx); err != nil {
 		return err
 	}
-	running, stopped, leaders, err := s.followedElsewhere(ctx, tx, s.names)
+	running, stopped, leaders, err := s.followedElsewhere(ctx, s.tgt, tx, s.selected(s.names))
 	if err != nil {
 		return err
 	}
@@ -156,5 +282,5 @@ func (s *session) claimTables(ctx context.Context, tx coverage.DB) error {
 		}
 		s.cfg.Logger.Info("taking a table over from a stopped daemon of another slot: that slot's coverage of it ends at its progress", "table", f.Table.String(), "from_slot", f.Slot, "slot", s.cfg.Slot)
 	}
-	return nil
+	return coverage.KeepSnapshotOnly(ctx, tx, s.cfg.Slot, s.selected(nil))
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,9 @@ type (
 	KeyRange = coverage.KeyRange
 	// LSN is an LSN printed X/Y in reports (coverage.LSN).
 	LSN = coverage.LSN
+	// Wait is a table a running daemon leaves to the running daemon of another slot and waits
+	// for (coverage.Wait).
+	Wait = coverage.Wait
 )
 
 // Table statuses of a report (coverage.Status); Status.Failing says which fail a check.
@@ -105,7 +109,24 @@ func CoverageReport(ctx context.Context, cfg CoverageConfig) (Report, error) {
 	if err := sourceFacts(ctx, src, tgt, states, names, &f); err != nil {
 		return Report{}, err
 	}
+	if f.Waits, err = runningWaits(ctx, tgt); err != nil {
+		return Report{}, err
+	}
 	return coverage.NewReport(states, f)
+}
+
+// runningWaits returns the recorded waits (coverage.ReadWaits) of the slots a daemon of which runs
+// now (apply.ReadLeaders): a stopped daemon waits for nothing.
+func runningWaits(ctx context.Context, tgt *pgx.Conn) ([]coverage.Wait, error) {
+	waits, err := coverage.ReadWaits(ctx, tgt)
+	if err != nil || len(waits) == 0 {
+		return nil, err
+	}
+	leaders, err := apply.ReadLeaders(ctx, tgt)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(waits, func(w coverage.Wait) bool { return !leaders[w.Slot].Running }), nil
 }
 
 // sourceFacts fills in the facts about the streamed tables: the slots named beyond listed (a

@@ -91,7 +91,7 @@ func decide(err error) decision {
 	case errors.As(err, &perm):
 		return stop
 	case errors.Is(err, errMembershipChanged), errors.Is(err, errSlotMoved), errors.Is(err, errEnumChanged),
-		errors.As(err, &schema), lostLeadership(err):
+		errors.Is(err, errFollowerStopped), errors.As(err, &schema), lostLeadership(err):
 		return restart
 	case errors.As(err, &watch), errors.As(err, &enumCheck), errors.As(err, &keyLost), errors.As(err, &overlap), errors.Is(err, cdc.ErrSlotBusy), errors.Is(err, cdc.ErrSlotMissing),
 		errors.Is(err, cdc.ErrSourceSilent), errors.Is(err, errSlotLost),

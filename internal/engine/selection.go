@@ -190,7 +190,7 @@ func (s *session) warnUnselected(ctx context.Context, selected []changebatch.Tab
 		case snapshotOnly:
 			s.cfg.Logger.Error("published table kept by snapshots only: its changes cannot be streamed, and the source refuses its application's UPDATEs and DELETEs while it is published without a replica identity; give it one: ALTER TABLE "+n.Quoted()+" REPLICA IDENTITY FULL (or a primary key), and it is streamed from then on",
 				"table", n.String(), "publication", s.cfg.Publication, "reason", why)
-		case !sel[n]:
+		case !sel[n] && !s.waitsFor(n): // one waited for is logged at ERROR (leave)
 			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",
 				"table", n.String(), "publication", s.cfg.Publication)
 		}

@@ -43,6 +43,9 @@ type session struct {
 	// patterns are the --tables patterns (changebatch.TablePattern): the tables they match are
 	// selected, and one that starts matching while streaming restarts the session.
 	patterns []changebatch.TablePattern
+	// waiting are the selected tables the session leaves to the running daemons of other slots
+	// that follow them, one follower each (settleOverlap).
+	waiting []coverage.Follower
 	// joined are the streamed tables that were kept by snapshots only until this session.
 	joined   map[changebatch.TableName]bool
 	sourceID string // cdc.SourceID of the source
@@ -138,11 +141,11 @@ func (e enumCheckError) Unwrap() error { return e.err }
 
 // run is the session's work in order: connect and check, describe the tables and check both
 // sides without writing, lead the slot (waiting as a standby while another daemon leads it, then
-// describing again; lost ends the session when the leader lock's connection fails), wait while a
-// running daemon of another slot follows a selected table (overlap.go), prepare the tables and
-// the publication (holding the epoch: prepare), then the slot (loading what needs it), then
-// stream. Each statement of the start has the session's statement deadline (bounded), the loads
-// excepted.
+// describing again; lost ends the session when the leader lock's connection fails), leave the
+// selected tables that a running daemon of another slot follows to it (waiting while it follows
+// every one: overlap.go), prepare the tables and the publication (holding the epoch: prepare),
+// then the slot (loading what needs it), then stream. Each statement of the start has the
+// session's statement deadline (bounded), the loads excepted.
 func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 	start := s.bounded(ctx)
 	s.step("connect")
@@ -165,7 +168,7 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 			return err
 		}
 	}
-	if describedAt, names, err = s.waitOutOverlap(start, describedAt, names); err != nil {
+	if describedAt, names, err = s.settleOverlap(start, describedAt, names); err != nil {
 		return err
 	}
 	if err := s.prepare(start, names); err != nil {

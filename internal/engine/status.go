@@ -33,6 +33,10 @@ type StatusReport struct {
 	// Tables are in the coverage report's order (by name); Slots by name.
 	Tables []TableStatus `json:"tables"`
 	Slots  []SlotStatus  `json:"slots"`
+	// Waiting are the coverage report's (Report.Waiting): per slot whose daemon runs, the
+	// selected tables it leaves to the running daemon of another slot (followed_by) and waits
+	// for, by slot then table; empty when none does.
+	Waiting []Wait `json:"waiting"`
 	// Backfills are the runs recorded as running (pgconverge.backfill_runs), oldest first; empty
 	// when none runs.
 	Backfills []BackfillRunStatus `json:"backfills"`
@@ -194,7 +198,7 @@ type VerifyRunStatus struct {
 }
 
 // Status is `pgconverge status`: the coverage report (CoverageReport, not computed again) with,
-// per slot, the session holding it and its lag, the running backfill runs with their chunks, and
+// per slot, the session holding it and its lag (and the tables its daemon waits for), the running backfill runs with their chunks, and
 // the latest verify run. Errors are CoverageReport's (no ledger, a wrong source, a failed read)
 // and failed reads of the source's or target's views, each naming what it read.
 func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
@@ -208,7 +212,7 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 	}
 	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
 	out := StatusReport{MadeAt: time.Now().UTC(), SourceLSN: rep.SourceLSN, Covered: rep.Covered,
-		Tables: []TableStatus{}, Backfills: []BackfillRunStatus{}}
+		Tables: []TableStatus{}, Backfills: []BackfillRunStatus{}, Waiting: rep.Waiting}
 	if out.Slots, err = slotStatuses(ctx, src, rep); err != nil {
 		return StatusReport{}, err
 	}

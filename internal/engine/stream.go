@@ -20,9 +20,10 @@ import (
 // stream runs the session's streaming phase under one errgroup until ctx ends or one of its
 // goroutines fails: the streamer (which owns the replication connection and applies through
 // applyStream), the watcher (the source's WAL position every second, the catalog checks every 5 s,
-// on the session's source connection) and the backfill schedule. The first error ends them all and
-// is returned; the watcher's errors are typed (errMembershipChanged, errEnumChanged,
-// *cdc.SchemaChangeError) so that decide can tell a restart on purpose from a failure. A schema
+// on the session's source connection), the backfill schedule and, while the session leaves tables
+// to daemons of other slots, watchWaiting. The first error ends them all and is returned; the
+// watchers' errors are typed (errMembershipChanged, errEnumChanged, *cdc.SchemaChangeError,
+// errFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
 // change that needs a reload is recorded before the session ends.
 func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) error {
 	cfg := s.cfg
@@ -62,6 +63,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g.Go(func() error { return s.watch(s.bounded(gctx), &walEnd) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
+	g.Go(func() error { return s.watchWaiting(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
 	g.Go(func() error { return s.pruneTombstones(gctx) })
 	s.unknown = make(chan unknownKeys, unknownQueue)

@@ -101,7 +101,7 @@ func (s *session) checkMemberships(ctx context.Context) error {
 			return err
 		}
 		for _, n := range names {
-			if _, ok := s.memberships[n]; !ok {
+			if _, ok := s.memberships[n]; !ok && !s.waitsFor(n) {
 				return fmt.Errorf("%w: table %s matches a --tables pattern: restarting the session to load and stream it",
 					errMembershipChanged, n)
 			}
@@ -114,7 +114,7 @@ func (s *session) checkMemberships(ctx context.Context) error {
 			return err
 		}
 		for _, n := range names {
-			if _, ok := s.memberships[n]; !ok && !s.keptBySnapshots(n) {
+			if _, ok := s.memberships[n]; !ok && !s.keptBySnapshots(n) && !s.waitsFor(n) {
 				return fmt.Errorf("%w: table %s joined publication %q: restarting the session to load and stream it",
 					errMembershipChanged, n, s.cfg.Publication)
 			}
