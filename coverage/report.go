@@ -304,6 +304,11 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	case slot.WALStatus == "lost":
 		tr.Note = fmt.Sprintf("slot %s is invalidated: its stream cannot deliver what follows the watermark", slot.Name)
 		led.Watermark = max(led.Watermark, now)
+	case slot.ConfirmedFlushLSN == nil:
+		// A logical slot has no confirmed_flush_lsn only while it is being created: this one
+		// replaces the slot whose stream followed the table (it was dropped or lost).
+		tr.Note = fmt.Sprintf("slot %s is being created again (it has no confirmed_flush_lsn yet): the stream of the slot it replaces cannot deliver what follows the watermark", slot.Name)
+		led.Watermark = max(led.Watermark, now)
 	case slot.ConfirmedFlushLSN != nil && *slot.ConfirmedFlushLSN > LSN(led.Watermark):
 		tr.Note = fmt.Sprintf("slot %s has confirmed_flush_lsn %s, past the watermark: another consumer advanced it, or it was dropped and created again, so its stream skips what lies between",
 			slot.Name, *slot.ConfirmedFlushLSN)

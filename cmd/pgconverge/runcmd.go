@@ -27,8 +27,11 @@ creates missing target tables, loads every table that has no completed load from
 then streams changes until SIGINT or SIGTERM. URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
 
 The source needs wal_level = logical, a role with the REPLICATION attribute that may read the tables
-and create the publication, and a primary key (or replica identity index) on every table. Changes of
-published tables that are not selected are skipped: such a table is loaded again when it is selected.`,
+and create the publication. A table with a primary key (not DEFERRABLE) or a replica identity index
+is streamed by its key, one with REPLICA IDENTITY FULL and no such key by whole rows; one that no
+publication can carry (UNLOGGED, REPLICA IDENTITY NOTHING, no key and not FULL) is kept by
+snapshots (--snapshot-schedule). Changes of published tables that are not selected are skipped:
+such a table is loaded again when it is selected.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(stderr, logFormat, logLevel)
@@ -72,12 +75,12 @@ published tables that are not selected are skipped: such a table is loaded again
 	}
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
-	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"'; an unquoted * or ? makes a pattern, matched again as tables come: 'public.*,sales.order_*' (default: the publication's tables, else every table with a primary key)")
+	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"'; an unquoted * or ? makes a pattern, matched again as tables come: 'public.*,sales.order_*' (default: every table pgconverge can carry: the publication's tables, else every table it can stream, and the tables no publication can carry, kept by snapshots)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
-	f.StringVar(&snapshotSpec, "snapshot-schedule", "@hourly", `backfill the tables no publication can carry (UNLOGGED, or without a key and REPLICA IDENTITY FULL: kept by snapshots only) again on this cron schedule; "" loads them only when they were never loaded`)
+	f.StringVar(&snapshotSpec, "snapshot-schedule", "@hourly", `backfill the tables no publication can carry (UNLOGGED, REPLICA IDENTITY NOTHING, or without a key and without REPLICA IDENTITY FULL: kept by snapshots only) again on this cron schedule; "" loads them only when they were never loaded`)
 	f.StringVar(&verifySpec, "verify-schedule", "", `verify every selected table on this cron schedule while streaming (as pgconverge verify does), for example "@every 6h"; a tick while the previous verify runs is skipped`)
 	f.BoolVar(&cfg.VerifyRepair, "verify-repair", false, "repair what a scheduled verify finds (as verify --repair)")
 	addAuditRetentionFlag(f, &cfg.AuditRetention)

@@ -112,3 +112,54 @@ func TestOnlyTablesKeptBySnapshots(t *testing.T) {
 	}
 	d.RequireRunning(t)
 }
+
+// A --tables pattern that matches a table kept by snapshots (a DEFERRABLE key, REPLICA IDENTITY
+// NOTHING) keeps it without restarting the session at every catalog check (it restarted every
+// 5 s: the check took it for a new table).
+func TestPatternKeepsTablesBySnapshotsWithoutRestarts(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
+		`create table dp (id int primary key deferrable)`, `insert into dp values (1)`,
+		`create table rin (id int primary key)`, `alter table rin replica identity nothing`, `insert into rin values (1)`)
+	cfg := testConfig(t, env)
+	cfg.Tables = []string{"public.*"}
+	mon := &retryCounter{}
+	cfg.Monitor = mon
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitConverged(t, env, "dp", "id")
+	pgtest.WaitConverged(t, env, "rin", "id")
+	after := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	waitSpansConfirmed(t, env, after, 1) // a catalog check passed
+	after = lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	waitSpansConfirmed(t, env, after, 1) // and another
+	if c := mon.counts(); len(c) != 0 {
+		t.Errorf("sessions retried %v, want none", c)
+	}
+	d.RequireRunning(t)
+}
+
+// A table kept by snapshots that is dropped (or renamed) on the source ends the session, so the
+// next one selects the tables again: the others' refreshes go on (every refresh run failed on the
+// missing table, and with it the others').
+func TestDroppedTableKeptBySnapshotsStopsNoRefresh(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table ok (id int primary key)`, `create unlogged table h2 (x int)`, `insert into h2 values (2)`)
+	cfg := testConfig(t, env)
+	var err error
+	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cfg)
+	pgtest.WaitStreaming(t, env)
+	pgtest.Exec(t, env.Source, `create table h1 (x int primary key)`, `alter table h1 replica identity nothing`,
+		`create table h3 (x int)`, `create unlogged table h5 (x int primary key)`,
+		`insert into h1 values (1)`, `insert into h3 values (3)`, `insert into h5 values (5)`)
+	pgtest.WaitConverged(t, env, "h1", "x")
+	pgtest.WaitConverged(t, env, "h5", "x")
+	waitSameMultiset(t, env, "h3")
+	pgtest.Exec(t, env.Source, `drop table h1`, `drop table h5`, `alter table h3 rename to h4`, `insert into h2 values (20)`, `insert into h4 values (30)`)
+	waitSameMultiset(t, env, "h2")
+	waitSameMultiset(t, env, "h4")
+	d.RequireRunning(t)
+}

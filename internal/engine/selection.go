@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -42,7 +43,7 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 		}
 	}
 	var errs []error
-	var noKey []changebatch.TableName
+	noKey := map[changebatch.TableName]string{} // why each has no key, "" for no usable one
 	for _, n := range names {
 		t, err := cdc.DescribeTable(ctx, s.src, n.Schema, n.Name)
 		if err == nil {
@@ -51,13 +52,13 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 		if err != nil {
 			errs = append(errs, err)
 			if errors.Is(err, changebatch.ErrNoKey) {
-				noKey = append(noKey, n)
+				noKey[n] = ""
 			}
 			continue
 		}
 		if t.SnapshotOnly != "" {
 			if t.SnapshotOnly == cdc.SnapshotOnlyNoKey || t.SnapshotOnly == cdc.SnapshotOnlyDeferrable {
-				noKey = append(noKey, n) // waited for if it was streamed: see below
+				noKey[n] = t.SnapshotOnly // waited for if it was streamed: see below
 			}
 			s.snapshotOnly = append(s.snapshotOnly, t)
 			continue
@@ -91,11 +92,11 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 	return nil, refusal(errors.Join(errs...))
 }
 
-// waitForLostKeys returns a keyLostError when a table of noKey (described without a key) is one a
-// stream follows already: it lost its key (a primary key dropped to be added on other columns),
-// and the daemon waits, as the DBA is usually about to add the new one; errs are the other
-// problems found, reported with it.
-func (s *session) waitForLostKeys(ctx context.Context, noKey []changebatch.TableName, errs []error) error {
+// waitForLostKeys returns a keyLostError when a table of noKey (described without a key, with
+// the reason when it has one) is one a stream follows already: it lost its key (a primary key
+// dropped to be added on other columns, or made DEFERRABLE), and the daemon waits, as the DBA is
+// usually about to add the new one; errs are the other problems found, reported with it.
+func (s *session) waitForLostKeys(ctx context.Context, noKey map[changebatch.TableName]string, errs []error) error {
 	if len(noKey) == 0 {
 		return nil
 	}
@@ -103,13 +104,22 @@ func (s *session) waitForLostKeys(ctx context.Context, noKey []changebatch.Table
 	if err != nil {
 		return err
 	}
-	for _, n := range noKey {
-		if streamed[n] {
-			return keyLostError{errors.Join(append(errs, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or replicate it by its whole rows (ALTER TABLE %s REPLICA IDENTITY FULL): %w",
-				n, n.Quoted(), n.Quoted(), changebatch.ErrNoKey))...)}
+	var lost []error
+	for _, n := range slices.SortedFunc(maps.Keys(noKey), func(a, b changebatch.TableName) int { return strings.Compare(a.String(), b.String()) }) {
+		if !streamed[n] {
+			continue
 		}
+		if why := noKey[n]; why != "" && why != cdc.SnapshotOnlyNoKey {
+			lost = append(lost, fmt.Errorf("table %s has no usable key now: %s: %w", n, why, changebatch.ErrNoKey))
+			continue
+		}
+		lost = append(lost, fmt.Errorf("table %s has no primary key or replica identity index: add one (ALTER TABLE %s ADD PRIMARY KEY (...)), or replicate it by its whole rows (ALTER TABLE %s REPLICA IDENTITY FULL): %w",
+			n, n.Quoted(), n.Quoted(), changebatch.ErrNoKey))
 	}
-	return nil
+	if len(lost) == 0 {
+		return nil
+	}
+	return keyLostError{errors.Join(append(errs, lost...)...)}
 }
 
 // withKeptBySnapshots returns names, the default selection, with the tables the target keeps by
@@ -188,7 +198,7 @@ func (s *session) warnUnselected(ctx context.Context, selected []changebatch.Tab
 	for _, n := range published {
 		switch why, snapshotOnly := kept[n]; {
 		case snapshotOnly:
-			s.cfg.Logger.Error("published table kept by snapshots only: its changes cannot be streamed, and the source refuses its application's UPDATEs and DELETEs while it is published without a replica identity; give it one: ALTER TABLE "+n.Quoted()+" REPLICA IDENTITY FULL (or a primary key), and it is streamed from then on",
+			s.cfg.Logger.Error("published table kept by snapshots only: its changes cannot be streamed, and the source refuses its application's UPDATEs and DELETEs while it is published without a replica identity; the reason says what makes it streamable, and it is streamed from then on",
 				"table", n.String(), "publication", s.cfg.Publication, "reason", why)
 		case !sel[n] && !s.waitsFor(n): // one waited for is logged at ERROR (leave)
 			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",

@@ -77,7 +77,7 @@ type session struct {
 
 // errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while
 // the session loaded tables; the next session records the break in the ledger.
-var errSlotMoved = errors.New("replication slot moved during the session's start")
+var errSlotMoved = errors.New("replication slot moved or dropped under the session")
 
 // errSlotLost ends a session whose slot the source invalidated (wal_status lost) after the session
 // began: it removed WAL the slot still needed, past max_slot_wal_keep_size. The next session, after
@@ -273,6 +273,10 @@ func (s *session) prepareTarget(ctx context.Context) error {
 	if forgotten, err = s.retireLeft(ctx, forgotten); err != nil {
 		return err
 	}
+	// A streamed table kept by snapshots now (REPLICA IDENTITY NOTHING, say) is still selected.
+	forgotten = slices.DeleteFunc(forgotten, func(t string) bool {
+		return slices.ContainsFunc(s.snapshotOnly, func(k changebatch.Table) bool { return k.String() == t })
+	})
 	for _, t := range forgotten {
 		cfg.Logger.Error("table no longer selected: no stream follows it now, and coverage reports it not-streamed (which fails --fail-on-gap) until it is selected again, then loaded again, or retired with pgconverge retire --table "+t,
 			"table", t, "slot", cfg.Slot)

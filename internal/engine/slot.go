@@ -156,6 +156,7 @@ func (s *session) checkNotRewound(ctx context.Context) error {
 // slot's exported snapshot. brk says why a segment the ledger had open for the slot ended.
 func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error) {
 	cfg := s.cfg
+	cfg.Logger.Info("creating replication slot: the source first waits for the transactions running now to end", "slot", cfg.Slot)
 	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false)
 	if err != nil {
 		return 0, err

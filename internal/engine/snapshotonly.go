@@ -5,14 +5,15 @@ import (
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 )
 
-// Tables no publication can carry (changebatch.Table.SnapshotOnly: UNLOGGED, or without a key and
-// REPLICA IDENTITY FULL) are kept by backfills alone: each reads the whole table at one exact
-// snapshot S and, through the apply step, leaves the target holding it as of S (its fence
+// Tables no publication can carry (changebatch.Table.SnapshotOnly: UNLOGGED, REPLICA IDENTITY
+// NOTHING, or without a key and without REPLICA IDENTITY FULL) are kept by backfills alone: each
+// reads the whole table at one exact snapshot S and, through the apply step, leaves the target holding it as of S (its fence
 // tombstones the rows S does not show). They follow no slot, are never published, and the
 // coverage report calls them snapshot-only, as of S. A session loads those that never completed a
 // load; --snapshot-schedule backfills them again (runSchedule). One that can be streamed now
@@ -55,6 +56,9 @@ func (s *session) checkStreamable(ctx context.Context, at pglogrepl.LSN) error {
 	if len(s.snapshotOnly) == 0 {
 		return nil
 	}
+	if err := s.snapshotOnlyGone(ctx); err != nil {
+		return err
+	}
 	columnsOnly := make([]changebatch.Table, len(s.snapshotOnly))
 	for i, t := range s.snapshotOnly {
 		t.Filenode = 0
@@ -73,6 +77,32 @@ func (s *session) checkStreamable(ctx context.Context, at pglogrepl.LSN) error {
 		}
 		return fmt.Errorf("%w: table %s can be streamed now (it was kept by snapshots only: %s): restarting the session to publish it and load it from a snapshot while the slot keeps its later changes",
 			errMembershipChanged, t, t.SnapshotOnly)
+	}
+	return nil
+}
+
+// snapshotOnlyGone returns errMembershipChanged when a table the session keeps by snapshots no
+// longer names the relation it named at the session's start (dropped, renamed, or dropped and
+// created again): its refreshes would fail, and with them those of the other tables of their
+// run, until a session selects the tables again.
+func (s *session) snapshotOnlyGone(ctx context.Context) error {
+	schemas, names, oids := make([]string, len(s.snapshotOnly)), make([]string, len(s.snapshotOnly)), make([]uint32, len(s.snapshotOnly))
+	for i, t := range s.snapshotOnly {
+		schemas[i], names[i], oids[i] = t.Schema, t.Name, t.SourceOID
+	}
+	rows, err := s.src.Query(ctx, `select k.schema_name, k.table_name from unnest($1::text[], $2::text[], $3::oid[]) k(schema_name, table_name, oid)
+where not exists (select 1 from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = k.schema_name and c.relname = k.table_name and c.oid = k.oid)`,
+		schemas, names, oids)
+	if err != nil {
+		return fmt.Errorf("look up the tables kept by snapshots: %w", err)
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
+	if err != nil {
+		return fmt.Errorf("look up the tables kept by snapshots: %w", err)
+	}
+	if len(gone) > 0 {
+		return fmt.Errorf("%w: table %s, kept by snapshots, was dropped, renamed or created again on the source: restarting the session to select the tables again",
+			errMembershipChanged, gone[0])
 	}
 	return nil
 }

@@ -101,21 +101,22 @@ func (s *session) checkMemberships(ctx context.Context) error {
 			return err
 		}
 		for _, n := range names {
-			if _, ok := s.memberships[n]; !ok && !s.waitsFor(n) {
-				return fmt.Errorf("%w: table %s matches a --tables pattern: restarting the session to load and stream it",
+			if _, ok := s.memberships[n]; !ok && !s.keptBySnapshots(n) && !s.waitsFor(n) {
+				return fmt.Errorf("%w: table %s matches a --tables pattern: restarting the session to follow it",
 					errMembershipChanged, n)
 			}
 		}
 	}
 	if len(s.cfg.Tables) == 0 {
-		// The default selection is the publication's tables: one added to it is selected now.
+		// The default selection is the publication's tables and those no publication can carry:
+		// one added to them is selected now.
 		names, _, err := cdc.DefaultTables(ctx, s.src, s.cfg.Publication)
 		if err != nil {
 			return err
 		}
 		for _, n := range names {
 			if _, ok := s.memberships[n]; !ok && !s.keptBySnapshots(n) && !s.waitsFor(n) {
-				return fmt.Errorf("%w: table %s joined publication %q: restarting the session to load and stream it",
+				return fmt.Errorf("%w: table %s joined the default selection (publication %q, or the tables no publication can carry): restarting the session to follow it",
 					errMembershipChanged, n, s.cfg.Publication)
 			}
 		}
