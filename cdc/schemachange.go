@@ -164,7 +164,7 @@ func compareColumns(t changebatch.Table, cols []columnType, lsn pglogrepl.LSN, w
 }
 
 // ChangedColumns compares the source catalog's columns (names, types, attnums), generated
-// columns, key and relfilenode of each table (found by its SourceOID) with its description, and returns the first
+// columns, key, replica identity (lostIdentity) and relfilenode of each table (found by its SourceOID) with its description, and returns the first
 // difference as a *SchemaChangeError whose LSN is at, the source position the caller read before
 // the catalog; nil when every table is as described. It catches a change no Relation message
 // shows: ADD COLUMN ... DEFAULT fills existing rows with no change that pgoutput sends, and a
@@ -180,11 +180,12 @@ func ChangedColumns(ctx context.Context, conn *pgx.Conn, tables []changebatch.Ta
 		}
 	}
 	// The key as keyColumns reads it: the replica identity index, else the primary key unless it
-	// is DEFERRABLE (then there is none, as DescribeTable refuses it).
+	// is DEFERRABLE (then there is none, and the table is followed by whole rows or snapshots).
 	rows, err := conn.Query(ctx, `select a.attrelid, a.attname, a.atttypid, a.atttypmod,
   coalesce(array_position((select i.indkey[0:i.indnkeyatts-1]::int2[] from pg_index i join pg_class c on c.oid = i.indrelid
     where i.indrelid = a.attrelid and case when c.relreplident = 'i' then i.indisreplident else i.indisprimary and i.indimmediate end), a.attnum), 0),
-  a.attgenerated <> '', a.attnum, coalesce(pg_relation_filenode(a.attrelid), 0)
+  a.attgenerated <> '', a.attnum, coalesce(pg_relation_filenode(a.attrelid), 0),
+  (select relreplident::text from pg_class where oid = a.attrelid)
 from pg_attribute a
 where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.attrelid, a.attnum`, oids)
 	if err != nil {
@@ -192,15 +193,17 @@ where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.at
 	}
 	cols := map[uint32][]columnType{}
 	filenodes := map[uint32]uint32{}
+	identities := map[uint32]string{}
 	for rows.Next() {
 		var oid, filenode uint32
 		var c columnType
-		if err := rows.Scan(&oid, &c.name, &c.typeOID, &c.typeMod, &c.keyPos, &c.generated, &c.attnum, &filenode); err != nil {
+		var identity string
+		if err := rows.Scan(&oid, &c.name, &c.typeOID, &c.typeMod, &c.keyPos, &c.generated, &c.attnum, &filenode, &identity); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read the source tables' columns: %w", err)
 		}
 		cols[oid] = append(cols[oid], c)
-		filenodes[oid] = filenode
+		filenodes[oid], identities[oid] = filenode, identity
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -213,6 +216,9 @@ where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.at
 			if ch == nil && t.Filenode != 0 && filenodes[oid] != 0 && t.Filenode != filenodes[oid] {
 				ch = &SchemaChangeError{Table: t, LSN: at, Rewritten: true}
 			}
+			if ch == nil && lostIdentity(t, identities[oid]) {
+				ch = &SchemaChangeError{Table: t, LSN: at, KeyChanged: true}
+			}
 			if ch != nil {
 				// The target table takes the new key and is loaded again under it.
 				ch.Reload = ch.Reload || ch.KeyChanged
@@ -221,4 +227,19 @@ where a.attrelid = any($1) and a.attnum > 0 and not a.attisdropped order by a.at
 		}
 	}
 	return nil, nil
+}
+
+// lostIdentity reports whether streamed table t (not kept by snapshots) has lost the replica
+// identity it was described with, as identity (pg_class.relreplident) shows while no key column
+// changed: one followed by whole rows is no longer REPLICA IDENTITY FULL, one followed by its key
+// is REPLICA IDENTITY NOTHING. The source refuses its application's UPDATEs and DELETEs from then
+// on; no Relation message shows it until the table's next change.
+func lostIdentity(t changebatch.Table, identity string) bool {
+	if t.SnapshotOnly != "" || identity == "" {
+		return false
+	}
+	if t.Keyless {
+		return identity != "f"
+	}
+	return identity == "n"
 }

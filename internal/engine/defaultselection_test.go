@@ -158,8 +158,10 @@ func TestDroppedTableKeptBySnapshotsStopsNoRefresh(t *testing.T) {
 	pgtest.WaitConverged(t, env, "h1", "x")
 	pgtest.WaitConverged(t, env, "h5", "x")
 	waitSameMultiset(t, env, "h3")
-	pgtest.Exec(t, env.Source, `drop table h1`, `drop table h5`, `alter table h3 rename to h4`, `insert into h2 values (20)`, `insert into h4 values (30)`)
+	pgtest.Exec(t, env.Source, `drop table h1`, `drop table h5`, `insert into h2 values (20)`, `insert into h3 values (30)`)
 	waitSameMultiset(t, env, "h2")
+	waitSameMultiset(t, env, "h3")
+	pgtest.Exec(t, env.Source, `alter table h3 rename to h4`, `insert into h4 values (40)`)
 	waitSameMultiset(t, env, "h4")
 	d.RequireRunning(t)
 }

@@ -335,3 +335,28 @@ func TestUnloggedTableIsNamedAndKeptBySnapshots(t *testing.T) {
 		t.Errorf("tables published with scratch named: %s", d)
 	}
 }
+
+// A table streamed by whole rows that loses REPLICA IDENTITY FULL (also one whose only key is
+// DEFERRABLE) has no replica identity: the catalog check notices within seconds, with no row
+// change (it waited for the table's next change), and the daemon waits for it like a lost key,
+// then follows it again once FULL is back.
+func TestReplicaIdentityFullTakenAwayIsWaitedFor(t *testing.T) {
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table b (x int, v text)`, `alter table b replica identity full`,
+		`create table c (id int primary key deferrable, v text)`, `alter table c replica identity full`,
+		`insert into b values (1, 'b')`, `insert into c values (1, 'c')`)
+	d, mon := startCounted(t, env)
+	pgtest.WaitStreaming(t, env)
+	waitSameMultiset(t, env, "b")
+	pgtest.Exec(t, env.Source, `alter table b replica identity default`, `alter table c replica identity default`)
+	pgtest.Eventually(t, 60*time.Second, "a schema retry while b and c have no replica identity", func() (bool, string) {
+		n := mon.counts()
+		return n["schema"] > 0, fmt.Sprint(n)
+	})
+	d.RequireRunning(t)
+	pgtest.Exec(t, env.Source, `alter table b replica identity full`, `alter table c replica identity full`,
+		`insert into b values (2, 'after')`, `update c set id = id + 1`)
+	waitSameMultiset(t, env, "b")
+	pgtest.WaitConverged(t, env, "c", "id")
+	d.RequireRunning(t)
+}
