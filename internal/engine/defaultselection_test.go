@@ -34,10 +34,7 @@ func TestDefaultSelectionKeepsEveryTable(t *testing.T) {
 	run := func() (*pgtest.Running, *pgtest.SyncBuffer) {
 		logs := &pgtest.SyncBuffer{}
 		cfg := testConfig(t, env)
-		var err error
-		if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
-			t.Fatal(err)
-		}
+		refreshEverySecond(t, &cfg)
 		cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(pgtest.LogWriter(t), logs), nil))
 		d := startDaemon(t, cfg)
 		pgtest.WaitStreaming(t, env)
@@ -99,10 +96,7 @@ func TestOnlyTablesKeptBySnapshots(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table heap (x int, y text)`, `insert into heap select g % 5, 'h' from generate_series(1, 30) g`)
 	cfg := testConfig(t, env)
-	var err error
-	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
-		t.Fatal(err)
-	}
+	refreshEverySecond(t, &cfg)
 	d := startDaemon(t, cfg)
 	waitSameMultiset(t, env, "heap")
 	pgtest.Exec(t, env.Source, `insert into heap values (7, 'refreshed')`)
@@ -146,10 +140,7 @@ func TestDroppedTableKeptBySnapshotsStopsNoRefresh(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table ok (id int primary key)`, `create unlogged table h2 (x int)`, `insert into h2 values (2)`)
 	cfg := testConfig(t, env)
-	var err error
-	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
-		t.Fatal(err)
-	}
+	refreshEverySecond(t, &cfg)
 	d := startDaemon(t, cfg)
 	pgtest.WaitStreaming(t, env)
 	pgtest.Exec(t, env.Source, `create table h1 (x int primary key)`, `alter table h1 replica identity nothing`,

@@ -324,10 +324,7 @@ func TestUnloggedTableIsNamedAndKeptBySnapshots(t *testing.T) {
 	logs = &pgtest.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(pgtest.LogWriter(t), logs), nil))
 	cfg.Tables = []string{"public.scratch,public.ok"}
-	var err error
-	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
-		t.Fatal(err)
-	}
+	refreshEverySecond(t, &cfg)
 	startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "scratch", "id")
 	requireReason(logs)

@@ -118,10 +118,7 @@ func TestSnapshotOnlyTableKeptByOneDaemon(t *testing.T) {
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.u"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.u", "public.c"}
 	for _, c := range []*Config{&first, &second} {
-		var err error
-		if c.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
-			t.Fatal(err)
-		}
+		refreshEverySecond(t, c)
 	}
 	refreshes := func(slot string) int64 {
 		return pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills b join pgconverge.backfill_runs r on r.id = b.run_id

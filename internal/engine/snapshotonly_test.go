@@ -22,10 +22,7 @@ func TestSnapshotOnlyTables(t *testing.T) {
 		`create table ok (id int primary key)`, `insert into ok values (1)`)
 	cfg := testConfig(t, env)
 	cfg.Tables = []string{"public.staging,public.heap,public.ok"}
-	var err error
-	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
-		t.Fatal(err)
-	}
+	refreshEverySecond(t, &cfg)
 	d := startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "staging", "id")
 	waitSameMultiset(t, env, "heap")
@@ -106,4 +103,13 @@ func TestPublishedTableWithoutIdentityIsKeptBySnapshots(t *testing.T) {
 		return st == Covered, string(st)
 	})
 	d.RequireRunning(t)
+}
+
+// refreshEverySecond sets cfg's --snapshot-schedule to every second.
+func refreshEverySecond(t *testing.T, cfg *Config) {
+	t.Helper()
+	var err error
+	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
+		t.Fatal(err)
+	}
 }
