@@ -225,9 +225,9 @@ echo "target: $TGT"
 step "loading pgbench tables into the source (scale 10: 1,000,000 accounts)"
 # client_min_messages: hide the server's "table does not exist, skipping" notices.
 PGOPTIONS='-c client_min_messages=warning' "$PGBIN/pgbench" -i -s 10 -q "$SRC"
-echo "pgbench_history has no primary key. pgconverge refuses tables without a primary key or a"
-echo "replica identity index, because their changes could not be matched to rows in the target,"
-echo "so we give it one:"
+echo "pgbench_history has no primary key and no REPLICA IDENTITY FULL: no publication can carry"
+echo "its UPDATEs and DELETEs, so pgconverge would keep it by snapshots only (reloaded at each"
+echo "--snapshot-schedule tick, hourly by default). To stream it, we give it a key:"
 echo "  ALTER TABLE pgbench_history ADD COLUMN hid bigserial PRIMARY KEY"
 q "$SRC" "ALTER TABLE pgbench_history ADD COLUMN hid bigserial PRIMARY KEY"
 
