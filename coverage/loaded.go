@@ -113,6 +113,18 @@ returning coalesce(old.membership, ''), coalesce(old.slot, '')`, t.Schema, t.Nam
 	return old, oldSlot, nil
 }
 
+// LastFollower returns the slot whose stream last followed table t (the segment of its latest
+// span), "" when no stream ever did.
+func LastFollower(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) (string, error) {
+	var slot string
+	err := conn.QueryRow(ctx, `select coalesce((select g.slot from pgconverge.table_spans s join pgconverge.stream_segments g on g.id = s.segment_id
+  where s.schema_name = $1 and s.table_name = $2 order by s.id desc limit 1), '')`, t.Schema, t.Name).Scan(&slot)
+	if err != nil {
+		return "", fmt.Errorf("read the slot that last followed %s: %w", t, err)
+	}
+	return slot, nil
+}
+
 // MarkSnapshotOnly records, per table, why no publication can carry its changes
 // (changebatch.Table.SnapshotOnly) in pgconverge.tables.snapshot_only: NULL for a streamed table.
 // A table kept by snapshots follows no slot; a streamed one is kept by no daemon

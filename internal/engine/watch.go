@@ -41,6 +41,10 @@ func (s *session) syncMemberships(ctx context.Context, names []changebatch.Table
 			return fmt.Errorf("table %s is not in publication %q after it was added: it was removed concurrently; restart", t, s.cfg.Publication)
 		}
 		old, oldSlot, err := coverage.SyncMembership(ctx, s.tgt, t, tok)
+		if err == nil && old != "" && old != tok && oldSlot == "" {
+			// The slot's mark is cleared when its daemon let the table go: its last span says.
+			oldSlot, err = coverage.LastFollower(ctx, s.tgt, n)
+		}
 		switch {
 		case err != nil:
 			return err
