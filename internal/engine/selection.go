@@ -209,9 +209,9 @@ func (s *session) warnUnselected(ctx context.Context, selected []changebatch.Tab
 }
 
 // withMatches returns names followed by the tables the session's patterns match that names lacks
-// (cdc.CandidateTables, in name order): tables a publication can carry; with logSkips, each
-// matching table it cannot carry is logged at WARN with the reason and the fix, and a pattern
-// that matches nothing at WARN too.
+// (cdc.CandidateTables, in name order): tables pgconverge can carry, streamed or kept by
+// snapshots; with logSkips, each matching table it cannot carry is logged at WARN with the reason
+// and the fix, and a pattern that matches nothing at WARN too.
 func (s *session) withMatches(ctx context.Context, names []changebatch.TableName, logSkips bool) ([]changebatch.TableName, error) {
 	if len(s.patterns) == 0 {
 		return names, nil

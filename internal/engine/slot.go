@@ -214,18 +214,22 @@ func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) 
 	}
 }
 
-// checkSlotStart returns an error wrapping errSlotMoved when the slot, now held by this session's
-// walsender, no longer starts at start. It reads the slot over a connection of its own: the
-// session's source connection belongs to the WAL sampler by now. Its statements have the
-// session's deadline.
-func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error {
+// readSlotApart reads the slot over a connection of its own, with the session's statement
+// deadline: once streaming starts, the session's source connection belongs to the WAL sampler.
+func (s *session) readSlotApart(ctx context.Context) (cdc.SlotInfo, error) {
 	ctx = s.bounded(ctx)
 	conn, err := pgsession.Connect(ctx, s.cfg.Source, "source")
 	if err != nil {
-		return err
+		return cdc.SlotInfo{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	slot, err := cdc.ReadSlot(ctx, conn, s.cfg.Slot)
+	return cdc.ReadSlot(ctx, conn, s.cfg.Slot)
+}
+
+// checkSlotStart returns an error wrapping errSlotMoved when the slot, now held by this session's
+// walsender, no longer starts at start (readSlotApart).
+func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error {
+	slot, err := s.readSlotApart(ctx)
 	if err != nil {
 		return err
 	}
@@ -244,21 +248,16 @@ const slotGoneCheck = 10 * time.Second
 // moment of the session: during an initial load START_REPLICATION then fails (55000 "cannot read
 // from logical replication slot"), while streaming the source ends the walsender. The next session
 // creates the slot anew and records and backfills the gap, as for a slot found gone at its start.
-// It reads the slot over a connection of its own (the session's source connection belongs to the
-// WAL sampler); when the slot cannot be read, err is returned as it is.
+// When the source did not answer, or the slot cannot be read (readSlotApart, for at most
+// slotGoneCheck), err is returned as it is.
 func (s *session) slotGoneOr(ctx context.Context, err error) error {
 	var te *pgsession.TimeoutError
 	if errors.Is(err, errSlotMoved) || errors.Is(err, errSlotLost) || errors.Is(err, cdc.ErrSourceSilent) || errors.As(err, &te) {
 		return err // the source did not answer: the next session looks at the slot
 	}
-	cctx, cancel := context.WithTimeout(s.bounded(ctx), slotGoneCheck)
+	cctx, cancel := context.WithTimeout(ctx, slotGoneCheck)
 	defer cancel()
-	conn, cerr := pgsession.Connect(cctx, s.cfg.Source, "source")
-	if cerr != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	slot, rerr := cdc.ReadSlot(cctx, conn, s.cfg.Slot)
+	slot, rerr := s.readSlotApart(cctx)
 	switch {
 	case rerr != nil || slot.Exists && !slot.Lost():
 		return err
