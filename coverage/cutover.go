@@ -137,3 +137,15 @@ func MarkCutoverStep(ctx context.Context, conn *pgx.Conn, slot, step string) err
 	}
 	return nil
 }
+
+// RefuseIfCutOver returns an error naming what (a command) when a cutover is recorded in the
+// target (LatestCutover): its tables are the application's, which no pgconverge command
+// writes into any more.
+func RefuseIfCutOver(ctx context.Context, tgt *pgx.Conn, what string) error {
+	c, cut, err := LatestCutover(ctx, tgt)
+	if err != nil || !cut {
+		return err
+	}
+	return fmt.Errorf("%s refused: slot %q was cut over into this target at %s (pgconverge.cutovers), so its tables are the application's and pgconverge writes into none of them; start over (README, \"Starting over\") to replicate into it again",
+		what, c.Slot, c.CutLSN)
+}

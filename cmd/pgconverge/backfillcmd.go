@@ -7,13 +7,14 @@ import (
 	"os"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
 
 func newBackfillCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := engine.BackfillConfig{}
+	cfg := operator.BackfillConfig{}
 	var logFormat, logLevel string
 	var join bool
 	var runID int64
@@ -55,8 +56,8 @@ again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			rep, err := engine.Backfill(cmd.Context(), cfg)
-			if errors.Is(err, engine.ErrSequencesNotSynced) {
+			rep, err := operator.Backfill(cmd.Context(), cfg)
+			if errors.Is(err, operator.ErrSequencesNotSynced) {
 				printBackfillReport(stdout, rep)
 				return err
 			}
@@ -87,16 +88,16 @@ again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 }
 
 // runJoin runs `backfill --join` with the flags of cfg and prints what it did.
-func runJoin(cmd *cobra.Command, stdout io.Writer, cfg engine.BackfillConfig, runID int64) error {
+func runJoin(cmd *cobra.Command, stdout io.Writer, cfg operator.BackfillConfig, runID int64) error {
 	if len(cfg.Tables) > 0 {
 		return errors.New("--join takes the tables of the run it joins: drop --table")
 	}
-	jc := engine.JoinConfig{Source: cfg.Source, Target: cfg.Target, Run: runID, Workers: cfg.Workers, Wait: cfg.Wait,
+	jc := backfillrun.JoinConfig{Source: cfg.Source, Target: cfg.Target, Run: runID, Workers: cfg.Workers, Wait: cfg.Wait,
 		Logger: cfg.Logger, Progress: cfg.Progress}
 	if err := jc.Validate(); err != nil {
 		return err
 	}
-	rep, err := engine.Join(cmd.Context(), jc)
+	rep, err := backfillrun.Join(cmd.Context(), jc)
 	switch {
 	case cmd.Context().Err() != nil && rep.RunID != 0:
 		// Not wrapping context.Canceled: a stopped process must not exit 0. Its chunks are claimable again.
@@ -121,7 +122,7 @@ func runJoin(cmd *cobra.Command, stdout io.Writer, cfg engine.BackfillConfig, ru
 }
 
 // printBackfillReport writes the summary of a completed run for people.
-func printBackfillReport(w io.Writer, rep engine.BackfillReport) {
+func printBackfillReport(w io.Writer, rep backfillrun.Report) {
 	if rep.RunID == 0 {
 		fmt.Fprintf(w, "nothing backfilled: every table was busy (%v)\n", rep.Skipped)
 		return

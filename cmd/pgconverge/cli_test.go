@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -25,7 +25,7 @@ func startRun(t *testing.T, env *pgtest.Env, extra ...string) *pgtest.Running {
 
 // coverageOf runs `pgconverge coverage --format json --fail-on-gap` for the test's databases and
 // returns the report and the exit status the process would have.
-func coverageOf(t *testing.T, env *pgtest.Env) (engine.Report, int) {
+func coverageOf(t *testing.T, env *pgtest.Env) (coverage.Report, int) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	err := run(context.Background(), []string{"coverage", "--source", env.SourceURL, "--target", env.TargetURL,
@@ -34,7 +34,7 @@ func coverageOf(t *testing.T, env *pgtest.Env) (engine.Report, int) {
 	if code == 1 {
 		t.Fatalf("coverage: %v", err)
 	}
-	var rep engine.Report
+	var rep coverage.Report
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("coverage JSON: %v\n%s", err, out.String())
 	}
@@ -42,9 +42,9 @@ func coverageOf(t *testing.T, env *pgtest.Env) (engine.Report, int) {
 }
 
 // waitCovered polls `pgconverge coverage --fail-on-gap` until it exits 0 and returns its report.
-func waitCovered(t *testing.T, env *pgtest.Env) engine.Report {
+func waitCovered(t *testing.T, env *pgtest.Env) coverage.Report {
 	t.Helper()
-	var rep engine.Report
+	var rep coverage.Report
 	pgtest.Eventually(t, 60*time.Second, "coverage without gaps", func() (bool, string) {
 		var code int
 		rep, code = coverageOf(t, env)
@@ -61,7 +61,7 @@ func TestCoverageCommand(t *testing.T) {
 	d := startRun(t, env)
 	pgtest.WaitStreaming(t, env)
 	pgtest.WaitSlotCaughtUp(t, env)
-	if tr, ok := waitCovered(t, env).Table("public.a"); !ok || tr.Status != engine.Covered {
+	if tr, ok := waitCovered(t, env).Table("public.a"); !ok || tr.Status != coverage.Covered {
 		t.Fatalf("coverage of public.a: %+v", tr)
 	}
 	d.Stop(t)
@@ -131,7 +131,7 @@ func TestQuotedNamesEverywhere(t *testing.T) {
 
 	rep := waitCovered(t, env)
 	for _, name := range []string{items, comma, odd} {
-		if tr, _ := rep.Table(name); tr.Status != engine.Covered {
+		if tr, _ := rep.Table(name); tr.Status != coverage.Covered {
 			t.Errorf("coverage of %s: %s", name, tr.Status)
 		}
 	}

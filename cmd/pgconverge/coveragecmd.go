@@ -8,7 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/spf13/cobra"
 )
 
@@ -29,7 +30,7 @@ func (e exitError) Unwrap() error { return e.Err }
 
 // coverageConfig configures `pgconverge coverage`: the report's inputs, and how to print it.
 type coverageConfig struct {
-	engine.CoverageConfig
+	operator.CoverageConfig
 	Format    string
 	FailOnGap bool
 }
@@ -65,7 +66,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			rep, err := engine.CoverageReport(cmd.Context(), cfg.CoverageConfig)
+			rep, err := operator.CoverageReport(cmd.Context(), cfg.CoverageConfig)
 			if err != nil {
 				return err
 			}
@@ -90,7 +91,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.
 	return cmd
 }
 
-func uncovered(rep engine.Report) []string {
+func uncovered(rep coverage.Report) []string {
 	var out []string
 	for _, t := range rep.Tables {
 		if t.Status.Failing() {
@@ -102,7 +103,7 @@ func uncovered(rep engine.Report) []string {
 
 // printCoverage writes the report for a terminal: the slots, one line per table, then the gaps
 // and notes.
-func printCoverage(w io.Writer, rep engine.Report) {
+func printCoverage(w io.Writer, rep coverage.Report) {
 	fmt.Fprintf(w, "source at %s\n", rep.SourceLSN)
 	for _, s := range rep.Slots {
 		switch {
@@ -113,13 +114,13 @@ func printCoverage(w io.Writer, rep engine.Report) {
 		default:
 			safe := "unlimited"
 			if s.SafeWALSizeBytes != nil {
-				safe = engine.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
+				safe = coverage.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
 			}
 			active := "no walsender streams from it now (the daemon is stopped, loading or reconnecting)"
 			if s.Active {
 				active = "streaming"
 			}
-			fmt.Fprintf(w, "slot %s: wal_status %s, safe_wal_size %s, holds %s of WAL, %s\n", s.Name, s.WALStatus, safe, engine.HumanBytes(s.RestartLagBytes), active)
+			fmt.Fprintf(w, "slot %s: wal_status %s, safe_wal_size %s, holds %s of WAL, %s\n", s.Name, s.WALStatus, safe, coverage.HumanBytes(s.RestartLagBytes), active)
 		}
 		if s.Warning != "" {
 			fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
@@ -132,18 +133,18 @@ func printCoverage(w io.Writer, rep engine.Report) {
 	for _, t := range rep.Tables {
 		gaps := "-"
 		if len(t.Gaps) > 0 {
-			gaps = fmt.Sprintf("%d, %s", len(t.Gaps), engine.HumanBytes(t.GapBytes))
+			gaps = fmt.Sprintf("%d, %s", len(t.Gaps), coverage.HumanBytes(t.GapBytes))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Table, t.Status, lsnOr(t.BackfillLSN), lsnOr(t.StreamStartLSN),
-			t.WatermarkLSN, engine.HumanBytes(t.LagBytes), gaps)
+			t.WatermarkLSN, coverage.HumanBytes(t.LagBytes), gaps)
 	}
 	tw.Flush()
 	var gapLines, notes []string
 	for _, t := range rep.Tables {
 		for _, g := range t.Gaps {
-			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, engine.HumanBytes(g.Bytes), keysText(g.Keys)))
+			gapLines = append(gapLines, fmt.Sprintf("  %s [%s, %s) %d bytes (%s), %s", t.Table, g.FromLSN, g.ToLSN, g.Bytes, coverage.HumanBytes(g.Bytes), keysText(g.Keys)))
 		}
-		if t.Note != "" && (t.Status != engine.Covered || stopped(t) || t.RowFilter != "" || t.ColumnList != nil) {
+		if t.Note != "" && (t.Status != coverage.Covered || stopped(t) || t.RowFilter != "" || t.ColumnList != nil) {
 			notes = append(notes, fmt.Sprintf("  %s: %s", t.Table, t.Note))
 		}
 	}
@@ -174,7 +175,7 @@ func printCoverage(w io.Writer, rep engine.Report) {
 
 // printWaits writes one line per table a running daemon leaves to the running daemon of another
 // slot and waits for.
-func printWaits(w io.Writer, waits []engine.Wait) {
+func printWaits(w io.Writer, waits []coverage.Wait) {
 	for _, x := range waits {
 		fmt.Fprintf(w, "slot %s waits for table %s: followed by the running daemon of slot %s (since %s); take the table out of one daemon's selection, or stop the other daemon (this one then takes it over)\n",
 			x.Slot, x.Table, x.FollowedBy, x.Since.Local().Format(time.DateTime))
@@ -182,21 +183,21 @@ func printWaits(w io.Writer, waits []engine.Wait) {
 }
 
 // stopped reports whether t is streamed but no daemon follows it now (its slot has no walsender).
-func stopped(t engine.TableReport) bool {
-	return t.Status != engine.NotStreamed && t.Status != engine.SnapshotOnly && t.Status != engine.Retired && t.Slot != "" && !t.Following
+func stopped(t coverage.TableReport) bool {
+	return t.Status != coverage.NotStreamed && t.Status != coverage.SnapshotOnly && t.Status != coverage.Retired && t.Slot != "" && !t.Following
 }
 
-func keysText(keys []engine.KeyRange) string {
+func keysText(keys []coverage.KeyRange) string {
 	if keys == nil {
 		return "all keys"
 	}
 	if keys[0].Blocks {
-		return "the rows of " + engine.FormatKeyRanges(keys)
+		return "the rows of " + coverage.FormatKeyRanges(keys)
 	}
-	return "keys " + engine.FormatKeyRanges(keys)
+	return "keys " + coverage.FormatKeyRanges(keys)
 }
 
-func lsnOr(l *engine.LSN) string {
+func lsnOr(l *coverage.LSN) string {
 	if l == nil {
 		return "-"
 	}

@@ -7,11 +7,12 @@ import (
 	"strings"
 
 	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/spf13/cobra"
 )
 
 func newCutoverCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := engine.CutoverConfig{Run: engine.Config{OnGap: engine.OnGapBackfill}}
+	cfg := operator.CutoverConfig{Run: engine.Config{OnGap: engine.OnGapBackfill}}
 	var logFormat, logLevel, format string
 	cmd := &cobra.Command{
 		Use:   "cutover --source URL --target URL [--slot pgconverge] [--drop-slot=true] [--drop-publication] [--finalize]",
@@ -44,7 +45,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 			if err := errors.Join(cfg.Run.Validate(), validateFormat(format)); err != nil {
 				return err
 			}
-			rep, err := engine.Cutover(cmd.Context(), cfg)
+			rep, err := operator.Cutover(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
@@ -72,7 +73,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 }
 
 // printCutover writes the cutover's report for a terminal.
-func printCutover(w io.Writer, rep engine.CutoverReport) {
+func printCutover(w io.Writer, rep operator.CutoverReport) {
 	if rep.Resumed {
 		fmt.Fprintln(w, "cut over by an earlier run; this one did what was left")
 	}

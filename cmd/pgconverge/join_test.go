@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -37,7 +37,7 @@ func TestBackfillJoinCommand(t *testing.T) {
 	go func() {
 		joined <- run(context.Background(), append(base, "--join", "--wait", "--workers", "2"), &out, pgtest.LogWriter(t))
 	}()
-	cfg := engine.BackfillConfig{Source: env.SourceURL, Target: env.TargetURL, Tables: []string{"public.big"}, Workers: 1, ChunkRows: 1000,
+	cfg := operator.BackfillConfig{Source: env.SourceURL, Target: env.TargetURL, Tables: []string{"public.big"}, Workers: 1, ChunkRows: 1000,
 		Resume: true, Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), nil))}
 	var once sync.Once
 	cfg.AfterChunk = func(string, int64) {
@@ -51,7 +51,7 @@ func TestBackfillJoinCommand(t *testing.T) {
 			}
 		})
 	}
-	rep, err := engine.Backfill(context.Background(), cfg)
+	rep, err := operator.Backfill(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("backfill: %v", err)
 	}

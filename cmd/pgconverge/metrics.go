@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -184,7 +186,7 @@ func (m *metrics) FollowStream(stats func() engine.StreamStats) {
 }
 
 // StreamApplied counts one committed stream apply of rows per table that took d.
-func (m *metrics) StreamApplied(rows map[string]engine.RowCounts, d time.Duration) {
+func (m *metrics) StreamApplied(rows map[string]backfillrun.RowCounts, d time.Duration) {
 	m.applySeconds.Observe(d.Seconds())
 	for table, r := range rows {
 		m.applied.WithLabelValues(table, "stream").Add(float64(r.Applied))
@@ -202,7 +204,7 @@ func (m *metrics) StreamApplied(rows map[string]engine.RowCounts, d time.Duratio
 }
 
 // BackfillChunk counts the rows of one applied backfill chunk of table.
-func (m *metrics) BackfillChunk(table string, read int64, r engine.RowCounts) {
+func (m *metrics) BackfillChunk(table string, read int64, r backfillrun.RowCounts) {
 	m.backfillRows.WithLabelValues(table).Add(float64(read))
 	m.applied.WithLabelValues(table, "backfill").Add(float64(r.Applied))
 	m.suppressed.WithLabelValues(table, "backfill").Add(float64(r.Suppressed))
@@ -212,7 +214,7 @@ func (m *metrics) BackfillChunk(table string, read int64, r engine.RowCounts) {
 func (m *metrics) BackfillConflict(table string) { m.conflicts.WithLabelValues(table).Inc() }
 
 // SlotHealth sets the slot health gauges.
-func (m *metrics) SlotHealth(h engine.SlotHealth) {
+func (m *metrics) SlotHealth(h coverage.SlotHealth) {
 	if h.SafeWALSizeBytes != nil {
 		m.slotSafe.WithLabelValues(h.Name).Set(float64(*h.SafeWALSizeBytes))
 	} else {
@@ -267,14 +269,14 @@ func (m *metrics) SessionRetried(reason string) {
 
 // BackfillProgress returns p, which also sets the progress gauge of trigger's runs; before
 // streaming, /readyz says tables are loading.
-func (m *metrics) BackfillProgress(trigger string, p engine.Progress) engine.Progress {
+func (m *metrics) BackfillProgress(trigger string, p backfillrun.Progress) backfillrun.Progress {
 	m.ready.loading(trigger)
 	return &gaugedProgress{Progress: p, g: m.backfillDone.WithLabelValues(trigger)}
 }
 
 // gaugedProgress is a progress that also sets a ratio gauge.
 type gaugedProgress struct {
-	engine.Progress
+	backfillrun.Progress
 	g           prometheus.Gauge
 	mu          sync.Mutex
 	total, done int64

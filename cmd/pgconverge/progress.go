@@ -5,17 +5,17 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/schollz/progressbar/v3"
 )
 
 // newProgress returns a progress bar with rows, rows/s and ETA on w when w is a terminal, else
-// periodic log lines (every interval) on log (engine.NewLogProgress).
-func newProgress(w io.Writer, terminal bool, what string, log *slog.Logger, interval time.Duration) engine.Progress {
+// periodic log lines (every interval) on log (backfillrun.NewLogProgress).
+func newProgress(w io.Writer, terminal bool, what string, log *slog.Logger, interval time.Duration) backfillrun.Progress {
 	if terminal {
 		return &barProgress{w: w, what: what}
 	}
-	return engine.NewLogProgress(log, what, interval)
+	return backfillrun.NewLogProgress(log, what, interval)
 }
 
 // barProgress draws a progress bar (github.com/schollz/progressbar/v3).

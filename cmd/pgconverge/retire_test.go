@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -26,7 +26,7 @@ func TestRetireCommand(t *testing.T) {
 	pgtest.Eventually(t, 60*time.Second, "b not-streamed", func() (bool, string) {
 		rep, code := coverageOf(t, env)
 		b, _ := rep.Table("public.b")
-		return code == exitGap && b.Status == engine.NotStreamed, string(b.Status)
+		return code == exitGap && b.Status == coverage.NotStreamed, string(b.Status)
 	})
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"retire", "--target", env.TargetURL, "--table", "a"}, &out, io.Discard)
@@ -41,7 +41,7 @@ func TestRetireCommand(t *testing.T) {
 		t.Errorf("retire printed %q", out.String())
 	}
 	rep, code := coverageOf(t, env)
-	if b, _ := rep.Table("public.b"); code != 0 || b.Status != engine.Retired {
+	if b, _ := rep.Table("public.b"); code != 0 || b.Status != coverage.Retired {
 		t.Errorf("after retire: exit %d, b %+v; want exit 0 and retired", code, b)
 	}
 	d.RequireRunning(t)

@@ -5,12 +5,12 @@ import (
 	"io"
 	"os"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/spf13/cobra"
 )
 
 func newRetireCmd(stdout io.Writer) *cobra.Command {
-	cfg := engine.RetireConfig{}
+	cfg := operator.RetireConfig{}
 	cmd := &cobra.Command{
 		Use:   "retire --target URL --table s.t [--table ...]",
 		Short: "Record that tables no stream follows any more are not to be followed, so coverage stops reporting them",
@@ -29,7 +29,7 @@ otherwise. The URL defaults to $PGCONVERGE_TARGET.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			retired, err := engine.Retire(cmd.Context(), cfg)
+			retired, err := operator.Retire(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}

@@ -6,12 +6,12 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/sequences"
 	"github.com/spf13/cobra"
 )
 
 func newSequencesCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := engine.SequencesConfig{}
+	cfg := sequences.Config{}
 	var logFormat, logLevel string
 	cmd := &cobra.Command{
 		Use:   "sequences --source URL --target URL [--table s.t ...]",
@@ -36,7 +36,7 @@ names the sequence and the fix). URLs default to $PGCONVERGE_SOURCE and $PGCONVE
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			lines, err := engine.SyncSequences(cmd.Context(), cfg)
+			lines, err := sequences.Sync(cmd.Context(), cfg)
 			if lines != nil || err == nil {
 				printSequences(stdout, lines)
 			}
@@ -51,7 +51,7 @@ names the sequence and the fix). URLs default to $PGCONVERGE_SOURCE and $PGCONVE
 }
 
 // printSequences writes one line per sequence and a summary.
-func printSequences(w io.Writer, lines []engine.SequenceLine) {
+func printSequences(w io.Writer, lines []sequences.Line) {
 	if len(lines) == 0 {
 		fmt.Fprintln(w, "no sequences: the tables use none (owned by a column, or in a column default's nextval)")
 		return
@@ -65,11 +65,11 @@ func printSequences(w io.Writer, lines []engine.SequenceLine) {
 			after, action = "-", "error (below)"
 		}
 		count[action]++
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(l.Tables, ","), l.Sequence, engine.ValueText(l.Source), engine.ValueText(l.Before), after, action)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(l.Tables, ","), l.Sequence, sequences.ValueText(l.Source), sequences.ValueText(l.Before), after, action)
 	}
 	tw.Flush()
 	var parts []string
-	for _, a := range []string{string(engine.SequenceCreated), string(engine.SequenceAdvanced), string(engine.SequenceEqual), string(engine.SequenceKeptAhead), "error (below)"} {
+	for _, a := range []string{string(sequences.Created), string(sequences.Advanced), string(sequences.Equal), string(sequences.KeptAhead), "error (below)"} {
 		if count[a] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", count[a], strings.TrimSuffix(a, " (below)")))
 		}

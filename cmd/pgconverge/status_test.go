@@ -13,14 +13,14 @@ import (
 	"time"
 
 	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
 // statusOf runs `pgconverge status --format json` for the test's databases and returns the
 // report and its JSON decoded as plain maps (to check the documented field names); an error or an
 // exit status other than 0 fails the test.
-func statusOf(t *testing.T, env *pgtest.Env) (engine.StatusReport, map[string]any) {
+func statusOf(t *testing.T, env *pgtest.Env) (operator.StatusReport, map[string]any) {
 	t.Helper()
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"status", "--source", env.SourceURL, "--target", env.TargetURL,
@@ -28,7 +28,7 @@ func statusOf(t *testing.T, env *pgtest.Env) (engine.StatusReport, map[string]an
 	if code := exitCode(err); code != 0 {
 		t.Fatalf("status: exit %d: %v", code, err)
 	}
-	var rep engine.StatusReport
+	var rep operator.StatusReport
 	var raw map[string]any
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("status JSON: %v\n%s", err, out.String())
@@ -64,7 +64,7 @@ func requireKeys(t *testing.T, what string, m any, keys ...string) {
 	}
 }
 
-// holdBackfill starts `pgconverge backfill` of table (engine.Backfill, 1 worker, 1,000-row
+// holdBackfill starts `pgconverge backfill` of table (operator.Backfill, 1 worker, 1,000-row
 // chunks) and returns once its first chunk is committed, with the backfill held there (its run
 // recorded as running, its table's backfill lock held) until release is called; backfilled then
 // waits for it to end and returns its error. It is released at cleanup at the latest.
@@ -75,7 +75,7 @@ func holdBackfill(t *testing.T, env *pgtest.Env, table string) (release func(), 
 	release = func() { unhold.Do(func() { close(held) }) }
 	done := make(chan error, 1)
 	go func() {
-		_, err := engine.Backfill(context.Background(), engine.BackfillConfig{
+		_, err := operator.Backfill(context.Background(), operator.BackfillConfig{
 			Source: env.SourceURL, Target: env.TargetURL, Tables: []string{table}, Workers: 1, ChunkRows: 1000, Resume: true,
 			Logger:     slog.New(slog.NewTextHandler(pgtest.LogWriter(t), nil)),
 			AfterChunk: func(string, int64) { once.Do(func() { close(reached); <-held }) },
@@ -118,7 +118,7 @@ func TestStatusRunningAndStopped(t *testing.T) {
 		t.Fatalf("verify: exit %d: %v", code, err)
 	}
 	next := 1000
-	var rep engine.StatusReport
+	var rep operator.StatusReport
 	// PostgreSQL measures a walsender's lag only for transactions it sends: write while polling.
 	pgtest.Eventually(t, 60*time.Second, "status of a streaming daemon with a measured lag", func() (bool, string) {
 		next++
@@ -133,7 +133,7 @@ func TestStatusRunningAndStopped(t *testing.T) {
 		return ok, fmt.Sprintf("table %+v, slot %+v", tb, s)
 	})
 	tb, s := rep.Tables[0], rep.Slots[0]
-	if tb.Table != "public.a" || tb.Status != engine.Covered {
+	if tb.Table != "public.a" || tb.Status != coverage.Covered {
 		t.Errorf("table: %+v, want public.a covered", tb)
 	}
 	if *tb.LagSeconds != *s.WriteLagSeconds || *tb.LagSeconds < 0 || *tb.LagSeconds > 30 {
@@ -166,7 +166,7 @@ func TestStatusRunningAndStopped(t *testing.T) {
 	})
 	rep, raw := statusOf(t, env)
 	tb, s = rep.Tables[0], rep.Slots[0]
-	if tb.Following || tb.LagSeconds != nil || tb.Status != engine.Covered || !strings.Contains(tb.Note, "stopped:") {
+	if tb.Following || tb.LagSeconds != nil || tb.Status != coverage.Covered || !strings.Contains(tb.Note, "stopped:") {
 		t.Errorf("table of a stopped daemon: %+v, want covered, not followed, no lag_seconds, a stopped: note", tb)
 	}
 	if !s.Exists || s.ActivePID != nil || s.ClientAddr != nil || s.BackendStart != nil || s.ConnectedSeconds != nil || s.WriteLagSeconds != nil {

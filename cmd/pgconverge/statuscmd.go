@@ -8,13 +8,14 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/spf13/cobra"
 )
 
 // statusConfig configures `pgconverge status`: the report's inputs, and how to print it.
 type statusConfig struct {
-	engine.StatusConfig
+	operator.StatusConfig
 	Format string
 }
 
@@ -44,7 +45,7 @@ documented in README.md and stays stable: fields are only ever added.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			rep, err := engine.Status(cmd.Context(), cfg.StatusConfig)
+			rep, err := operator.Status(cmd.Context(), cfg.StatusConfig)
 			if err != nil {
 				return err
 			}
@@ -64,7 +65,7 @@ documented in README.md and stays stable: fields are only ever added.`,
 
 // printStatus writes the report for a terminal: a headline, the slots, one line per table, the
 // running backfills and the last verify run.
-func printStatus(w io.Writer, rep engine.StatusReport) {
+func printStatus(w io.Writer, rep operator.StatusReport) {
 	headline := "every streamed table is covered up to its watermark"
 	if !rep.Covered {
 		headline = "not covered (pgconverge coverage shows the gaps)"
@@ -87,8 +88,8 @@ func printStatus(w io.Writer, rep engine.StatusReport) {
 		if t.Slot != "" {
 			age = seconds(t.WatermarkAgeSeconds)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Table, t.Status, followed, engine.HumanBytes(t.LagBytes), secondsOr(t.LagSeconds), age)
-		if t.Note != "" && (t.Status != engine.Covered || !t.Following) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Table, t.Status, followed, coverage.HumanBytes(t.LagBytes), secondsOr(t.LagSeconds), age)
+		if t.Note != "" && (t.Status != coverage.Covered || !t.Following) {
 			notes = append(notes, fmt.Sprintf("  %s: %s", t.Table, t.Note))
 		}
 	}
@@ -102,7 +103,7 @@ func printStatus(w io.Writer, rep engine.StatusReport) {
 }
 
 // printSlotStatus writes one slot: who holds it and its lag, then its hold on WAL and warning.
-func printSlotStatus(w io.Writer, s engine.SlotStatus) {
+func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 	switch {
 	case !s.Exists:
 		fmt.Fprintf(w, "slot %s: missing\n", s.Name)
@@ -144,9 +145,9 @@ func printSlotStatus(w io.Writer, s engine.SlotStatus) {
 	if s.Exists && s.WALStatus != "lost" {
 		safe := "unlimited"
 		if s.SafeWALSizeBytes != nil {
-			safe = engine.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
+			safe = coverage.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))
 		}
-		fmt.Fprintf(w, "  wal_status %s, safe_wal_size %s, holds %s of WAL\n", s.WALStatus, safe, engine.HumanBytes(s.RestartLagBytes))
+		fmt.Fprintf(w, "  wal_status %s, safe_wal_size %s, holds %s of WAL\n", s.WALStatus, safe, coverage.HumanBytes(s.RestartLagBytes))
 	}
 	if s.Warning != "" {
 		fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
@@ -154,7 +155,7 @@ func printSlotStatus(w io.Writer, s engine.SlotStatus) {
 }
 
 // printBackfills writes the running backfill runs, one line per table.
-func printBackfills(w io.Writer, runs []engine.BackfillRunStatus) {
+func printBackfills(w io.Writer, runs []operator.BackfillRunStatus) {
 	if len(runs) == 0 {
 		fmt.Fprintln(w, "\nno backfill running")
 		return
@@ -194,7 +195,7 @@ func printBackfills(w io.Writer, runs []engine.BackfillRunStatus) {
 }
 
 // printLastVerify writes the last verify run, or that there was none.
-func printLastVerify(w io.Writer, v *engine.VerifyRunStatus) {
+func printLastVerify(w io.Writer, v *operator.VerifyRunStatus) {
 	if v == nil {
 		fmt.Fprintln(w, "\nlast verify: none recorded (pgconverge verify, or run --verify-schedule)")
 		return

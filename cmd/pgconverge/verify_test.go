@@ -7,19 +7,19 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
+	"github.com/pgconverge/pgconverge/internal/verify"
 )
 
 // verifyCmd runs `pgconverge verify --format json` with extra flags and returns the report, the
 // exit status the process would have and its error.
-func verifyCmd(t *testing.T, env *pgtest.Env, extra ...string) (engine.VerifyReport, int, error) {
+func verifyCmd(t *testing.T, env *pgtest.Env, extra ...string) (verify.Report, int, error) {
 	t.Helper()
 	var out bytes.Buffer
 	args := append([]string{"verify", "--source", env.SourceURL, "--target", env.TargetURL, "--format", "json", "--log-format", "text"}, extra...)
 	err := run(context.Background(), args, &out, pgtest.LogWriter(t))
 	code := exitCode(err)
-	var rep engine.VerifyReport
+	var rep verify.Report
 	if out.Len() > 0 {
 		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 			t.Fatalf("verify JSON: %v\n%s", err, out.String())

@@ -8,7 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/verify"
 	"github.com/spf13/cobra"
 )
 
@@ -16,7 +17,7 @@ import (
 const exitOpen = 4
 
 func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := engine.VerifyConfig{}
+	cfg := verify.Config{}
 	var logFormat, logLevel, format string
 	cmd := &cobra.Command{
 		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--format table|json] [--no-values]",
@@ -48,8 +49,8 @@ The JSON format is documented in README.md and stays stable.`,
 			if err := errors.Join(cfg.Validate(), validateFormat(format)); err != nil {
 				return err
 			}
-			rep, err := engine.Verify(cmd.Context(), cfg)
-			if err == nil || errors.Is(err, engine.ErrNotVerified) {
+			rep, err := verify.Run(cmd.Context(), cfg)
+			if err == nil || errors.Is(err, verify.ErrNotVerified) {
 				if format == "json" {
 					if encErr := writeJSON(stdout, rep); encErr != nil && err == nil {
 						err = encErr
@@ -80,7 +81,7 @@ The JSON format is documented in README.md and stays stable.`,
 }
 
 // printVerify writes the report for a terminal: one line per table, then the totals.
-func printVerify(w io.Writer, rep engine.VerifyReport) {
+func printVerify(w io.Writer, rep verify.Report) {
 	fmt.Fprintf(w, "verify run %d at snapshot %s (hash %s)", rep.RunID, rep.Snapshot, rep.HashMode)
 	if rep.RepairSnapshot != "" {
 		fmt.Fprintf(w, ", repaired at %s", rep.RepairSnapshot)
@@ -90,7 +91,7 @@ func printVerify(w io.Writer, rep engine.VerifyReport) {
 	fmt.Fprintln(tw, "TABLE\tSTATE\tROWS COMPARED\tMOVED ON\tRANGES\tROWS FETCHED\tBYTES FETCHED\tELAPSED\tFOUND\tREPAIRED\tOPEN")
 	for _, t := range rep.Tables {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.2fs\t%s\t%d\t%d\n", t.Table, t.State, t.RowsCompared, t.MovedOn, t.RangesChecked,
-			t.RowsFetched, engine.HumanBytes(uint64(t.BytesFetched)), t.ElapsedSeconds, kinds(t.Found), t.Repaired, t.Open)
+			t.RowsFetched, coverage.HumanBytes(uint64(t.BytesFetched)), t.ElapsedSeconds, kinds(t.Found), t.Repaired, t.Open)
 	}
 	tw.Flush()
 	for _, t := range rep.Tables {

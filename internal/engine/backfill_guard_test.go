@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -131,7 +133,7 @@ func TestBackfillWaitsOutABriefLockHolder(t *testing.T) {
 		time.Sleep(time.Second)
 		released <- tx.Rollback(context.Background())
 	}()
-	_, err = Backfill(t.Context(), testBackfillConfig(t, env, "public.g"))
+	_, err = operator.Backfill(t.Context(), testBackfillConfig(t, env, "public.g"))
 	if rerr := <-released; rerr != nil { // the holder's connection is closed by the test's cleanup: wait for it first
 		t.Fatalf("end the holder's transaction: %v", rerr)
 	}

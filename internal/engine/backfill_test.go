@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/operator"
+
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
@@ -19,18 +22,18 @@ import (
 
 // testBackfillConfig returns a `pgconverge backfill` configuration for env's databases with small
 // chunks, logging into the test.
-func testBackfillConfig(t *testing.T, env *pgtest.Env, tables ...string) BackfillConfig {
+func testBackfillConfig(t *testing.T, env *pgtest.Env, tables ...string) operator.BackfillConfig {
 	log := testConfig(t, env).Logger
-	return BackfillConfig{
+	return operator.BackfillConfig{
 		Source: env.SourceURL, Target: env.TargetURL, Tables: tables, Workers: 2, ChunkRows: 1000,
-		Resume: true, Logger: log, Progress: NewLogProgress(log, "backfill", time.Hour),
+		Resume: true, Logger: log, Progress: backfillrun.NewLogProgress(log, "backfill", time.Hour),
 	}
 }
 
 // backfillNow runs the backfill and fails the test on an error.
-func backfillNow(t *testing.T, cfg BackfillConfig) BackfillReport {
+func backfillNow(t *testing.T, cfg operator.BackfillConfig) backfillrun.Report {
 	t.Helper()
-	rep, err := Backfill(context.Background(), cfg)
+	rep, err := operator.Backfill(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("backfill: %v", err)
 	}
@@ -40,10 +43,10 @@ func backfillNow(t *testing.T, cfg BackfillConfig) BackfillReport {
 // backfillAfterFirstChunk starts the backfill cfg in a goroutine and returns once its first chunk
 // committed, holding it there when hold is set. finish lets it go on and returns its report; it
 // fails the test when the backfill fails or takes more than 60 s.
-func backfillAfterFirstChunk(t *testing.T, cfg BackfillConfig, hold bool) (finish func() BackfillReport) {
+func backfillAfterFirstChunk(t *testing.T, cfg operator.BackfillConfig, hold bool) (finish func() backfillrun.Report) {
 	t.Helper()
 	end := backfillAfterFirstChunkEnd(t, cfg, hold)
-	return func() BackfillReport {
+	return func() backfillrun.Report {
 		t.Helper()
 		rep, err := end()
 		if err != nil {
@@ -54,7 +57,7 @@ func backfillAfterFirstChunk(t *testing.T, cfg BackfillConfig, hold bool) (finis
 }
 
 // backfillAfterFirstChunkEnd is backfillAfterFirstChunk whose end returns the backfill's error.
-func backfillAfterFirstChunkEnd(t *testing.T, cfg BackfillConfig, hold bool) (end func() (BackfillReport, error)) {
+func backfillAfterFirstChunkEnd(t *testing.T, cfg operator.BackfillConfig, hold bool) (end func() (backfillrun.Report, error)) {
 	t.Helper()
 	reached, resume := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -73,7 +76,7 @@ func backfillAfterFirstChunkEnd(t *testing.T, cfg BackfillConfig, hold bool) (en
 		_, err := wait()
 		t.Fatalf("backfill ended before its first chunk: %v", err)
 	}
-	return func() (BackfillReport, error) {
+	return func() (backfillrun.Report, error) {
 		t.Helper()
 		close(resume)
 		return wait()
@@ -82,22 +85,22 @@ func backfillAfterFirstChunkEnd(t *testing.T, cfg BackfillConfig, hold bool) (en
 
 // backfillInBackground starts the backfill cfg in a goroutine; ended closes when it returned, and
 // wait returns its report and error, failing the test when it takes more than 60 s from then.
-func backfillInBackground(t *testing.T, cfg BackfillConfig) (wait func() (BackfillReport, error), ended <-chan struct{}) {
-	var rep BackfillReport
+func backfillInBackground(t *testing.T, cfg operator.BackfillConfig) (wait func() (backfillrun.Report, error), ended <-chan struct{}) {
+	var rep backfillrun.Report
 	var err error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		rep, err = Backfill(context.Background(), cfg)
+		rep, err = operator.Backfill(context.Background(), cfg)
 	}()
-	return func() (BackfillReport, error) {
+	return func() (backfillrun.Report, error) {
 		t.Helper()
 		select {
 		case <-done:
 			return rep, err
 		case <-time.After(60 * time.Second):
 			t.Fatal("backfill did not end within 60 s")
-			return BackfillReport{}, nil
+			return backfillrun.Report{}, nil
 		}
 	}, done
 }
@@ -217,7 +220,7 @@ func TestBackfillWhileStreamingUnderLoad(t *testing.T) {
 	defer stopWorkload()
 	cfg := testBackfillConfig(t, env, "public.acct", "public.ledger")
 	cfg.Workers, cfg.ChunkRows = 4, 500
-	var rep BackfillReport
+	var rep backfillrun.Report
 	for i := 0; i < 2; i++ { // the second one finds every key present and merges
 		rep = backfillNow(t, cfg)
 		if rep.Result.Applied+rep.Result.Suppressed != rep.Rows {
@@ -291,9 +294,9 @@ func backfillCrashChild(point string, at int) int {
 	if v := os.Getenv("PGCONVERGE_CRASH_TABLES"); v != "" {
 		tables = strings.Split(v, ",")
 	}
-	cfg := BackfillConfig{
+	cfg := operator.BackfillConfig{
 		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Tables: tables,
-		Workers: 1, ChunkRows: 1000, Resume: true, Logger: log, Progress: NewLogProgress(log, "backfill", time.Hour),
+		Workers: 1, ChunkRows: 1000, Resume: true, Logger: log, Progress: backfillrun.NewLogProgress(log, "backfill", time.Hour),
 		AfterChunk: func(string, int64) { hit() },
 	}
 	if point == "backfill-batch" {
@@ -302,7 +305,7 @@ func backfillCrashChild(point string, at int) int {
 	if v, err := strconv.Atoi(os.Getenv(envCrashChunkRows)); err == nil {
 		cfg.ChunkRows = v
 	}
-	_, err := Backfill(context.Background(), cfg)
+	_, err := operator.Backfill(context.Background(), cfg)
 	fmt.Fprintf(os.Stderr, "backfill child reached the end without crashing: %v\n", err)
 	return 3
 }
@@ -317,7 +320,7 @@ func TestBackfillGuardRails(t *testing.T) {
 	if ok, err := coverage.LockBackfill(context.Background(), holder, tab.TableName, false); err != nil || !ok {
 		t.Fatalf("take the lock: %v %v", ok, err)
 	}
-	_, err := Backfill(context.Background(), testBackfillConfig(t, env, "public.g"))
+	_, err := operator.Backfill(context.Background(), testBackfillConfig(t, env, "public.g"))
 	if err == nil || !strings.Contains(err.Error(), "another backfill of public.g is running") {
 		t.Errorf("second backfill: %v, want a refusal naming public.g", err)
 	}
@@ -329,7 +332,7 @@ func TestBackfillGuardRails(t *testing.T) {
 	cfg := testBackfillConfig(t, env, "public.g")
 	cfg.Workers = 1
 	cfg.AfterChunk = func(string, int64) { cancel() }
-	if _, err := Backfill(ctx, cfg); err == nil {
+	if _, err := operator.Backfill(ctx, cfg); err == nil {
 		t.Fatal("cancelled backfill succeeded")
 	}
 	pgtest.Eventually(t, 30*time.Second, "no temporary slot left after a cancelled run", func() (bool, string) {

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/verify"
 	"github.com/robfig/cron/v3"
 )
 
@@ -88,7 +91,7 @@ type Knobs struct {
 	Schedule            func(ScheduleEvent)
 	AfterScheduledChunk func(table string, rows int64)
 	// Verified runs after each scheduled verify with its report and error.
-	Verified func(VerifyReport, error)
+	Verified func(verify.Report, error)
 	// TombstonePruneEvery, when set, replaces tombstonePruneEvery.
 	TombstonePruneEvery time.Duration
 	// StatusInterval, when set, replaces the stream's status interval (10 s), which also sets how
@@ -118,14 +121,14 @@ func (k Knobs) beforeFenced(change string) {
 
 // Validate reports every problem of the configuration at once, naming the flag to fix.
 func (c *Config) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
+	errs := pgsession.ValidateURLs(c.Source, c.Target)
 	if err := cdc.ValidateSlotName(c.Slot); err != nil {
 		errs = append(errs, err)
 	}
 	if err := cdc.ValidatePublicationName(c.Publication); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, validateBackfillSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
+	errs = append(errs, backfillrun.ValidateSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
 	if c.OnGap != OnGapBackfill && c.OnGap != OnGapAlert {
 		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s or %s", c.OnGap, OnGapBackfill, OnGapAlert))
 	}
@@ -138,40 +141,10 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateURLs returns the problems of a source and target URL pair: missing, or the same.
-func validateURLs(source, target string) []error {
-	var errs []error
-	if source == "" {
-		errs = append(errs, errors.New("no source: pass --source URL or set PGCONVERGE_SOURCE"))
-	}
-	if target == "" {
-		errs = append(errs, errors.New("no target: pass --target URL or set PGCONVERGE_TARGET"))
-	}
-	if source != "" && source == target {
-		errs = append(errs, errors.New("source and target are the same URL: they must be two different databases"))
-	}
-	return errs
-}
-
-// validateBackfillSizes checks the values that size backfills.
-func validateBackfillSizes(workers, chunkRows int, snapshotWarn time.Duration) error {
-	var errs []error
-	if snapshotWarn < 0 {
-		errs = append(errs, errors.New("--snapshot-warn must not be negative (0 never warns)"))
-	}
-	if workers < 1 {
-		errs = append(errs, errors.New("--workers must be at least 1"))
-	}
-	if chunkRows < 1 {
-		errs = append(errs, errors.New("--chunk-rows must be positive"))
-	}
-	return errors.Join(errs...)
-}
-
 // monitor returns the Monitor to report to: c.Monitor, or one that counts nothing.
 func (c *Config) monitor() Monitor {
 	if c.Monitor == nil {
-		return nopMonitor{}
+		return NopMonitor{}
 	}
 	return c.Monitor
 }

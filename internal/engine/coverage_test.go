@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/coverage"
@@ -26,7 +29,7 @@ const exitGap = 3
 // command would have.
 func coverageOf(t *testing.T, env *pgtest.Env) (coverage.Report, int) {
 	t.Helper()
-	rep, err := CoverageReport(context.Background(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
+	rep, err := operator.CoverageReport(context.Background(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
 	if err != nil {
 		t.Fatalf("coverage: %v", err)
 	}
@@ -154,7 +157,7 @@ func TestCoverageAfterLoadAndStream(t *testing.T) {
 		t.Errorf("slot health %+v, want one active slot without warning", rep.Slots)
 	}
 	// Another database of the source cluster is not the source: an error, not a report of gaps.
-	_, err := CoverageReport(context.Background(), CoverageConfig{Source: os.Getenv("PGCONVERGE_TEST_SOURCE"), Target: env.TargetURL, Slot: "pgconverge"})
+	_, err := operator.CoverageReport(context.Background(), operator.CoverageConfig{Source: os.Getenv("PGCONVERGE_TEST_SOURCE"), Target: env.TargetURL, Slot: "pgconverge"})
 	if !errors.Is(err, coverage.ErrOtherSource) {
 		t.Errorf("coverage against another source database: %v, want %v", err, coverage.ErrOtherSource)
 	}
@@ -424,7 +427,7 @@ func TestSourceBehindTheTargetIsRefused(t *testing.T) {
 	waitCovered(t, env)
 	d.Stop(t)
 	pgtest.Exec(t, env.Target, `update pgconverge.progress set applied_lsn = 'FF/0'`)
-	_, err := CoverageReport(context.Background(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: "pgconverge"})
+	_, err := operator.CoverageReport(context.Background(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: "pgconverge"})
 	if !errors.Is(err, coverage.ErrOtherSource) || !strings.Contains(err.Error(), "behind") {
 		t.Errorf("coverage: %v, want %v saying the source is behind", err, coverage.ErrOtherSource)
 	}
@@ -450,7 +453,7 @@ func TestAnotherSourceIsRefusedPerTable(t *testing.T) {
 	})
 	other := testBackfillConfig(t, env, "public.a")
 	other.Source = os.Getenv("PGCONVERGE_TEST_SOURCE")
-	if _, err := Backfill(context.Background(), other); !errors.Is(err, coverage.ErrOtherSource) {
+	if _, err := operator.Backfill(context.Background(), other); !errors.Is(err, coverage.ErrOtherSource) {
 		t.Fatalf("backfill of a streamed table from another source: %v, want %v", err, coverage.ErrOtherSource)
 	}
 	other.Tables = []string{"public.b"}

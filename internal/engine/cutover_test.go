@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -10,11 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
+	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
+	"github.com/pgconverge/pgconverge/internal/verify"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// Cutover refuses while a daemon streams; with the daemon stopped and changes it has not seen
+// operator.Cutover refuses while a daemon streams; with the daemon stopped and changes it has not seen
 // yet, it catches up, verifies and syncs sequences, and retires the tables (coverage exits 0,
 // the slot kept when asked); run again with --finalize and --drop-slot it resumes: the slot goes
 // and the target tables become plain copies of the source's.
@@ -29,14 +34,14 @@ func TestCutover(t *testing.T) {
 	d := startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "a", "id")
 	pgtest.WaitStreaming(t, env)
-	if _, err := Cutover(context.Background(), CutoverConfig{Run: cfg}); !errors.Is(err, ErrDaemonRunning) {
+	if _, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg}); !errors.Is(err, operator.ErrDaemonRunning) {
 		t.Fatalf("cutover with the daemon streaming: %v, want ErrDaemonRunning", err)
 	}
 	d.Stop(t)
 	pgtest.Exec(t, env.Source, `delete from a where id <= 20`, `insert into a (v) values ('while stopped')`,
 		`update a set v = 'late' where id = 100`, `delete from k where ctid = (select min(ctid) from k where x = 1)`)
 
-	rep, err := Cutover(context.Background(), CutoverConfig{Run: cfg})
+	rep, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg})
 	if err != nil {
 		t.Fatalf("cutover: %v", err)
 	}
@@ -49,11 +54,11 @@ func TestCutover(t *testing.T) {
 	pgtest.WaitConverged(t, env, "a", "id")
 	waitSameMultiset(t, env, "k")
 	cov, code := coverageOf(t, env)
-	if code != 0 || tableReport(t, cov, "public.a").Status != Retired || tableReport(t, cov, "public.k").Status != Retired {
+	if code != 0 || tableReport(t, cov, "public.a").Status != coverage.Retired || tableReport(t, cov, "public.k").Status != coverage.Retired {
 		t.Errorf("coverage after cutover: exit %d, %+v; want exit 0 and both tables retired", code, cov.Tables)
 	}
 
-	rep, err = Cutover(context.Background(), CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
+	rep, err = operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
 	if err != nil {
 		t.Fatalf("cutover run again: %v", err)
 	}
@@ -111,7 +116,7 @@ func TestApplicationTableOnTheTargetIsRefused(t *testing.T) {
 // cutoverCrashChild runs a cutover (with --drop-slot and --finalize) that SIGKILLs itself after
 // step; reaching the end is a failure (exit 3).
 func cutoverCrashChild(step string) int {
-	cfg := CutoverConfig{
+	cfg := operator.CutoverConfig{
 		Run: Config{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Slot: os.Getenv(envCrashSlot),
 			Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000, OnGap: OnGapBackfill, LiveSuffix: "_live",
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))},
@@ -122,7 +127,7 @@ func cutoverCrashChild(step string) int {
 			}
 		},
 	}
-	_, err := Cutover(context.Background(), cfg)
+	_, err := operator.Cutover(context.Background(), cfg)
 	fmt.Fprintf(os.Stderr, "cutover child reached the end without crashing after %s: %v\n", step, err)
 	return 3
 }
@@ -155,7 +160,7 @@ func TestCutoverKilledAfterEachStepResumes(t *testing.T) {
 			t.Fatalf("killed after %s: %d cutovers recorded, want recorded=%v", step, recorded, wantRecorded)
 		}
 	}
-	rep, err := Cutover(context.Background(), CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
+	rep, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
 	if err != nil {
 		t.Fatalf("cutover run again after the kills: %v", err)
 	}
@@ -190,7 +195,7 @@ func TestCutoverRefusesAWritingSourceAndAfterwardsEveryWriter(t *testing.T) {
 		_, err := tx.Exec(ctx, `update a set n = n + 1 where id = $1`, i%100+1)
 		return err
 	})
-	_, err := Cutover(context.Background(), CutoverConfig{Run: cfg})
+	_, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg})
 	stop()
 	if err == nil || !strings.Contains(err.Error(), "the source still takes writes") {
 		t.Fatalf("cutover while the source takes writes: %v, want a refusal", err)
@@ -202,7 +207,7 @@ func TestCutoverRefusesAWritingSourceAndAfterwardsEveryWriter(t *testing.T) {
 		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1 and active`, env.Name)
 		return n == 0, "the slot is still active"
 	})
-	if _, err := Cutover(context.Background(), CutoverConfig{Run: cfg}); err != nil {
+	if _, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg}); err != nil {
 		t.Fatalf("cutover once the writes stopped: %v", err)
 	}
 	pgtest.WaitConverged(t, env, "a", "id")
@@ -210,10 +215,10 @@ func TestCutoverRefusesAWritingSourceAndAfterwardsEveryWriter(t *testing.T) {
 	other := cfg
 	other.Slot, other.Publication = env.Name+"_b", env.Name+"_b"
 	requireRefusal(t, other, "was cut over into this target", "under any slot")
-	if _, err := Backfill(context.Background(), testBackfillConfig(t, env, "public.a")); err == nil || !strings.Contains(err.Error(), "backfill refused") {
+	if _, err := operator.Backfill(context.Background(), testBackfillConfig(t, env, "public.a")); err == nil || !strings.Contains(err.Error(), "backfill refused") {
 		t.Errorf("backfill into a cut-over target: %v, want a refusal", err)
 	}
-	if _, err := Verify(context.Background(), VerifyConfig{Source: env.SourceURL, Target: env.TargetURL, Repair: true, Logger: cfg.Logger}); err == nil || !strings.Contains(err.Error(), "verify --repair refused") {
+	if _, err := verify.Run(context.Background(), verify.Config{Source: env.SourceURL, Target: env.TargetURL, Repair: true, Logger: cfg.Logger}); err == nil || !strings.Contains(err.Error(), "verify --repair refused") {
 		t.Errorf("verify --repair of a cut-over target: %v, want a refusal", err)
 	}
 	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, other.Slot); n != 0 {

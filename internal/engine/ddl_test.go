@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"context"
 	"sync"
 	"testing"
+
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
@@ -39,7 +41,7 @@ func TestTablesSetUpByProcessesAtOnce(t *testing.T) {
 				defer wg.Done()
 				<-start
 				if errs[i] = migrations.Apply(context.Background(), tgt); errs[i] == nil {
-					_, errs[i] = ensureTables(context.Background(), src, tgt, tables, testConfig(t, env).Logger)
+					_, errs[i] = backfillrun.EnsureTables(context.Background(), src, tgt, tables, testConfig(t, env).Logger)
 				}
 			}()
 		}

@@ -17,7 +17,7 @@ import (
 // that drops packets, which TCP keepalives do not see while the peer's kernel still acknowledges)
 // fails the session, which is retried with backoff, instead of holding it forever. Each of those
 // statements takes well under a second on a server that answers; the longest wait among them is
-// a new leader's for the transactions of the previous one, which ends them after leaderLease. Not
+// a new leader's for the transactions of the previous one, which ends them after lease.Term. Not
 // bounded: the loads (COPY), the stream's applies, a target table's reshape (which may rewrite
 // it) and the lock that serialises reshapes, and the creation of a slot (which waits for the
 // source's running transactions).

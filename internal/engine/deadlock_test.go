@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -82,7 +84,7 @@ func TestBackfillCompletionWaitsForTheStream(t *testing.T) {
 			}()
 		})
 	}
-	rep, err := Backfill(ctx, cfg)
+	rep, err := operator.Backfill(ctx, cfg)
 	<-released
 	if hookErr != nil || releaseErr != nil {
 		t.Fatalf("lining up the stream and the completion: %v %v", hookErr, releaseErr)

@@ -3,11 +3,11 @@ package engine
 import (
 	"context"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/lease"
 )
 
 // A leader's writes of rows and progress are single transactions that check its epoch FOR SHARE
@@ -61,15 +61,6 @@ func (s *session) publishHooks(ctx context.Context) cdc.PublishHooks {
 			s.cfg.Knobs.beforeFenced("publication commit")
 			return apply.CheckUnchallenged(ctx, s.tgt, s.cfg.Slot, s.epoch)
 		},
-		CommitWithin: leaderLease / 3,
+		CommitWithin: lease.Term / 3,
 	}
-}
-
-// holdEpoch holds epoch of slot on conn (apply.HoldEpoch) for a daemon's backfill run, and
-// nothing for a run of no daemon (epoch 0). Call release when done.
-func holdEpoch(ctx context.Context, conn *pgx.Conn, slot string, epoch int64) (release func(), err error) {
-	if epoch == 0 {
-		return func() {}, nil
-	}
-	return apply.HoldEpoch(ctx, conn, slot, epoch)
 }

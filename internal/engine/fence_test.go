@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 	"github.com/pgconverge/pgconverge/migrations"
 )
@@ -32,7 +34,7 @@ func leaderSession(t *testing.T, env *pgtest.Env, cfg Config) (*session, []chang
 	if err := migrations.Apply(ctx, s.tgt); err != nil {
 		t.Fatal(err)
 	}
-	if s.epoch, err = apply.Lead(ctx, pgtest.Connect(t, env.TargetURL), cfg.Slot, holder(), s.settings()); err != nil {
+	if s.epoch, err = apply.Lead(ctx, pgtest.Connect(t, env.TargetURL), cfg.Slot, lease.Holder(), s.settings()); err != nil {
 		t.Fatal(err)
 	}
 	return s, names
@@ -108,7 +110,7 @@ func TestThawedLeaderChangesNothingAfterATakeover(t *testing.T) {
 		t.Run(c.pause, func(t *testing.T) {
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'v' || g from generate_series(1, 100) g`)
-			cfg := testConfig(t, env)
+			cfg := internalConfig(t, env)
 			cfg.Tables = []string{"public.t"}
 			if c.before != nil {
 				c.before(t, env, func() {
@@ -220,7 +222,7 @@ func unpublished(t *testing.T, env *pgtest.Env) string {
 func TestPublicationChangeCommitsWithinItsBound(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key)`)
-	cfg := testConfig(t, env)
+	cfg := internalConfig(t, env)
 	cfg.Tables = []string{"public.t"}
 	paused, thaw := make(chan struct{}), make(chan struct{})
 	cfg.Knobs.BeforeFenced = func(change string) {
@@ -238,7 +240,7 @@ func TestPublicationChangeCommitsWithinItsBound(t *testing.T) {
 		t.Fatalf("the session ended before committing its publication change: %v", err)
 	}
 	pid := s.src.PgConn().PID()
-	pgtest.Eventually(t, 2*leaderLease, "the source ends the transaction that waits for its commit", func() (bool, string) {
+	pgtest.Eventually(t, 2*lease.Term, "the source ends the transaction that waits for its commit", func() (bool, string) {
 		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_stat_activity where pid = $1`, pid)
 		return n == 0, fmt.Sprintf("%d sessions of pid %d", n, pid)
 	})
@@ -251,5 +253,15 @@ func TestPublicationChangeCommitsWithinItsBound(t *testing.T) {
 	}
 	if what := unpublished(t, env); what != "" {
 		t.Errorf("%s by a commit that came after its bound", what)
+	}
+}
+
+// internalConfig is testConfig (helpers_test.go) for the tests inside the package, which reach
+// the session itself.
+func internalConfig(t *testing.T, env *pgtest.Env) Config {
+	return Config{
+		Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name, Publication: env.Name,
+		BackfillWorkers: 2, ChunkRows: 1000, OnGap: OnGapBackfill,
+		Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -9,30 +9,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/operator"
+
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// joinNow runs Join with w workers in a goroutine, waiting for a run to join; its result arrives
+// joinNow runs backfillrun.Join with w workers in a goroutine, waiting for a run to join; its result arrives
 // on the returned channel.
 func joinNow(t *testing.T, env *pgtest.Env, w int) <-chan joinOutcome {
 	t.Helper()
 	done := make(chan joinOutcome, 1)
 	log := testConfig(t, env).Logger.With("process", "joined")
 	go func() {
-		rep, err := Join(context.Background(), JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: w, Wait: true, Logger: log})
+		rep, err := backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: w, Wait: true, Logger: log})
 		done <- joinOutcome{rep, err}
 	}()
 	return done
 }
 
 type joinOutcome struct {
-	rep JoinReport
+	rep backfillrun.JoinReport
 	err error
 }
 
-// waitJoin returns the outcome of a Join, failing the test when it failed or took over 60 s.
-func waitJoin(t *testing.T, done <-chan joinOutcome) JoinReport {
+// waitJoin returns the outcome of a backfillrun.Join, failing the test when it failed or took over 60 s.
+func waitJoin(t *testing.T, done <-chan joinOutcome) backfillrun.JoinReport {
 	t.Helper()
 	select {
 	case o := <-done:
@@ -42,7 +46,7 @@ func waitJoin(t *testing.T, done <-chan joinOutcome) JoinReport {
 		return o.rep
 	case <-time.After(60 * time.Second):
 		t.Fatal("join did not end within 60 s")
-		return JoinReport{}
+		return backfillrun.JoinReport{}
 	}
 }
 
@@ -161,15 +165,15 @@ func TestChunkOfAnEndedJoinerIsTakenOver(t *testing.T) {
 	pgtest.WaitConverged(t, env, "big", "id")
 }
 
-// Join refuses clearly when no run is running, and when its source is not the run's.
+// backfillrun.Join refuses clearly when no run is running, and when its source is not the run's.
 func TestJoinRefusals(t *testing.T) {
 	env := pgtest.New(t)
 	log := testConfig(t, env).Logger
-	_, err := Join(context.Background(), JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Logger: log})
+	_, err := backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Logger: log})
 	if err == nil || !strings.Contains(err.Error(), "no backfill run is running on the target") || !strings.Contains(err.Error(), "--wait") {
 		t.Errorf("join with no run: %v, want a refusal naming --wait", err)
 	}
-	_, err = Join(context.Background(), JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Run: 42, Logger: log})
+	_, err = backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Run: 42, Logger: log})
 	if err == nil || !strings.Contains(err.Error(), "backfill run 42 is not running") {
 		t.Errorf("join of run 42: %v, want a refusal naming run 42", err)
 	}
@@ -177,7 +181,7 @@ func TestJoinRefusals(t *testing.T) {
 
 // A joined process that freezes (SIGSTOP) while it applies a chunk holds the chunk and the row
 // locks of its open transaction only for the lease: the run's process ends its target sessions
-// once its heartbeat is silent past leaderLease, takes the chunk over and completes; the thawed
+// once its heartbeat is silent past lease.Term, takes the chunk over and completes; the thawed
 // process finds its sessions ended and says why.
 func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 	env := pgtest.New(t)
@@ -220,8 +224,8 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 	if !strings.Contains(logs.String(), "ended the target session of a joined backfill worker silent past the lease") {
 		t.Errorf("no WARN of the frozen joiner's session ended by the run")
 	}
-	if took < leaderLease-leaderCheckEvery {
-		t.Errorf("the run completed %s after the joiner froze, before the lease of %s ran out", took, leaderLease)
+	if took < lease.Term-lease.CheckEvery {
+		t.Errorf("the run completed %s after the joiner froze, before the lease of %s ran out", took, lease.Term)
 	}
 	t.Logf("the run completed %s after the joiner froze; rows by the joiner %d, by the run %d", took.Round(time.Millisecond), rep.Joined, rep.Rows)
 	if rep.Rows+rep.Joined != 200000 {
@@ -280,7 +284,7 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 	}
 	// The cancelled run's end waits for the frozen joiner too (its chunk transaction holds the
 	// table backfill's row): without the daemon's watch this never returns.
-	if _, err := Backfill(ctx, cfg); err == nil {
+	if _, err := operator.Backfill(ctx, cfg); err == nil {
 		t.Fatal("the cancelled backfill succeeded")
 	}
 	if held == nil {

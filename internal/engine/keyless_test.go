@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/verify"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -307,12 +309,12 @@ func TestKeylessVerifyAfterANewerBackfill(t *testing.T) {
 	pgtest.Exec(t, env.Source, `insert into events values ('a', 1, '{"x": 1}', '(1,2)', null)`,
 		`delete from events where ctid = (select ctid from events where kind = 'b' limit 1)`, `delete from events where kind = 'g4'`)
 	type outcome struct {
-		rep VerifyReport
+		rep verify.Report
 		err error
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		rep, err := Verify(context.Background(), verifyConfig(t, env, false))
+		rep, err := verify.Run(context.Background(), verifyConfig(t, env, false))
 		done <- outcome{rep, err}
 	}()
 	// Verify has taken S and waits for the stream; a backfill at S' > S lands first.

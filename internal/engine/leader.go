@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -12,36 +11,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
-// leaderCheckEvery is how often a leader makes sure its lock connection still holds the leader
-// lock (a trivial query on it, which must answer within leaderCheckTimeout); a leader whose lock
-// connection failed stops its session within it. leaderLease is how long a standby lets the lock
-// holder's session go without a statement before it ends that session (a frozen process, or a
-// network that broke without resetting the connection), and also how long a new leader lets
-// transactions of the old one hold off its epoch raise before it ends them. standbyPoll is how
-// often a standby tries the lock.
-const (
-	leaderCheckEvery   = 2 * time.Second
-	leaderCheckTimeout = 5 * time.Second
-	leaderLease        = 15 * time.Second
-	standbyPoll        = 250 * time.Millisecond
-)
+// standbyPoll is how often a standby tries the slot's leader lock; the lock's checks and its
+// lease run on lease.CheckEvery, lease.CheckTimeout and lease.Term.
+const standbyPoll = 250 * time.Millisecond
 
 // errLeadershipLost ends a session whose lock connection to the target failed: the leader lock
 // may be another daemon's now. The next session waits for the lock like a standby.
 var errLeadershipLost = errors.New("lost the connection that holds the slot's leader lock on the target")
-
-// holder names this process in pgconverge.leaders and in the logs of standbys: host and pid.
-func holder() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown host"
-	}
-	return fmt.Sprintf("%s pid %d", host, os.Getpid())
-}
 
 // lead makes the session the leader of its slot before it writes anything but the metadata
 // schema to the target (apply.LockLeader, apply.Lead): on a connection of its own it takes the
@@ -49,7 +30,7 @@ func holder() string {
 // and the replication connection is closed meanwhile), then raises the slot's epoch, which every
 // stream and backfill transaction of the session checks. It brings the metadata schema up to
 // date first (the leaders table is part of it). A goroutine then checks the lock connection
-// every leaderCheckEvery and ends the session (lost) when it fails.
+// every lease.CheckEvery and ends the session (lost) when it fails.
 func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) (waited bool, err error) {
 	if err := migrations.Apply(ctx, s.tgt); err != nil {
 		return false, err
@@ -78,7 +59,7 @@ func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) (waite
 		}
 		s.mon.Leading(slot, false)
 		s.cfg.Logger.Info("standby: another daemon leads this slot; this one takes over when that one stops, dies, loses its connection to the target or stays silent for the lease",
-			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt, "lease", leaderLease.String())
+			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt, "lease", lease.Term.String())
 		if err := s.waitAsStandby(ctx, lock); err != nil {
 			return true, err
 		}
@@ -104,7 +85,7 @@ func (s *session) explainByTakeover(ctx context.Context, err error) error {
 	l, ok, rerr := apply.ReadLeader(ctx, s.tgt, s.cfg.Slot)
 	if rerr != nil {
 		// The new leader may have ended this session's target connections: look on a new one.
-		rctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		rctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
 		defer cancel()
 		conn, cerr := pgsession.Connect(rctx, s.cfg.Target, "target")
 		if cerr != nil {
@@ -153,7 +134,7 @@ func (s *session) checkLike(ctx context.Context, leader apply.Leader) error {
 }
 
 // waitAsStandby polls the leader lock every standbyPoll until it gets it; when the holder's session
-// has been silent for leaderLease (apply.LeaderLockHolder), it ends that session, logged at WARN.
+// has been silent for lease.Term (apply.LeaderLockHolder), it ends that session, logged at WARN.
 func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 	slot := s.cfg.Slot
 	if err := apply.MarkStandby(ctx, lock, slot, true); err != nil {
@@ -176,9 +157,9 @@ func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 		if err != nil {
 			return err
 		}
-		if pid != 0 && silent > leaderLease.Seconds() {
+		if pid != 0 && silent > lease.Term.Seconds() {
 			s.cfg.Logger.Warn("the leader's lock session has been silent past the lease (a frozen process, or a network that broke without resetting the connection): ending it to take over",
-				"slot", slot, "target_pid", pid, "silent_seconds", int(silent), "lease", leaderLease.String())
+				"slot", slot, "target_pid", pid, "silent_seconds", int(silent), "lease", lease.Term.String())
 			if _, err := s.tgt.Exec(ctx, `select pg_terminate_backend($1)`, pid); err != nil {
 				return fmt.Errorf("end the silent leader's session %d on the target (the target role needs to be that session's role or a member of pg_signal_backend): %w", pid, err)
 			}
@@ -188,7 +169,7 @@ func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 
 // raiseEpoch raises the slot's epoch over lock (apply.Lead). Sessions and transactions of the
 // previous leader (or of backfill workers that joined its runs) that hold the epoch hold it off;
-// any still doing so once the raise has been seen waiting for leaderLease (looked at every
+// any still doing so once the raise has been seen waiting for lease.Term (looked at every
 // standbyPoll) belong to a process that lost the lock and is frozen or cut off, and are ended
 // (logged at WARN), from then on every standbyPoll: the raise waits for the holders of the
 // epoch's lock, then of the row's shared lock, and each must go. The lease counts from a wait
@@ -214,7 +195,7 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 				}
 				continue
 			}
-			if time.Since(waiting) < leaderLease {
+			if time.Since(waiting) < lease.Term {
 				continue
 			}
 			rows, err := s.tgt.Query(ctx, `select b from unnest(pg_blocking_pids($1)) b where pg_terminate_backend(b)`, pid)
@@ -227,17 +208,17 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 			}
 		}
 	}()
-	epoch, err := apply.Lead(ctx, lock, s.cfg.Slot, holder(), s.settings())
+	epoch, err := apply.Lead(ctx, lock, s.cfg.Slot, lease.Holder(), s.settings())
 	close(done)
 	<-exited
 	return epoch, err
 }
 
-// watchLock checks the lock connection every leaderCheckEvery until ctx ends; when it fails it
+// watchLock checks the lock connection every lease.CheckEvery until ctx ends; when it fails it
 // ends the session with errLeadershipLost. It is the lock connection's only user meanwhile.
 func (s *session) watchLock(ctx context.Context, lost context.CancelCauseFunc) {
 	defer close(s.watching)
-	t := time.NewTicker(leaderCheckEvery)
+	t := time.NewTicker(lease.CheckEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -245,7 +226,7 @@ func (s *session) watchLock(ctx context.Context, lost context.CancelCauseFunc) {
 			return
 		case <-t.C:
 		}
-		checkCtx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		checkCtx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
 		_, err := s.lock.Exec(checkCtx, "select 1")
 		cancel()
 		if err != nil {

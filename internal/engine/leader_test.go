@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -57,7 +60,7 @@ func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *pgtest.SyncBuffer) {
 		l := leaderLocks(t, env)
 		return l == "1 1", "leader locks held and waiting: " + l
 	})
-	rep, err := Status(context.Background(), StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
+	rep, err := operator.Status(context.Background(), operator.StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +76,7 @@ func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *pgtest.SyncBuffer) {
 // from since.
 func waitTakeover(t *testing.T, env *pgtest.Env, epoch int, since time.Time) time.Duration {
 	t.Helper()
-	want := fmt.Sprintf("%d %s", epoch, holder())
+	want := fmt.Sprintf("%d %s", epoch, lease.Holder())
 	pgtest.Eventually(t, 60*time.Second, "the standby leads", func() (bool, string) {
 		l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name)
 		return l == want, "leader row " + l
@@ -145,9 +148,9 @@ func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
 	}
 	frozenAt := time.Now()
 	took := waitTakeover(t, env, 2, frozenAt)
-	t.Logf("the standby led %s after the leader froze (lease %s)", took.Round(time.Millisecond), leaderLease)
-	if took < leaderLease-leaderCheckEvery {
-		t.Errorf("the standby led %s after the leader froze, before the lease of %s ran out", took, leaderLease)
+	t.Logf("the standby led %s after the leader froze (lease %s)", took.Round(time.Millisecond), lease.Term)
+	if took < lease.Term-lease.CheckEvery {
+		t.Errorf("the standby led %s after the leader froze, before the lease of %s ran out", took, lease.Term)
 	}
 	pgtest.Eventually(t, 60*time.Second, "the new leader ended the frozen leader's walsender and streams", func() (bool, string) {
 		pid := pgtest.Scalar[int32](t, env.Source, `select coalesce(active_pid, 0) from pg_replication_slots where slot_name = $1`, env.Name)
@@ -164,7 +167,7 @@ func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
 	if !strings.Contains(out.String(), "lost the leadership of the slot") {
 		t.Errorf("the thawed leader did not log that it lost the leadership:\n%s", out)
 	}
-	if l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name); !strings.HasSuffix(l, " "+holder()) {
+	if l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name); !strings.HasSuffix(l, " "+lease.Holder()) {
 		t.Errorf("leader row %q after the thaw, want one held by this process", l)
 	}
 }

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/lease"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/coverage"
@@ -73,8 +75,8 @@ func TestFrozenBackfillRunIsEndedByTheDaemon(t *testing.T) {
 	pgtest.WaitConverged(t, env, "big", "id")
 	took := time.Since(frozenAt)
 	t.Logf("the stream applied the rows the frozen run held %s after the freeze", took.Round(time.Millisecond))
-	if took < leaderLease-leaderCheckEvery {
-		t.Errorf("the stream applied the held rows %s after the freeze, before the lease of %s ran out", took, leaderLease)
+	if took < lease.Term-lease.CheckEvery {
+		t.Errorf("the stream applied the held rows %s after the freeze, before the lease of %s ran out", took, lease.Term)
 	}
 	if !strings.Contains(dlogs.String(), "ended a target session of a backfill run's process silent past the lease") {
 		t.Errorf("no WARN of the frozen run's sessions ended by the daemon")
@@ -137,7 +139,7 @@ func TestRunDoesNotEndItsOwnSessions(t *testing.T) {
 			tgt := pgtest.Connect(t, env.TargetURL)
 			defer tgt.Close(context.Background())
 			// Three lease checks of the run's own process see its sessions silent.
-			for end := time.Now().Add(3*leaderCheckEvery + time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			for end := time.Now().Add(3*lease.CheckEvery + time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 				if _, staleErr = tgt.Exec(context.Background(), `update pgconverge.backfill_workers set seen_at = clock_timestamp() - interval '20 s'`); staleErr != nil {
 					return
 				}
@@ -171,7 +173,7 @@ func TestLeaseEndsWhatTheRoleMaySignal(t *testing.T) {
 		}
 	}
 	pgtest.Exec(t, env.Target, `update pgconverge.backfill_workers set seen_at = clock_timestamp() - interval '1 min'`)
-	got, err := coverage.EndSilentWorkers(t.Context(), watcher, leaderLease, "this host")
+	got, err := coverage.EndSilentWorkers(t.Context(), watcher, lease.Term, "this host")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,25 +3,25 @@ package engine
 import (
 	"time"
 
-	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/verify"
 )
 
 // Monitor receives what the engine counts, for metrics; the CLI implements it with a Prometheus
 // registry. Methods are called from several goroutines and must not block. Table names are as
 // changebatch.TableName.String prints them.
 type Monitor interface {
+	// backfillrun.Monitor counts the backfill runs' chunks and conflicts; verify.Monitor the
+	// discrepancies of scheduled verify runs.
+	backfillrun.Monitor
+	verify.Monitor
 	// FollowStream is called with the counters of a session's streamer when it starts streaming,
 	// and with nil when it stops: between streams there is no lag or watermark to report.
 	FollowStream(stats func() StreamStats)
 	// StreamApplied counts one committed stream apply that took d, with rows per table.
-	StreamApplied(rows map[string]RowCounts, d time.Duration)
-	// BackfillChunk counts one committed backfill chunk of table: rows read, and what was written.
-	BackfillChunk(table string, read int64, rows RowCounts)
-	// BackfillConflict counts one backfill transaction of table that lost a deadlock or a
-	// serialization conflict and is retried.
-	BackfillConflict(table string)
+	StreamApplied(rows map[string]backfillrun.RowCounts, d time.Duration)
 	// SlotHealth reports the stream's slot as the source describes it (every 5 s while streaming).
 	SlotHealth(h SlotHealth)
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
@@ -33,13 +33,7 @@ type Monitor interface {
 	SessionRetried(reason string)
 	// BackfillProgress returns the Progress a backfill run of trigger ("initial", "gap",
 	// "schedule") reports to: p, which it may wrap to follow the run too.
-	BackfillProgress(trigger string, p Progress) Progress
-	// DiscrepanciesFound counts n discrepancies of kind ("missing", "extra", "different") a
-	// verify run found in table; DiscrepanciesRepaired n it repaired; DiscrepanciesSuppressed n
-	// it found again under a known id (a replayed or repeated run), which recorded nothing new.
-	DiscrepanciesFound(table, kind string, n int64)
-	DiscrepanciesRepaired(table string, n int64)
-	DiscrepanciesSuppressed(table string, n int64)
+	BackfillProgress(trigger string, p backfillrun.Progress) backfillrun.Progress
 	// Leading reports whether this daemon leads slot (streams and writes) or waits as a standby
 	// for the daemon that does (apply.LockLeader).
 	Leading(slot string, leading bool)
@@ -53,33 +47,26 @@ type StreamStats struct {
 	LagBytes, Transactions, Changes int64
 }
 
-// RowCounts are the rows an apply wrote (inserted, updated or made tombstones) and the changes the
-// version rule turned into no-ops because the target held the same or a newer version.
-type RowCounts struct{ Applied, Suppressed int64 }
-
 // SlotHealth is what the source says of a replication slot's hold on WAL (coverage.SlotHealth).
 type SlotHealth = coverage.SlotHealth
-
-func rowCounts(r apply.Result) RowCounts {
-	return RowCounts{Applied: r.Applied, Suppressed: r.Suppressed}
-}
 
 func streamStats(st cdc.Stats) StreamStats {
 	return StreamStats{Flushed: uint64(st.Flushed), LagBytes: st.Lag(), Transactions: st.Transactions, Changes: st.Changes}
 }
 
-// nopMonitor counts nothing: the Monitor of a Config without one.
-type nopMonitor struct{}
+// NopMonitor counts nothing: the Monitor of a Config without one; embed it in a Monitor that
+// counts only some things.
+type NopMonitor struct{}
 
-func (nopMonitor) FollowStream(func() StreamStats)                   {}
-func (nopMonitor) StreamApplied(map[string]RowCounts, time.Duration) {}
-func (nopMonitor) BackfillChunk(string, int64, RowCounts)            {}
-func (nopMonitor) BackfillConflict(string)                           {}
-func (nopMonitor) SlotHealth(SlotHealth)                             {}
-func (nopMonitor) CoverageGap(string, uint64)                        {}
-func (nopMonitor) SessionRetried(string)                             {}
-func (nopMonitor) Leading(string, bool)                              {}
-func (nopMonitor) BackfillProgress(_ string, p Progress) Progress    { return p }
-func (nopMonitor) DiscrepanciesFound(string, string, int64)          {}
-func (nopMonitor) DiscrepanciesRepaired(string, int64)               {}
-func (nopMonitor) DiscrepanciesSuppressed(string, int64)             {}
+func (NopMonitor) FollowStream(func() StreamStats)                                        {}
+func (NopMonitor) StreamApplied(map[string]backfillrun.RowCounts, time.Duration)          {}
+func (NopMonitor) BackfillChunk(string, int64, backfillrun.RowCounts)                     {}
+func (NopMonitor) BackfillConflict(string)                                                {}
+func (NopMonitor) SlotHealth(SlotHealth)                                                  {}
+func (NopMonitor) CoverageGap(string, uint64)                                             {}
+func (NopMonitor) SessionRetried(string)                                                  {}
+func (NopMonitor) Leading(string, bool)                                                   {}
+func (NopMonitor) BackfillProgress(_ string, p backfillrun.Progress) backfillrun.Progress { return p }
+func (NopMonitor) DiscrepanciesFound(string, string, int64)                               {}
+func (NopMonitor) DiscrepanciesRepaired(string, int64)                                    {}
+func (NopMonitor) DiscrepanciesSuppressed(string, int64)                                  {}

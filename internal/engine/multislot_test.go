@@ -1,9 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -60,7 +63,7 @@ func TestDaemonsOfTwoSlotsShareATarget(t *testing.T) {
 		t.Errorf("tables' slots: %s", d)
 	}
 	for _, c := range cfgs {
-		rep, err := CoverageReport(t.Context(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: c.Slot})
+		rep, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: c.Slot})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/coverage"
@@ -19,7 +21,7 @@ import (
 
 // retryCounter is a Monitor that counts session retries by reason.
 type retryCounter struct {
-	nopMonitor
+	NopMonitor
 	mu sync.Mutex
 	n  map[string]int
 }

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -154,7 +156,7 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 // first daemon's next session is slow to start (8 s) and its running lock is taken again only after
 // 20 s, so the daemon of another slot that waits for a shared table, cut off too, comes back first
 // and finds the first daemon holding neither lock; it takes nothing before that has lasted
-// overlapGrace, and by then the first leads its slot again.
+// OverlapGrace, and by then the first leads its slot again.
 func TestDaemonsCutFromTheTargetKeepTheirTables(t *testing.T) {
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v int)`, `insert into b select g, g from generate_series(1, 100) g`)
@@ -183,8 +185,8 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 	}
 	pgtest.Exec(t, env.Target, `select pg_terminate_backend(pid) from pg_stat_activity
 where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'`)
-	// A takeover would happen within overlapGrace and two polls of the cut: watch that long.
-	for until := time.Now().Add(overlapGrace + 2*overlapPoll); time.Now().Before(until); time.Sleep(250 * time.Millisecond) {
+	// A takeover would happen within OverlapGrace and two polls of the cut: watch that long.
+	for until := time.Now().Add(OverlapGrace + 2*OverlapPoll); time.Now().Before(until); time.Sleep(250 * time.Millisecond) {
 		if got := following(); got != first.Slot {
 			t.Fatalf("slots following public.b after the cut: %q, want only %s", got, first.Slot)
 		}

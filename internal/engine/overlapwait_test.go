@@ -1,9 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -13,7 +16,7 @@ import (
 // as "slot table followed_by", joined by "; ".
 func waitsOf(t *testing.T, env *pgtest.Env, slot string) (inCoverage, inStatus string) {
 	t.Helper()
-	text := func(ws []Wait) string {
+	text := func(ws []coverage.Wait) string {
 		out := ""
 		for i, w := range ws {
 			if i > 0 {
@@ -23,11 +26,11 @@ func waitsOf(t *testing.T, env *pgtest.Env, slot string) (inCoverage, inStatus s
 		}
 		return out
 	}
-	rep, err := CoverageReport(t.Context(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: slot})
+	rep, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: slot})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := Status(t.Context(), StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: slot})
+	st, err := operator.Status(t.Context(), operator.StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: slot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +96,7 @@ where r.slot = $1 and b.table_name = 'b'`, second.Slot); n != 0 {
 	pgtest.Exec(t, env.Source, `update b set v = 'second follows' where id % 7 = 0`, `delete from b where id % 11 = 0`, `update c set v = 'still' where id % 9 = 0`)
 	pgtest.WaitConverged(t, env, "b", "id")
 	pgtest.WaitConverged(t, env, "c", "id")
-	rep, err := CoverageReport(t.Context(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: second.Slot})
+	rep, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: second.Slot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +147,7 @@ where coalesce(r.slot, r.leader_slot) = $1 and b.table_name = 'u'`, slot)
 	if cov, st := waitsOf(t, env, second.Slot); cov != want || st != want {
 		t.Errorf("waits in coverage: %q, in status: %q, want %q in both", cov, st, want)
 	}
-	rep, err := CoverageReport(t.Context(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: first.Slot})
+	rep, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: first.Slot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +218,7 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 	pgtest.Exec(t, env.Source, `update b set v = 'after' where id % 7 = 0`, `insert into b values (9001, 'new')`)
 	pgtest.WaitConverged(t, env, "b", "id")
 	pgtest.WaitConverged(t, env, "c", "id")
-	rep, err := CoverageReport(t.Context(), CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: second.Slot})
+	rep, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: second.Slot})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -24,7 +25,7 @@ type presence struct {
 }
 
 // presenceCheckEvery is how often the presence connection is checked, and reconnected (the lock
-// taken again) when it failed; leaderCheckTimeout bounds each check and each connection attempt.
+// taken again) when it failed; lease.CheckTimeout bounds each check and each connection attempt.
 const presenceCheckEvery = 2 * time.Second
 
 // holdPresence takes the running lock of cfg.Slot on a new target connection in a goroutine, and
@@ -42,7 +43,7 @@ func holdPresence(ctx context.Context, cfg Config) *presence {
 		defer p.first.Done()
 		p.check(ctx)
 	}()
-	p.stop = ticking(ctx, every, p.check)
+	p.stop = lease.Every(ctx, every, p.check)
 	return p
 }
 
@@ -61,7 +62,7 @@ func (p *presence) check(ctx context.Context) {
 	defer p.mu.Unlock()
 	var err error
 	if p.conn != nil {
-		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		cctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
 		_, err = p.conn.Exec(cctx, "select 1")
 		cancel()
 		if err == nil {
@@ -81,7 +82,7 @@ func (p *presence) check(ctx context.Context) {
 
 // take connects to the target and takes the running lock.
 func (p *presence) take(ctx context.Context) (*pgx.Conn, error) {
-	cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
 	defer cancel()
 	conn, err := pgsession.Connect(cctx, p.cfg.Target, "target")
 	if err != nil {

@@ -1,7 +1,10 @@
-package engine
+package engine_test
 
 import (
 	"testing"
+
+	"github.com/pgconverge/pgconverge/internal/operator"
+	"github.com/pgconverge/pgconverge/internal/verify"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -27,12 +30,12 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	pgtest.Exec(t, env.Source, `update a set v = 'w' where id <= 10`, `delete from a where id > 90`, `insert into a values (500, 'new')`)
 	pgtest.WaitConverged(t, env, "a", "id")
 	pgtest.Exec(t, env.Target, `update a set v = 'drift' where id = 50`)
-	rep, err := Verify(t.Context(), VerifyConfig{Source: cfg.Source, Target: cfg.Target, Repair: true, Logger: cfg.Logger})
+	rep, err := verify.Run(t.Context(), verify.Config{Source: cfg.Source, Target: cfg.Target, Repair: true, Logger: cfg.Logger})
 	if err != nil || rep.Found != 1 || rep.Repaired != 1 {
 		t.Fatalf("verify --repair as the least-privileged roles: %+v, %v; want 1 found and repaired", rep, err)
 	}
 	pgtest.WaitConverged(t, env, "a", "id")
-	if _, err := Status(t.Context(), StatusConfig{Source: cfg.Source, Target: cfg.Target, Slot: cfg.Slot}); err != nil {
+	if _, err := operator.Status(t.Context(), operator.StatusConfig{Source: cfg.Source, Target: cfg.Target, Slot: cfg.Slot}); err != nil {
 		t.Errorf("status as the least-privileged roles: %v", err)
 	}
 	d.Stop(t)

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"

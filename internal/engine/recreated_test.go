@@ -1,10 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
@@ -109,7 +111,7 @@ func TestColumnAddedAgainHoldsNoOldValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, env)
-	if _, err := ensureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
+	if _, err := backfillrun.EnsureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
 		t.Fatal(err)
 	}
 	if got := pgtest.Scalar[int](t, env.Target, `select count(*) from t where n is not null or v is not null`); got != 0 {

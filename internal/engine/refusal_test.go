@@ -1,8 +1,10 @@
-package engine
+package engine_test
 
 import (
 	"net/url"
 	"testing"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/robfig/cron/v3"
 )
 
@@ -96,8 +97,8 @@ func (s *session) backfillSchedule(ctx context.Context, sched cron.Schedule, job
 		hook(ScheduleStarted)
 		cfg.Logger.Info(job.what+" starting", "tables", len(job.tables), "next", sched.Next(time.Now()).Format(time.RFC3339))
 		bj := s.backfillJob(job.tables, coverage.TriggerSchedule, job.what)
-		bj.Slot, bj.Resume, bj.KeepFrom, bj.Busy, bj.AfterChunk = job.slot, job.resume, job.keepFrom, busySkip, cfg.Knobs.AfterScheduledChunk
-		rep, err := runBackfill(ctx, bj)
+		bj.Slot, bj.Resume, bj.KeepFrom, bj.Busy, bj.AfterChunk = job.slot, job.resume, job.keepFrom, backfillrun.BusySkip, cfg.Knobs.AfterScheduledChunk
+		rep, err := backfillrun.Run(ctx, bj)
 		for _, t := range rep.Skipped {
 			n := skipped.Add(1)
 			cfg.Logger.Warn(job.what+" skipped a table: another backfill of it is running", "table", t, "skipped_total", n)

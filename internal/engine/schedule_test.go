@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"sync"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )

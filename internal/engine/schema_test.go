@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
@@ -187,7 +189,7 @@ func TestSchemaChangeIsNotCoveredUntilReloaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, env)
-	if _, err := ensureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
+	if _, err := backfillrun.EnsureTables(context.Background(), env.Source, env.Target, []changebatch.Table{tab}, cfg.Logger); err != nil {
 		t.Fatal(err)
 	}
 	rep, code := coverageOf(t, env)

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -34,22 +36,22 @@ func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
 	pgtest.WaitConverged(t, env, "a", "id")
 	pgtest.WaitSlotCaughtUp(t, env)
 	rep, code := coverageOf(t, env)
-	if b := tableReport(t, rep, "public.b"); code != exitGap || b.Status != NotStreamed || rep.Covered {
+	if b := tableReport(t, rep, "public.b"); code != exitGap || b.Status != coverage.NotStreamed || rep.Covered {
 		t.Errorf("exit %d, covered %v, b %+v: want exit %d and b not-streamed while it is left out", code, rep.Covered, b, exitGap)
 	}
-	_, err := Retire(context.Background(), RetireConfig{Target: env.TargetURL, Tables: []string{"public.a, public.b", "public.nope"}})
+	_, err := operator.Retire(context.Background(), operator.RetireConfig{Target: env.TargetURL, Tables: []string{"public.a, public.b", "public.nope"}})
 	if !errors.Is(err, coverage.ErrStillFollowed) || !strings.Contains(err.Error(), "public.a") || !strings.Contains(err.Error(), "public.nope is not in the target's ledger") {
 		t.Errorf("retire of a followed, a left-out and an unknown table: %v; want public.a still followed and public.nope unknown", err)
 	}
 	if rep, code := coverageOf(t, env); code != exitGap {
 		t.Errorf("a refused retire retired something: exit %d, %+v", code, rep.Tables)
 	}
-	retired, err := Retire(context.Background(), RetireConfig{Target: env.TargetURL, Tables: []string{"public.b"}})
+	retired, err := operator.Retire(context.Background(), operator.RetireConfig{Target: env.TargetURL, Tables: []string{"public.b"}})
 	if err != nil || len(retired) != 1 {
 		t.Fatalf("retire public.b: %v, %v", retired, err)
 	}
 	rep, code = coverageOf(t, env)
-	if b := tableReport(t, rep, "public.b"); code != 0 || b.Status != Retired || b.RetiredAt == nil || !rep.Covered {
+	if b := tableReport(t, rep, "public.b"); code != 0 || b.Status != coverage.Retired || b.RetiredAt == nil || !rep.Covered {
 		t.Errorf("exit %d, b %+v: want exit 0 and b retired", code, b)
 	}
 	d.Stop(t)
@@ -57,7 +59,7 @@ func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
 	startDaemon(t, testConfig(t, env))
 	pgtest.WaitConverged(t, env, "b", "id")
 	pgtest.WaitConverged(t, env, "a", "id")
-	if b := tableReport(t, waitCovered(t, env), "public.b"); b.Status != Covered {
+	if b := tableReport(t, waitCovered(t, env), "public.b"); b.Status != coverage.Covered {
 		t.Errorf("b selected again: %+v, want covered", b)
 	}
 }
@@ -303,9 +305,9 @@ func TestDroppedSourceTableWaitsForTheOperator(t *testing.T) {
 	pgtest.Eventually(t, 60*time.Second, "x not-streamed", func() (bool, string) {
 		rep, code := coverageOf(t, env)
 		x := tableReport(t, rep, "public.x")
-		return x.Status == NotStreamed && code == exitGap, fmt.Sprintf("exit %d, %+v", code, x)
+		return x.Status == coverage.NotStreamed && code == exitGap, fmt.Sprintf("exit %d, %+v", code, x)
 	})
-	if _, err := Retire(context.Background(), RetireConfig{Target: env.TargetURL, Tables: []string{"public.x"}}); err != nil {
+	if _, err := operator.Retire(context.Background(), operator.RetireConfig{Target: env.TargetURL, Tables: []string{"public.x"}}); err != nil {
 		t.Fatalf("retire public.x: %v", err)
 	}
 	waitCovered(t, env)

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/sequences"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -18,7 +20,7 @@ type sequenceRow struct{ tables, source, before, after, action string }
 // and returns its lines by sequence name, and its error.
 func runSequences(t *testing.T, env *pgtest.Env, tables ...string) (map[string]sequenceRow, error) {
 	t.Helper()
-	lines, err := SyncSequences(context.Background(), SequencesConfig{Source: env.SourceURL, Target: env.TargetURL, Tables: tables,
+	lines, err := sequences.Sync(context.Background(), sequences.Config{Source: env.SourceURL, Target: env.TargetURL, Tables: tables,
 		Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), nil))})
 	rows := map[string]sequenceRow{}
 	for _, l := range lines {
@@ -26,7 +28,7 @@ func runSequences(t *testing.T, env *pgtest.Env, tables ...string) (map[string]s
 		if l.Err != nil {
 			after, action = "-", "error (below)"
 		}
-		rows[l.Sequence] = sequenceRow{strings.Join(l.Tables, ","), ValueText(l.Source), ValueText(l.Before), after, action}
+		rows[l.Sequence] = sequenceRow{strings.Join(l.Tables, ","), sequences.ValueText(l.Source), sequences.ValueText(l.Before), after, action}
 	}
 	return rows, err
 }
@@ -44,7 +46,7 @@ func TestSequenceBackfillSync(t *testing.T) {
 	rep := backfillNow(t, cfg)
 	got := map[string]string{}
 	for _, l := range rep.Sequences {
-		got[l.Sequence] = fmt.Sprintf("%s %s %s %s", strings.Join(l.Tables, ","), ValueText(l.Source), l.After, l.Action)
+		got[l.Sequence] = fmt.Sprintf("%s %s %s %s", strings.Join(l.Tables, ","), sequences.ValueText(l.Source), l.After, l.Action)
 	}
 	want := map[string]string{
 		"public.orders_id_seq": "public.orders 2500 2500 created",

@@ -16,6 +16,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
@@ -219,7 +220,9 @@ func (s *session) connect(ctx context.Context) error {
 		return err
 	}
 	s.ap = apply.New(s.tgt)
-	if err := checkDistinct(ctx, s.src, s.tgt); err != nil {
+	if err := pgsession.CheckDistinct(ctx, s.src, s.tgt); errors.Is(err, pgsession.ErrSameDatabase) {
+		return permanent(err)
+	} else if err != nil {
 		return err
 	}
 	if err := cdc.CheckSource(ctx, s.src); err != nil {
@@ -248,7 +251,7 @@ func (s *session) prepareTarget(ctx context.Context) error {
 	}
 	var err error
 	cfg.Knobs.beforeFenced("schema")
-	if s.enums, err = ensureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
+	if s.enums, err = backfillrun.EnsureTables(ctx, s.src, s.tgt, all, cfg.Logger); err != nil {
 		return err
 	}
 	if err := s.ensureLiveViews(ctx, all); err != nil {
@@ -330,42 +333,6 @@ func (s *session) close() {
 	if s.repl != nil {
 		s.repl.Close(ctx)
 	}
-}
-
-// connectBoth connects to the source and the target URLs (pgsession.Connect); close both with
-// closeBoth.
-func connectBoth(ctx context.Context, source, target string) (src, tgt *pgx.Conn, err error) {
-	if src, err = pgsession.Connect(ctx, source, "source"); err != nil {
-		return nil, nil, err
-	}
-	if tgt, err = pgsession.Connect(ctx, target, "target"); err != nil {
-		src.Close(context.WithoutCancel(ctx))
-		return nil, nil, err
-	}
-	return src, tgt, nil
-}
-
-// closeBoth closes the connections connectBoth opened.
-func closeBoth(ctx context.Context, src, tgt *pgx.Conn) {
-	src.Close(ctx)
-	tgt.Close(ctx)
-}
-
-// checkDistinct refuses a target that is the source database under another URL (another host
-// name for the same server, say): the server's start time and the database's oid identify it.
-func checkDistinct(ctx context.Context, src, tgt *pgx.Conn) error {
-	const q = `select pg_postmaster_start_time()::text || '/' || (select oid from pg_database where datname = current_database())::text`
-	var a, b string
-	if err := src.QueryRow(ctx, q).Scan(&a); err != nil {
-		return fmt.Errorf("identify source database: %w", err)
-	}
-	if err := tgt.QueryRow(ctx, q).Scan(&b); err != nil {
-		return fmt.Errorf("identify target database: %w", err)
-	}
-	if a == b {
-		return permanent(errors.New("source and target URLs reach the same database: replicate into another database"))
-	}
-	return nil
 }
 
 // described returns the descriptions of the named selected tables.

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"net/url"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )

@@ -12,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -25,7 +26,7 @@ const (
 // takeSlot frees the slot another session holds (info, as read): this daemon leads it (lead), so
 // whoever streams it is a daemon that lost its leadership or a client that should not use it. It
 // waits takeSlotGrace for the holder to let go (a killed daemon's walsender ends at once, one
-// whose lock connection failed ends its session within leaderCheckEvery), then ends the holder's
+// whose lock connection failed ends its session within lease.CheckEvery), then ends the holder's
 // walsender (cdc.TakeSlot: a source that has not noticed a broken network would keep it for
 // wal_sender_timeout), logged at WARN. It returns the slot as read last.
 func (s *session) takeSlot(ctx context.Context, info cdc.SlotInfo) (cdc.SlotInfo, error) {
@@ -192,8 +193,8 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 		what = "gap backfill"
 	}
 	job := s.backfillJob(tables, trigger, what)
-	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, busyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
-	rep, err := runBackfill(ctx, job)
+	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, backfillrun.BusyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
+	rep, err := backfillrun.Run(ctx, job)
 	if err == nil {
 		logSequenceSync(ctx, cfg, tables, rep)
 	}
@@ -203,14 +204,14 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 // backfillJob returns a backfill of tables by the session's configuration (workers, chunk and
 // batch sizes, logs, progress named what, metrics) with trigger; the caller sets what differs:
 // the slot, a snapshot, resuming, what to do with a busy table, the chunk hook.
-func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) backfillJob {
+func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) backfillrun.Job {
 	cfg := s.cfg
-	return backfillJob{
+	return backfillrun.Job{
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
 		LeaderSlot: cfg.Slot, Epoch: s.epoch, Publication: cfg.Publication,
-		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
+		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon,
-		Progress: s.mon.BackfillProgress(trigger, NewLogProgress(cfg.Logger, what, 10*time.Second)),
+		Progress: s.mon.BackfillProgress(trigger, backfillrun.NewLogProgress(cfg.Logger, what, 10*time.Second)),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 )
 
 // Tables no publication can carry (changebatch.Table.SnapshotOnly: UNLOGGED, REPLICA IDENTITY
@@ -41,8 +42,8 @@ func (s *session) loadSnapshotOnly(ctx context.Context) error {
 		return nil
 	}
 	job := s.backfillJob(need, coverage.TriggerInitial, "snapshot-only load")
-	job.Busy, job.AfterChunk = busyWait, s.cfg.Knobs.AfterLoadChunk
-	_, err = runBackfill(ctx, job)
+	job.Busy, job.AfterChunk = backfillrun.BusyWait, s.cfg.Knobs.AfterLoadChunk
+	_, err = backfillrun.Run(ctx, job)
 	return err
 }
 

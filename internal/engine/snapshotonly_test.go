@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"strings"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -100,7 +102,7 @@ func TestPublishedTableWithoutIdentityIsKeptBySnapshots(t *testing.T) {
 	pgtest.Eventually(t, 60*time.Second, "log streamed", func() (bool, string) {
 		rep, _ := coverageOf(t, env)
 		st := tableReport(t, rep, "public.log").Status
-		return st == Covered, string(st)
+		return st == coverage.Covered, string(st)
 	})
 	d.RequireRunning(t)
 }

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/verify"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -291,7 +293,7 @@ where datname = current_database() and application_name = 'pgconverge' and state
 		return err == nil && caught, fmt.Sprint(err)
 	})
 	requireWorkloadConverged(t, env)
-	rep, err := Verify(t.Context(), VerifyConfig{Source: env.SourceURL, Target: env.TargetURL, Logger: testConfig(t, env).Logger})
+	rep, err := verify.Run(t.Context(), verify.Config{Source: env.SourceURL, Target: env.TargetURL, Logger: testConfig(t, env).Logger})
 	if err != nil || rep.Found != 0 {
 		t.Errorf("verify after the soak: %+v, %v; want nothing found", rep, err)
 	}

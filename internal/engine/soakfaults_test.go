@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -11,18 +11,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
 // envSoakJoin makes a child process of the test binary the soak's joined backfill worker.
 const envSoakJoin = "PGCONVERGE_SOAK_JOIN"
 
-// soakJoinChild joins every backfill run of the soak's daemon (Join, one worker, waiting for each
+// soakJoinChild joins every backfill run of the soak's daemon (backfillrun.Join, one worker, waiting for each
 // run to start) until it is killed; it returns only on a signal.
 func soakJoinChild() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("process", "joined")
 	for {
-		_, err := Join(context.Background(), JoinConfig{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Workers: 1, Wait: true, Logger: log})
+		_, err := backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Workers: 1, Wait: true, Logger: log})
 		if err != nil {
 			log.Error("join failed", "err", err)
 			time.Sleep(500 * time.Millisecond)

@@ -13,6 +13,8 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"golang.org/x/sync/errgroup"
 )
@@ -52,7 +54,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	}
 	// A joined backfill worker that froze holding rows the stream writes is ended after the lease,
 	// also when the run it joined has died.
-	stopWatch, err := watchWorkerLeases(s.bounded(ctx), cfg.Target, cfg.Logger)
+	stopWatch, err := lease.WatchWorkers(s.bounded(ctx), cfg.Target, cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -112,7 +114,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	if err != nil {
 		return err
 	}
-	rows := map[string]RowCounts{}
+	rows := map[string]backfillrun.RowCounts{}
 	var replays []coverage.SuppressedReplay
 	var unknown map[string][][]string // table → keys left with unknown values
 	for i, b := range batches {

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/internal/pgtest"

@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
@@ -91,7 +93,7 @@ func TestRunningBackfillHoldsTombstonesBack(t *testing.T) {
 		}
 	}
 	done := make(chan error, 1)
-	go func() { _, err := Backfill(t.Context(), bcfg); done <- err }()
+	go func() { _, err := operator.Backfill(t.Context(), bcfg); done <- err }()
 	<-held
 	fence := pgtest.Scalar[string](t, env.Target, `select fence_lsn::text from pgconverge.tables where table_name = 'a'`)
 	pgtest.Exec(t, env.Source, `delete from a where id > 2000`, `delete from b where id <= 5`)

@@ -135,7 +135,7 @@ func fillKeys(ctx context.Context, source, target string, u unknownKeys) (int64,
 	if err != nil {
 		return 0, "", err
 	}
-	if del := tombstones(u.table, exp.Snapshot, u.keys, found); del != nil {
+	if del := backfill.Tombstones(u.table, exp.Snapshot.LSN, u.keys, found); del != nil {
 		res, err := tx.Apply(ctx, del)
 		del.Release()
 		if err != nil {

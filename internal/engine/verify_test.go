@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -8,20 +8,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/internal/verify"
+
+	. "github.com/pgconverge/pgconverge/internal/engine"
+
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
 // verifyConfig is the Verify configuration of the test's databases.
-func verifyConfig(t *testing.T, env *pgtest.Env, repair bool, tables ...string) VerifyConfig {
-	return VerifyConfig{Source: env.SourceURL, Target: env.TargetURL, Tables: tables, Repair: repair, Wait: 60 * time.Second,
+func verifyConfig(t *testing.T, env *pgtest.Env, repair bool, tables ...string) verify.Config {
+	return verify.Config{Source: env.SourceURL, Target: env.TargetURL, Tables: tables, Repair: repair, Wait: 60 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo}))}
 }
 
 // verifyOnce runs Verify and fails the test on an error.
-func verifyOnce(t *testing.T, cfg VerifyConfig) VerifyReport {
+func verifyOnce(t *testing.T, cfg verify.Config) verify.Report {
 	t.Helper()
-	rep, err := Verify(t.Context(), cfg)
+	rep, err := verify.Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("verify: %v", err)
 	}
@@ -141,14 +145,14 @@ const envVerifyKill = "PGCONVERGE_VERIFY_KILL"
 
 func verifyRepairChild() int {
 	n := 0
-	cfg := VerifyConfig{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Repair: true, Wait: time.Minute,
+	cfg := verify.Config{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Repair: true, Wait: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		BeforeRepairCommit: func(string) {
 			if n++; n == 2 {
 				kill()
 			}
 		}}
-	_, err := Verify(context.Background(), cfg)
+	_, err := verify.Run(context.Background(), cfg)
 	fmt.Fprintf(os.Stderr, "verify child reached the end without crashing: %v\n", err)
 	return 3
 }
@@ -163,23 +167,23 @@ func TestVerifyRepairKilledAndRerun(t *testing.T) {
 	startDaemon(t, testConfig(t, env))
 	pgtest.WaitConverged(t, env, "acct", "id")
 	pgtest.Exec(t, env.Target, `update acct set name = 'drift' where id <= 2500`)
-	if rep, _ := Verify(t.Context(), verifyConfig(t, env, false)); rep.Open != 2500 {
+	if rep, _ := verify.Run(t.Context(), verifyConfig(t, env, false)); rep.Open != 2500 {
 		t.Fatalf("found %d open, want 2500", rep.Open)
 	}
 	child := crashChildCmd(env, "", 0)
 	child.Env = append(child.Env, envVerifyKill+"=1")
 	out, err := child.CombinedOutput()
 	requireKilled(t, err, out)
-	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where remediation = 'repaired'`); n != repairBatch {
-		t.Fatalf("%d discrepancies repaired before the kill, want %d", n, repairBatch)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where remediation = 'repaired'`); n != verify.RepairBatchRows {
+		t.Fatalf("%d discrepancies repaired before the kill, want %d", n, verify.RepairBatchRows)
 	}
 	first := pgtest.Scalar[string](t, env.Target, `select min(repair_lsn)::text from pgconverge.discrepancies`)
 	rep := verifyOnce(t, verifyConfig(t, env, true))
-	if rep.Open != 0 || rep.Repaired != 2500-repairBatch {
-		t.Fatalf("rerun: repaired %d, open %d, want %d and 0", rep.Repaired, rep.Open, 2500-repairBatch)
+	if rep.Open != 0 || rep.Repaired != 2500-verify.RepairBatchRows {
+		t.Fatalf("rerun: repaired %d, open %d, want %d and 0", rep.Repaired, rep.Open, 2500-verify.RepairBatchRows)
 	}
-	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where repair_lsn = $1::pg_lsn`, first); n != repairBatch {
-		t.Errorf("%d discrepancies keep the first repair, want %d", n, repairBatch)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies where repair_lsn = $1::pg_lsn`, first); n != verify.RepairBatchRows {
+		t.Errorf("%d discrepancies keep the first repair, want %d", n, verify.RepairBatchRows)
 	}
 	pgtest.WaitConverged(t, env, "acct", "id")
 	if rep := verifyOnce(t, verifyConfig(t, env, false)); rep.Found != 0 || rep.Open != 0 {
@@ -277,8 +281,8 @@ func TestScheduledVerifyRepairs(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.VerifyRepair = true
-	reports := make(chan VerifyReport, 100)
-	cfg.Knobs.Verified = func(rep VerifyReport, err error) {
+	reports := make(chan verify.Report, 100)
+	cfg.Knobs.Verified = func(rep verify.Report, err error) {
 		if err != nil {
 			t.Errorf("scheduled verify: %v", err)
 		}

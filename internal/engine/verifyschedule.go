@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/verify"
 	"github.com/robfig/cron/v3"
 )
 
@@ -33,14 +34,14 @@ func (s *session) runVerifySchedule(ctx context.Context) error {
 			return
 		}
 		defer running.Store(false)
-		rep, err := Verify(ctx, VerifyConfig{
+		rep, err := verify.Run(ctx, verify.Config{
 			Source: cfg.Source, Target: cfg.Target, Tables: tables, Repair: cfg.VerifyRepair, Trigger: coverage.VerifySchedule,
 			Wait: time.Minute, Logger: cfg.Logger, Monitor: s.mon,
 		})
 		switch {
 		case ctx.Err() != nil:
 			cfg.Logger.Warn("scheduled verify interrupted by the session's end")
-		case err != nil && !errors.Is(err, ErrNotVerified):
+		case err != nil && !errors.Is(err, verify.ErrNotVerified):
 			cfg.Logger.Error("scheduled verify failed: the next tick tries again", "run", rep.RunID, "err", err)
 		case rep.Open > 0:
 			cfg.Logger.Error("scheduled verify: discrepancies are open; see pgconverge.discrepancies on the target and run `pgconverge verify --repair` (or run with --verify-repair)",

@@ -159,7 +159,7 @@ const slotWarnEvery = 5 * time.Minute
 // slotWarnEvery while it lasts, and at INFO when it clears. A failed read is logged at WARN and the
 // stream goes on (the next sample tries again).
 func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
-	h, err := readSlotHealth(ctx, s.src, s.cfg.Slot, now)
+	h, err := ReadSlotHealth(ctx, s.src, s.cfg.Slot, now)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.cfg.Logger.Warn("slot health not sampled: its metrics keep their last values", "slot", s.cfg.Slot, "err", err)

@@ -1,4 +1,4 @@
-package engine
+package verify
 
 import (
 	"context"
@@ -15,13 +15,14 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
-// VerifyConfig configures Verify (`pgconverge verify`, and run --verify-schedule).
-type VerifyConfig struct {
+// Config configures Verify (`pgconverge verify`, and run --verify-schedule).
+type Config struct {
 	Source, Target string
 	// Tables are comma-separated lists of "schema.table" names; none: every table pgconverge
 	// replicates into the target.
@@ -46,31 +47,31 @@ type VerifyConfig struct {
 }
 
 // Validate reports every problem of the configuration at once.
-func (c *VerifyConfig) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
+func (c *Config) Validate() error {
+	errs := pgsession.ValidateURLs(c.Source, c.Target)
 	if c.Wait < 0 {
 		errs = append(errs, fmt.Errorf("--wait %s: must not be negative", c.Wait))
 	}
 	return errors.Join(errs...)
 }
 
-// VerifyReport is what a verify run did; its JSON form is `pgconverge verify --format json`
+// Report is what a verify run did; its JSON form is `pgconverge verify --format json`
 // (README, "verify").
-type VerifyReport struct {
+type Report struct {
 	RunID int64 `json:"run_id"`
 	// Snapshot is S, the source's exact snapshot; RepairSnapshot S' (with --repair).
-	Snapshot       string        `json:"snapshot_lsn"`
-	RepairSnapshot string        `json:"repair_snapshot_lsn,omitempty"`
-	HashMode       string        `json:"hash_mode"`
-	Tables         []VerifyTable `json:"tables"`
+	Snapshot       string  `json:"snapshot_lsn"`
+	RepairSnapshot string  `json:"repair_snapshot_lsn,omitempty"`
+	HashMode       string  `json:"hash_mode"`
+	Tables         []Table `json:"tables"`
 	// Found, Repaired and Open sum the tables' counts.
 	Found    int64 `json:"found"`
 	Repaired int64 `json:"repaired"`
 	Open     int64 `json:"open"`
 }
 
-// VerifyTable is one table's part of a VerifyReport.
-type VerifyTable struct {
+// Table is one table's part of a Report.
+type Table struct {
 	Table string `json:"table"`
 	// State is "compared", "skipped" (Reason says why: not loaded yet, not followed by a
 	// stream) or "failed" (Reason holds the error).
@@ -101,12 +102,12 @@ type VerifyTable struct {
 type verifyTable struct {
 	changebatch.Table
 	slot string
-	rep  *VerifyTable
+	rep  *Table
 }
 
 // verifyRun is the state of one Verify.
 type verifyRun struct {
-	cfg           VerifyConfig
+	cfg           Config
 	src, tgt, led *pgx.Conn // led writes the ledger while tgt holds the comparison's transaction
 	runID         int64
 	snap          backfill.Snapshot
@@ -125,7 +126,7 @@ type verifyRun struct {
 //
 // It returns the report and an error when the run could not be done, or when a table named in
 // Tables could not be compared (ErrNotVerified).
-func Verify(ctx context.Context, cfg VerifyConfig) (VerifyReport, error) {
+func Run(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.Wait == 0 {
 		cfg.Wait = 2 * time.Minute
 	}
@@ -137,16 +138,16 @@ func Verify(ctx context.Context, cfg VerifyConfig) (VerifyReport, error) {
 	}
 	v := &verifyRun{cfg: cfg}
 	var err error
-	if v.src, v.tgt, err = connectBoth(ctx, cfg.Source, cfg.Target); err != nil {
-		return VerifyReport{}, err
+	if v.src, v.tgt, err = pgsession.ConnectBoth(ctx, cfg.Source, cfg.Target); err != nil {
+		return Report{}, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), v.src, v.tgt)
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), v.src, v.tgt)
 	if v.led, err = pgsession.Connect(ctx, cfg.Target, "target"); err != nil {
-		return VerifyReport{}, err
+		return Report{}, err
 	}
 	defer v.led.Close(context.WithoutCancel(ctx))
 	if err := v.prepare(ctx); err != nil {
-		return VerifyReport{}, err
+		return Report{}, err
 	}
 	rep, err := v.run(ctx)
 	end := coverage.VerifyRunEnd{Snapshot: v.snap.LSN, Repair: v.repairLSN, HashMode: v.mode.String(), Tables: len(v.tables),
@@ -163,11 +164,11 @@ func Verify(ctx context.Context, cfg VerifyConfig) (VerifyReport, error) {
 	return rep, err
 }
 
-// ErrNotVerified is wrapped by Verify's error when a table named in VerifyConfig.Tables was
+// ErrNotVerified is wrapped by Verify's error when a table named in Config.Tables was
 // skipped or failed.
 var ErrNotVerified = errors.New("not every table was verified")
 
-func notVerified(rep VerifyReport) error {
+func notVerified(rep Report) error {
 	var errs []error
 	for _, t := range rep.Tables {
 		if t.State != "compared" {
@@ -183,7 +184,7 @@ func notVerified(rep VerifyReport) error {
 // prepare checks both sides, brings the metadata schema up to date, records the run and
 // describes the tables.
 func (v *verifyRun) prepare(ctx context.Context) error {
-	if err := checkDistinct(ctx, v.src, v.tgt); err != nil {
+	if err := pgsession.CheckDistinct(ctx, v.src, v.tgt); err != nil {
 		return err
 	}
 	if err := cdc.CheckSource(ctx, v.src); err != nil {
@@ -193,7 +194,7 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 		return err
 	}
 	if v.cfg.Repair {
-		if err := refuseCutOver(ctx, v.tgt, "verify --repair"); err != nil {
+		if err := coverage.RefuseIfCutOver(ctx, v.tgt, "verify --repair"); err != nil {
 			return err
 		}
 	}
@@ -220,7 +221,7 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 		if slices.ContainsFunc(v.tables, func(t *verifyTable) bool { return t.TableName == n }) {
 			continue
 		}
-		vt := &verifyTable{Table: changebatch.Table{TableName: n}, rep: &VerifyTable{Table: n.String(), State: "compared", Found: map[string]int64{}}}
+		vt := &verifyTable{Table: changebatch.Table{TableName: n}, rep: &Table{Table: n.String(), State: "compared", Found: map[string]int64{}}}
 		v.tables = append(v.tables, vt)
 		if vt.Table, err = cdc.DescribeTable(ctx, v.src, n.Schema, n.Name); err != nil {
 			vt.fail(err)
@@ -232,7 +233,7 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 		}
 		vt.slot, err = v.followedBy(ctx, n)
 		if err == nil {
-			err = readLedgerPublicationShape(ctx, v.src, v.tgt, &vt.Table)
+			err = backfillrun.ReadLedgerPublicationShape(ctx, v.src, v.tgt, &vt.Table)
 		}
 		if err != nil {
 			vt.fail(err)
@@ -277,8 +278,8 @@ func (t *verifyTable) ok() bool { return t.rep.State == "compared" }
 
 // run takes the snapshot, waits for the streams to pass it, compares each table, repairs, and
 // returns the report.
-func (v *verifyRun) run(ctx context.Context) (VerifyReport, error) {
-	var rep VerifyReport
+func (v *verifyRun) run(ctx context.Context) (Report, error) {
+	var rep Report
 	rep.RunID = v.runID
 	exp, err := backfill.Export(ctx, v.cfg.Source)
 	if err != nil {
@@ -331,7 +332,7 @@ func (v *verifyRun) compareAll(ctx context.Context) error {
 }
 
 // report fills rep with the tables' counts and what is left open.
-func (v *verifyRun) report(ctx context.Context, rep VerifyReport) VerifyReport {
+func (v *verifyRun) report(ctx context.Context, rep Report) Report {
 	for _, t := range v.tables {
 		if t.ok() {
 			if n, err := coverage.CountOpenDiscrepancies(ctx, v.led, t.TableName); err == nil {

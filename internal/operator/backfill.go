@@ -1,4 +1,4 @@
-package engine
+package operator
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/sequences"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
@@ -27,86 +30,86 @@ type BackfillConfig struct {
 	// Resume keeps the completed chunks of a table's interrupted backfill; Wait waits for another
 	// backfill of a table to end instead of failing.
 	Resume, Wait bool
-	// SyncSequences syncs the sequences of each completed table after the run (syncSequences).
+	// SyncSequences syncs the sequences of each completed table after the run (sequences.SyncTables).
 	SyncSequences bool
 	Logger        *slog.Logger
-	// Progress reports rows (NewLogProgress, or the CLI's progress bar); nil reports nothing.
-	Progress Progress
-	// AfterChunk and AfterMergedBatch are test hooks (backfillJob).
+	// Progress reports rows (backfillrun.NewLogProgress, or the CLI's progress bar); nil reports nothing.
+	Progress backfillrun.Progress
+	// AfterChunk and AfterMergedBatch are test hooks (backfillrun.Job).
 	AfterChunk       func(table string, rows int64)
 	AfterMergedBatch func()
 }
 
 // Validate reports every problem of the configuration at once.
 func (c *BackfillConfig) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
+	errs := pgsession.ValidateURLs(c.Source, c.Target)
 	if len(c.Tables) == 0 {
 		errs = append(errs, errors.New("no table: name each table to backfill with --table schema.table"))
 	}
-	errs = append(errs, validateBackfillSizes(c.Workers, c.ChunkRows, c.SnapshotWarn))
+	errs = append(errs, backfillrun.ValidateSizes(c.Workers, c.ChunkRows, c.SnapshotWarn))
 	return errors.Join(errs...)
 }
 
 // Backfill is `pgconverge backfill`: it checks the source and the tables, prepares the target
-// (metadata schema, types, tables) and runs one backfill run of the tables (runBackfill) with
+// (metadata schema, types, tables) and runs one backfill run of the tables (Run) with
 // trigger "manual", then, with SyncSequences, syncs the sequences of the tables it completed. A
 // failed sync returns the report with an error wrapping ErrSequencesNotSynced.
-func Backfill(ctx context.Context, cfg BackfillConfig) (BackfillReport, error) {
+func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, error) {
 	if cfg.Progress == nil {
-		cfg.Progress = nopProgress{}
+		cfg.Progress = backfillrun.NopProgress{}
 	}
-	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+	src, tgt, err := pgsession.ConnectBoth(ctx, cfg.Source, cfg.Target)
 	if err != nil {
-		return BackfillReport{}, err
+		return backfillrun.Report{}, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
-	if err := checkDistinct(ctx, src, tgt); err != nil {
-		return BackfillReport{}, err
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
+	if err := pgsession.CheckDistinct(ctx, src, tgt); err != nil {
+		return backfillrun.Report{}, err
 	}
 	if err := cdc.CheckSource(ctx, src); err != nil {
-		return BackfillReport{}, fmt.Errorf("%w (a backfill takes its exact snapshot from a temporary logical replication slot)", err)
+		return backfillrun.Report{}, fmt.Errorf("%w (a backfill takes its exact snapshot from a temporary logical replication slot)", err)
 	}
 	tables, err := describeTables(ctx, src, cfg.Tables)
 	if err != nil {
-		return BackfillReport{}, err
+		return backfillrun.Report{}, err
 	}
 	if err := migrations.Apply(ctx, tgt); err != nil {
-		return BackfillReport{}, err
+		return backfillrun.Report{}, err
 	}
-	if err := refuseCutOver(ctx, tgt, "backfill"); err != nil {
-		return BackfillReport{}, err
+	if err := coverage.RefuseIfCutOver(ctx, tgt, "backfill"); err != nil {
+		return backfillrun.Report{}, err
 	}
 	for i := range tables {
-		if err := readLedgerPublicationShape(ctx, src, tgt, &tables[i]); err != nil {
-			return BackfillReport{}, err
+		if err := backfillrun.ReadLedgerPublicationShape(ctx, src, tgt, &tables[i]); err != nil {
+			return backfillrun.Report{}, err
 		}
 	}
 	srcID, err := cdc.SourceID(ctx, src)
 	if err != nil {
-		return BackfillReport{}, err
+		return backfillrun.Report{}, err
 	}
 	for _, t := range tables {
 		if err := coverage.CheckTableSource(ctx, tgt, t.TableName, srcID); err != nil {
-			return BackfillReport{}, err
+			return backfillrun.Report{}, err
 		}
 	}
-	if _, err := ensureTables(ctx, src, tgt, tables, cfg.Logger); err != nil {
-		return BackfillReport{}, err
+	if _, err := backfillrun.EnsureTables(ctx, src, tgt, tables, cfg.Logger); err != nil {
+		return backfillrun.Report{}, err
 	}
-	busy := busyFail
+	busy := backfillrun.BusyFail
 	if cfg.Wait {
-		busy = busyWait
+		busy = backfillrun.BusyWait
 	}
-	rep, err := runBackfill(ctx, backfillJob{
+	rep, err := backfillrun.Run(ctx, backfillrun.Job{
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: coverage.TriggerManual,
-		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
+		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
 	})
 	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
 		return rep, err
 	}
-	rep.Sequences, err = syncSequencesAt(ctx, cfg.Source, cfg.Target, completedTables(tables, rep), cfg.Logger)
+	rep.Sequences, err = sequences.SyncTables(ctx, cfg.Source, cfg.Target, rep.Completed(tables), cfg.Logger)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrSequencesNotSynced, err)
 	}

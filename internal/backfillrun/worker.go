@@ -1,4 +1,4 @@
-package engine
+package backfillrun
 
 import (
 	"context"
@@ -27,16 +27,16 @@ type backfillWorker struct {
 	batchRows int
 	chunkRows int
 	log       *slog.Logger
-	// afterMergedBatch is backfillJob.AfterMergedBatch.
+	// afterMergedBatch is Job.AfterMergedBatch.
 	afterMergedBatch func()
 	// mon and conflicts count the conflicts the worker lost (retryConflict).
 	mon       Monitor
 	conflicts *atomic.Int64
-	// slot and epoch are backfillJob.LeaderSlot and Epoch.
+	// slot and epoch are Job.LeaderSlot and Epoch.
 	slot  string
 	epoch int64
 	// keepFrom is the smallest S of a chunk another worker completed that the run keeps: chunks
-	// of this run's own snapshot, and with Resume those a stream covers from (backfillJob.KeepFrom).
+	// of this run's own snapshot, and with Resume those a stream covers from (Job.KeepFrom).
 	keepFrom pglogrepl.LSN
 	// runID is set (not 0) in a worker of a process that joined that run (Join): each of its chunk
 	// transactions checks the run still owns the chunk's table backfill (coverage.CheckRunOwnsTx).
@@ -57,7 +57,7 @@ type chunkDone struct {
 
 // newBackfillWorker connects a worker of job reading at snap: its target session holds the worker
 // lock and is registered under job's lease, if any.
-func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snapshot) (*backfillWorker, error) {
+func newBackfillWorker(ctx context.Context, job Job, snap backfill.Snapshot) (*backfillWorker, error) {
 	src, err := pgsession.Connect(ctx, job.Source, "source")
 	if err != nil {
 		return nil, err
@@ -67,7 +67,7 @@ func newBackfillWorker(ctx context.Context, job backfillJob, snap backfill.Snaps
 		err = coverage.HoldWorkerLock(ctx, tgt)
 	}
 	if err == nil && job.lease != nil {
-		err = job.lease.add(ctx, tgt)
+		err = job.lease.Add(ctx, tgt)
 	}
 	if err != nil {
 		src.Close(context.WithoutCancel(ctx))

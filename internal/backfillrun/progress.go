@@ -1,10 +1,12 @@
-package engine
+package backfillrun
 
 import (
 	"context"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/pgconverge/pgconverge/internal/lease"
 )
 
 // Progress follows a long job in rows: Start with the estimated total (0 when unknown) and the
@@ -37,28 +39,7 @@ type logProgress struct {
 
 func (p *logProgress) Start(total, done int64) {
 	p.total, p.done, p.start, p.began = total, done, done, time.Now()
-	p.stop = ticking(context.Background(), p.interval, func(context.Context) { p.report() })
-}
-
-// ticking runs fn every d on its own goroutine until stop, which waits for a running fn to end.
-func ticking(ctx context.Context, d time.Duration, fn func(ctx context.Context)) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(d)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				fn(ctx)
-			}
-		}
-	}()
-	return func() { cancel(); wg.Wait() }
+	p.stop = lease.Every(context.Background(), p.interval, func(context.Context) { p.report() })
 }
 
 func (p *logProgress) report() {
@@ -85,9 +66,9 @@ func (p *logProgress) Finish() {
 	}
 }
 
-// nopProgress reports nothing: the Progress of a BackfillConfig without one.
-type nopProgress struct{}
+// NopProgress reports nothing: the Progress of a run without one.
+type NopProgress struct{}
 
-func (nopProgress) Start(total, done int64) {}
-func (nopProgress) Add(rows int64)          {}
-func (nopProgress) Finish()                 {}
+func (NopProgress) Start(total, done int64) {}
+func (NopProgress) Add(rows int64)          {}
+func (NopProgress) Finish()                 {}

@@ -1,4 +1,4 @@
-package engine
+package operator
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // StatusConfig configures Status (`pgconverge status`): the coverage report's inputs, whose
@@ -27,16 +29,16 @@ type StatusConfig = CoverageConfig
 type StatusReport struct {
 	// MadeAt is when the report was made (this machine's clock, UTC).
 	MadeAt time.Time `json:"made_at"`
-	// SourceLSN and Covered are the coverage report's (Report).
-	SourceLSN LSN  `json:"source_lsn"`
-	Covered   bool `json:"covered"`
+	// SourceLSN and Covered are the coverage report's (coverage.Report).
+	SourceLSN coverage.LSN `json:"source_lsn"`
+	Covered   bool         `json:"covered"`
 	// Tables are in the coverage report's order (by name); Slots by name.
 	Tables []TableStatus `json:"tables"`
 	Slots  []SlotStatus  `json:"slots"`
-	// Waiting are the coverage report's (Report.Waiting): per slot whose daemon runs, the
+	// Waiting are the coverage report's (coverage.Report.Waiting): per slot whose daemon runs, the
 	// selected tables it leaves to the running daemon of another slot (followed_by) and waits
 	// for, by slot then table; empty when none does.
-	Waiting []Wait `json:"waiting"`
+	Waiting []coverage.Wait `json:"waiting"`
 	// Backfills are the runs recorded as running (pgconverge.backfill_runs), oldest first; empty
 	// when none runs.
 	Backfills []BackfillRunStatus `json:"backfills"`
@@ -56,8 +58,8 @@ type TableStatus struct {
 	Slot string `json:"slot,omitempty"`
 	// WatermarkLSN and LagBytes are the coverage report's: the position up to which the target
 	// holds every change, and the WAL between the source's current position and it.
-	WatermarkLSN LSN    `json:"watermark_lsn"`
-	LagBytes     uint64 `json:"lag_bytes"`
+	WatermarkLSN coverage.LSN `json:"watermark_lsn"`
+	LagBytes     uint64       `json:"lag_bytes"`
 	// LagSeconds is the WriteLagSeconds of the walsender holding the table's slot (see
 	// SlotStatus: a recent transaction's delay, stale or nil on an idle source); nil when no
 	// walsender holds the slot or PostgreSQL shows no measurement.
@@ -70,12 +72,12 @@ type TableStatus struct {
 	Note string `json:"note,omitempty"`
 }
 
-// SlotStatus is one slot: the coverage report's health (SlotHealth, its fields inline in JSON)
+// SlotStatus is one slot: the coverage report's health (coverage.SlotHealth, its fields inline in JSON)
 // and the session holding it, from pg_replication_slots.active_pid, pg_stat_activity and
 // pg_stat_replication. Every field below is nil when no session holds the slot (the daemon is
 // stopped, loading or reconnecting).
 type SlotStatus struct {
-	SlotHealth
+	coverage.SlotHealth
 	// ActivePID is the process id of the session holding the slot on the source.
 	ActivePID *int32 `json:"active_pid"`
 	// ApplicationName, ClientAddr and BackendStart describe that session (pg_stat_activity);
@@ -183,7 +185,7 @@ type VerifyRunStatus struct {
 	FinishedAt *time.Time `json:"finished_at"`
 	AgeSeconds float64    `json:"age_seconds"`
 	// SnapshotLSN is the exact snapshot S it compared at; nil before it took one.
-	SnapshotLSN *LSN `json:"snapshot_lsn"`
+	SnapshotLSN *coverage.LSN `json:"snapshot_lsn"`
 	// Tables, Found, Repaired and Open are the run's counts: tables compared, discrepancies
 	// found, repaired, and left open when it ended.
 	Tables   int   `json:"tables"`
@@ -206,11 +208,11 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 	if err != nil {
 		return StatusReport{}, err
 	}
-	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+	src, tgt, err := pgsession.ConnectBoth(ctx, cfg.Source, cfg.Target)
 	if err != nil {
 		return StatusReport{}, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
 	out := StatusReport{MadeAt: time.Now().UTC(), SourceLSN: rep.SourceLSN, Covered: rep.Covered,
 		Tables: []TableStatus{}, Backfills: []BackfillRunStatus{}, Waiting: rep.Waiting}
 	if out.Slots, err = slotStatuses(ctx, src, rep); err != nil {
@@ -248,14 +250,14 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 
 // slotStatuses returns the report's slots and those its tables name beyond them, by name, each
 // with the session holding it.
-func slotStatuses(ctx context.Context, src *pgx.Conn, rep Report) ([]SlotStatus, error) {
-	health := map[string]SlotHealth{}
+func slotStatuses(ctx context.Context, src *pgx.Conn, rep coverage.Report) ([]SlotStatus, error) {
+	health := map[string]coverage.SlotHealth{}
 	for _, h := range rep.Slots {
 		health[h.Name] = h
 	}
 	for _, t := range rep.Tables {
 		if _, ok := health[t.Slot]; t.Slot != "" && !ok {
-			h, err := readSlotHealth(ctx, src, t.Slot, pglogrepl.LSN(rep.SourceLSN))
+			h, err := engine.ReadSlotHealth(ctx, src, t.Slot, pglogrepl.LSN(rep.SourceLSN))
 			if err != nil {
 				return nil, err
 			}
@@ -383,7 +385,7 @@ from pgconverge.verify_runs order by id desc limit 1`).Scan(&v.RunID, &v.Trigger
 		return nil, fmt.Errorf("read the last verify run (pgconverge.verify_runs): %w", err)
 	}
 	if snap != nil {
-		var l LSN
+		var l coverage.LSN
 		if err := l.UnmarshalText([]byte(*snap)); err != nil {
 			return nil, fmt.Errorf("read the last verify run (pgconverge.verify_runs): snapshot_lsn %q: %w", *snap, err)
 		}

@@ -1,4 +1,4 @@
-package engine
+package backfillrun
 
 import (
 	"context"
@@ -17,15 +17,17 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/sequences"
 	"golang.org/x/sync/errgroup"
 )
 
-// backfillJob is one backfill run: every chunk of every table read from one exact snapshot by
+// Job is one backfill run: every chunk of every table read from one exact snapshot by
 // Workers readers in parallel, each chunk applied through the apply step in one target
 // transaction together with its ledger row. The daemon's initial load, `pgconverge backfill` and
 // scheduled backfills are all such runs. The target tables must exist (apply.EnsureTable).
-type backfillJob struct {
+type Job struct {
 	Source, Target string
 	Tables         []changebatch.Table
 	// Trigger is coverage.TriggerInitial, TriggerManual, TriggerSchedule or TriggerGap.
@@ -52,7 +54,7 @@ type backfillJob struct {
 	KeepFrom pglogrepl.LSN
 	// Busy says what to do when another process backfills a table: wait for it, skip the table, or
 	// fail (the default).
-	Busy busyPolicy
+	Busy Busy
 	// SnapshotWarn is how long the run may hold its snapshot before it warns (it holds back VACUUM
 	// on the source); 0 never warns.
 	SnapshotWarn time.Duration
@@ -66,26 +68,26 @@ type backfillJob struct {
 	BeforeFenced func(change string)
 	// Monitor counts the rows read and applied.
 	Monitor Monitor
-	// SourceID identifies the source database (cdc.SourceID); runBackfill reads it.
+	// SourceID identifies the source database (cdc.SourceID); Run reads it.
 	SourceID string
-	// conflicts counts the conflicts the run's transactions lost and retried; runBackfill sets it.
+	// conflicts counts the conflicts the run's transactions lost and retried; Run sets it.
 	conflicts *atomic.Int64
-	// lease holds the process's target sessions of the run alive (workerLease); runBackfill and
+	// lease holds the process's target sessions of the run alive (workerLease); Run and
 	// Join set it.
-	lease *workerLease
+	lease *lease.Worker
 }
 
-// busyPolicy is what a backfill does with a table another backfill holds.
-type busyPolicy int
+// Busy is what a backfill does with a table another backfill holds.
+type Busy int
 
 const (
-	busyFail busyPolicy = iota
-	busyWait
-	busySkip
+	BusyFail Busy = iota
+	BusyWait
+	BusySkip
 )
 
-// BackfillReport sums up a run.
-type BackfillReport struct {
+// Report sums up a run.
+type Report struct {
 	RunID    int64
 	Snapshot pglogrepl.LSN
 	// Rows were read from the source in this run; Reread of them are in chunks an interrupted
@@ -103,7 +105,7 @@ type BackfillReport struct {
 	Tables  []TableResult
 	Skipped []string
 	// Sequences are the outcomes of --sync-sequences after the run, nil without it.
-	Sequences []SequenceLine
+	Sequences []sequences.Line
 }
 
 // TableResult is one table of a completed run.
@@ -158,9 +160,9 @@ func (cw chunkWork) rest() backfill.Chunk {
 	return backfill.Chunk{Lower: cw.doneKey, Upper: cw.chunk.Upper}
 }
 
-// runBackfill runs job and returns its report. On an error the run is recorded as failed, on a
+// Run runs job and returns its report. On an error the run is recorded as failed, on a
 // cancelled ctx as interrupted; either way what it completed stays for the next run to resume.
-func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err error) {
+func Run(ctx context.Context, job Job) (rep Report, err error) {
 	if job.Monitor == nil {
 		job.Monitor = nopMonitor{}
 	}
@@ -191,11 +193,11 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	// The run stops when its lease lapsed (lost): other processes may have ended its sessions.
 	leased, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	if job.lease, err = startWorkerLease(leased, job.Target, rep.RunID, false, log.With("run", rep.RunID), lost); err != nil {
+	if job.lease, err = lease.StartWorker(leased, job.Target, rep.RunID, false, log.With("run", rep.RunID), lost); err != nil {
 		return rep, err
 	}
-	defer job.lease.end(ctx, ctrl, log)
-	if err := job.lease.add(ctx, ctrl); err != nil {
+	defer job.lease.End(ctx, ctrl, log)
+	if err := job.lease.Add(ctx, ctrl); err != nil {
 		return rep, err
 	}
 	snap := job.Snapshot
@@ -222,7 +224,7 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 // returns runErr, or the error of recording the end when runErr is nil. A run stopped by a rewrite
 // of a source table is abandoned: chunks read before a rewrite or TRUNCATE may hold rows the table
 // no longer has, so the next run starts the table over instead of resuming.
-func endRun(ctx context.Context, ctrl *pgx.Conn, target string, log *slog.Logger, rep BackfillReport, runErr error) error {
+func endRun(ctx context.Context, ctrl *pgx.Conn, target string, log *slog.Logger, rep Report, runErr error) error {
 	// A cancellation during a query closes the connection (pgx); record the end over a new one.
 	conn, ectx := ctrl, context.WithoutCancel(ctx)
 	if conn.IsClosed() {
@@ -251,7 +253,7 @@ func endRun(ctx context.Context, ctrl *pgx.Conn, target string, log *slog.Logger
 // runTables backfills the locked tables of run rep.RunID from snap: it starts (or adopts) each
 // table's backfill, reads and applies their chunks (runChunks), finishes the tables whose chunks
 // all completed, and fills in rep. It logs on log, which names the run and its snapshot.
-func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfill.Snapshot, tables []changebatch.Table, rep *BackfillReport, log *slog.Logger) error {
+func runTables(ctx context.Context, ctrl *pgx.Conn, job Job, snap backfill.Snapshot, tables []changebatch.Table, rep *Report, log *slog.Logger) error {
 	names := make([]string, len(tables))
 	for i, t := range tables {
 		names[i] = t.String()
@@ -291,7 +293,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		if err := coverage.PublishRun(ctx, ctrl, rep.RunID, snap.Name, snap.LSN, job.Publication, job.LeaderSlot, job.Epoch); err != nil {
 			return err
 		}
-		stopWatch, err := watchWorkerLeases(ctx, job.Target, log)
+		stopWatch, err := lease.WatchWorkers(ctx, job.Target, log)
 		if err != nil {
 			return err
 		}
@@ -332,7 +334,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 // completed chunk in rep (tally) and finish a table when its last chunk completed. The planner
 // records up to chunkLookahead chunks ahead of the workers, for workers of other processes that
 // joined the run to claim.
-func runChunks(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap backfill.Snapshot, runs []*tableRun, pending [][]chunkWork, rep *BackfillReport, log *slog.Logger) error {
+func runChunks(ctx context.Context, ctrl, src *pgx.Conn, job Job, snap backfill.Snapshot, runs []*tableRun, pending [][]chunkWork, rep *Report, log *slog.Logger) error {
 	work := make(chan chunkWork, chunkLookahead)
 	g, gctx := errgroup.WithContext(ctx)
 	var mu sync.Mutex
@@ -365,12 +367,12 @@ const chunkLookahead = 256
 
 // tally counts chunk cw, completed as done says, in rep under mu, reports it to job's monitor,
 // progress and AfterChunk hook, and has wk finish cw's table when it was the table's last chunk.
-func tally(ctx context.Context, wk *backfillWorker, mu *sync.Mutex, job backfillJob, cw chunkWork, done chunkDone, rep *BackfillReport, log *slog.Logger) error {
+func tally(ctx context.Context, wk *backfillWorker, mu *sync.Mutex, job Job, cw chunkWork, done chunkDone, rep *Report, log *slog.Logger) error {
 	mu.Lock()
 	rep.Rows += done.rows
 	rep.Joined += done.byOther
 	rep.Result.Add(done.result)
-	job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, rowCounts(done.result))
+	job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, Counts(done.result))
 	if done.reread {
 		rep.Reread += done.rows
 	}
@@ -394,7 +396,7 @@ func tally(ctx context.Context, wk *backfillWorker, mu *sync.Mutex, job backfill
 // awaitHeld waits until every chunk that workers of other processes held (tableRun.held) is
 // completed, polling the ledger, and applies itself each one whose worker ended first (its claim
 // lapsed with its session); tables complete as their last chunk does.
-func awaitHeld(ctx context.Context, job backfillJob, snap backfill.Snapshot, runs []*tableRun, rep *BackfillReport, log *slog.Logger) error {
+func awaitHeld(ctx context.Context, job Job, snap backfill.Snapshot, runs []*tableRun, rep *Report, log *slog.Logger) error {
 	var held []chunkWork
 	for _, tr := range runs {
 		held = append(held, tr.held...)
@@ -452,7 +454,7 @@ func sourceID(ctx context.Context, url string) (string, error) {
 // lockTables takes the backfill lock of each table of job in ctrl's session and returns the
 // tables it holds; a table another process holds is waited for, skipped (listed in rep.Skipped)
 // or an error, as job.Busy says.
-func lockTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep *BackfillReport) ([]changebatch.Table, error) {
+func lockTables(ctx context.Context, ctrl *pgx.Conn, job Job, rep *Report) ([]changebatch.Table, error) {
 	var out []changebatch.Table
 	for _, t := range job.Tables {
 		ok, err := coverage.LockBackfill(ctx, ctrl, t.TableName, false)
@@ -461,10 +463,10 @@ func lockTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, rep *Backf
 		}
 		if !ok {
 			switch job.Busy {
-			case busySkip:
+			case BusySkip:
 				rep.Skipped = append(rep.Skipped, t.String())
 				continue
-			case busyWait:
+			case BusyWait:
 				job.Logger.Info("waiting for another backfill of the table to end", "table", t.String())
 				if _, err := coverage.LockBackfill(ctx, ctrl, t.TableName, true); err != nil {
 					return nil, err
@@ -511,12 +513,44 @@ func warnSnapshotAge(ctx context.Context, d time.Duration, log *slog.Logger) fun
 		return func() {}
 	}
 	began := time.Now()
-	return ticking(ctx, d, func(context.Context) {
+	return lease.Every(ctx, d, func(context.Context) {
 		log.Warn("the backfill has held its snapshot for long: it holds back VACUUM on the source; more --workers or a smaller table list shorten it",
 			"held_for", time.Since(began).Round(time.Second).String())
 	})
 }
 
-// backfillBatchRows is the number of rows per change batch within a chunk: it bounds the memory a
+// BatchRows is the number of rows per change batch within a chunk: it bounds the memory a
 // worker holds (with backfill.MaxBatchBytes).
-const backfillBatchRows = 10_000
+const BatchRows = 10_000
+
+// ValidateSizes reports the problems of the values that size backfills, naming the flag to fix;
+// nil when there are none.
+func ValidateSizes(workers, chunkRows int, snapshotWarn time.Duration) error {
+	var errs []error
+	if snapshotWarn < 0 {
+		errs = append(errs, errors.New("--snapshot-warn must not be negative (0 never warns)"))
+	}
+	if workers < 1 {
+		errs = append(errs, errors.New("--workers must be at least 1"))
+	}
+	if chunkRows < 1 {
+		errs = append(errs, errors.New("--chunk-rows must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// Completed returns the names of those of tables whose backfill the run completed, in tables'
+// order.
+func (rep Report) Completed(tables []changebatch.Table) []changebatch.TableName {
+	done := map[string]bool{}
+	for _, r := range rep.Tables {
+		done[r.Table] = true
+	}
+	var out []changebatch.TableName
+	for _, t := range tables {
+		if done[t.String()] {
+			out = append(out, t.TableName)
+		}
+	}
+	return out
+}

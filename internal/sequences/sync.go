@@ -1,4 +1,8 @@
-package engine
+// Package sequences sets a target's sequences past every value the source handed out, for the
+// tables pgconverge follows: logical replication carries no sequence values (PostgreSQL docs,
+// "Logical Replication", section Restrictions), so pgconverge reads each sequence the tables use on
+// the source and advances the target's, never lowering it.
+package sequences
 
 import (
 	"context"
@@ -11,19 +15,20 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-// What SyncSequence did to a target sequence (SequenceLine.Action).
+// What Sync did to a target sequence (Line.Action).
 const (
-	SequenceCreated   = apply.SequenceCreated
-	SequenceAdvanced  = apply.SequenceAdvanced
-	SequenceEqual     = apply.SequenceEqual
-	SequenceKeptAhead = apply.SequenceKeptAhead
+	Created   = apply.SequenceCreated
+	Advanced  = apply.SequenceAdvanced
+	Equal     = apply.SequenceEqual
+	KeptAhead = apply.SequenceKeptAhead
 )
 
-// SequenceLine is the outcome for one source sequence: the tables that use it, its source value,
+// Line is the outcome for one source sequence: the tables that use it, its source value,
 // and what happened on the target (Err set when it failed).
-type SequenceLine struct {
+type Line struct {
 	Tables   []string
 	Sequence string
 	Source   *apply.SequenceValue
@@ -31,11 +36,11 @@ type SequenceLine struct {
 	Err error
 }
 
-// syncSequences syncs the sequences the tables use (cdc.TableSequences) from src to tgt, each
+// syncTables syncs the sequences the tables use (cdc.TableSequences) from src to tgt, each
 // sequence once even when several tables use it, in name order. A table missing on the source is
 // an error, or, when skipMissing is set, logged at WARN and skipped. It goes on after a failed
 // sequence and returns every line with every error joined.
-func syncSequences(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName, skipMissing bool, log *slog.Logger) ([]SequenceLine, error) {
+func syncTables(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName, skipMissing bool, log *slog.Logger) ([]Line, error) {
 	if err := cdc.CheckSequenceSource(ctx, src); err != nil {
 		return nil, err
 	}
@@ -59,7 +64,7 @@ func syncSequences(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch
 			users[s] = append(users[s], t.String())
 		}
 	}
-	var lines []SequenceLine
+	var lines []Line
 	for _, n := range order {
 		l := syncSequence(ctx, src, tgt, n)
 		l.Tables = users[n]
@@ -72,8 +77,8 @@ func syncSequences(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch
 }
 
 // syncSequence reads sequence n on the source and syncs it to the target.
-func syncSequence(ctx context.Context, src, tgt *pgx.Conn, n cdc.SequenceName) SequenceLine {
-	l := SequenceLine{Sequence: n.String()}
+func syncSequence(ctx context.Context, src, tgt *pgx.Conn, n cdc.SequenceName) Line {
+	l := Line{Sequence: n.String()}
 	s, err := cdc.ReadSequence(ctx, src, n)
 	if err != nil {
 		l.Err = err
@@ -88,53 +93,20 @@ func syncSequence(ctx context.Context, src, tgt *pgx.Conn, n cdc.SequenceName) S
 	return l
 }
 
-// syncSequencesAt is syncSequences over new connections to the source and target URLs, for
+// SyncTables is syncTables over new connections to the source and target URLs, for
 // callers whose own connections are busy (the daemon's sessions and schedule).
-func syncSequencesAt(ctx context.Context, sourceURL, targetURL string, tables []changebatch.TableName, log *slog.Logger) ([]SequenceLine, error) {
-	src, tgt, err := connectBoth(ctx, sourceURL, targetURL)
+func SyncTables(ctx context.Context, sourceURL, targetURL string, tables []changebatch.TableName, log *slog.Logger) ([]Line, error) {
+	src, tgt, err := pgsession.ConnectBoth(ctx, sourceURL, targetURL)
 	if err != nil {
 		return nil, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
-	return syncSequences(ctx, src, tgt, tables, false, log)
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
+	return syncTables(ctx, src, tgt, tables, false, log)
 }
 
-// completedTables returns the names of the tables of rep that completed, in tables' order.
-func completedTables(tables []changebatch.Table, rep BackfillReport) []changebatch.TableName {
-	done := map[string]bool{}
-	for _, r := range rep.Tables {
-		done[r.Table] = true
-	}
-	var out []changebatch.TableName
-	for _, t := range tables {
-		if done[t.String()] {
-			out = append(out, t.TableName)
-		}
-	}
-	return out
-}
-
-// logSequenceSync syncs the sequences of the tables a daemon's backfill run completed and logs
-// each outcome; a failure is logged at ERROR and does not stop the daemon (the data path does not
-// depend on sequences), and the next completed backfill of the table tries again.
-func logSequenceSync(ctx context.Context, cfg Config, tables []changebatch.Table, rep BackfillReport) {
-	names := completedTables(tables, rep)
-	if !cfg.SyncSequences || len(names) == 0 {
-		return
-	}
-	lines, err := syncSequencesAt(ctx, cfg.Source, cfg.Target, names, cfg.Logger)
-	for _, l := range lines {
-		if l.Err == nil {
-			cfg.Logger.Info("sequence synced", l.attrs()...)
-		}
-	}
-	if err != nil && ctx.Err() == nil {
-		cfg.Logger.Error("sequence sync after backfill failed: the target's sequences may be behind the source's", "run", rep.RunID, "err", err)
-	}
-}
-
-// attrs returns the line as slog attributes.
-func (l SequenceLine) attrs() []any {
+// Attrs returns the line as slog attributes: sequence, tables, source_value, target_before,
+// target_after and action.
+func (l Line) Attrs() []any {
 	return []any{"sequence", l.Sequence, "tables", l.Tables, "source_value", ValueText(l.Source),
 		"target_before", ValueText(l.Before), "target_after", l.After.String(), "action", string(l.Action)}
 }
@@ -147,8 +119,8 @@ func ValueText(v *apply.SequenceValue) string {
 	return v.String()
 }
 
-// SequencesConfig configures SyncSequences (`pgconverge sequences`).
-type SequencesConfig struct {
+// Config configures Sync (`pgconverge sequences`).
+type Config struct {
 	Source, Target string
 	// Tables are comma-separated lists of "schema.table" names (changebatch.ParseTableList); empty
 	// means every table registered in the target's pgconverge.tables (apply.RegisteredTables).
@@ -157,21 +129,21 @@ type SequencesConfig struct {
 }
 
 // Validate reports every problem of the configuration at once.
-func (c *SequencesConfig) Validate() error {
-	return errors.Join(validateURLs(c.Source, c.Target)...)
+func (c *Config) Validate() error {
+	return errors.Join(pgsession.ValidateURLs(c.Source, c.Target)...)
 }
 
-// SyncSequences sets the target's sequences past every value the source handed out, for the
+// Sync sets the target's sequences past every value the source handed out, for the
 // tables of cfg: one line per sequence, in name order. It goes on after a failed sequence and
 // returns every line with every error joined; a source database other than the one the target's
 // tables came from is refused (coverage.CheckTableSource).
-func SyncSequences(ctx context.Context, cfg SequencesConfig) ([]SequenceLine, error) {
-	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+func Sync(ctx context.Context, cfg Config) ([]Line, error) {
+	src, tgt, err := pgsession.ConnectBoth(ctx, cfg.Source, cfg.Target)
 	if err != nil {
 		return nil, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
-	if err := checkDistinct(ctx, src, tgt); err != nil {
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
+	if err := pgsession.CheckDistinct(ctx, src, tgt); err != nil {
 		return nil, err
 	}
 	var names []changebatch.TableName
@@ -191,7 +163,7 @@ func SyncSequences(ctx context.Context, cfg SequencesConfig) ([]SequenceLine, er
 	if err := checkSequenceSource(ctx, src, tgt, names); err != nil {
 		return nil, err
 	}
-	lines, err := syncSequences(ctx, src, tgt, names, len(cfg.Tables) == 0, cfg.Logger)
+	lines, err := syncTables(ctx, src, tgt, names, len(cfg.Tables) == 0, cfg.Logger)
 	if err != nil {
 		return lines, fmt.Errorf("sequences not synced: %w", err)
 	}

@@ -1,4 +1,4 @@
-package engine
+package backfillrun
 
 import (
 	"context"
@@ -10,12 +10,12 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 )
 
-// readLedgerPublicationShape fits t to what the publication that the slot following t streams
+// ReadLedgerPublicationShape fits t to what the publication that the slot following t streams
 // from publishes of it (cdc.ReadPublicationShape: row filter, column list), for the reads of a
 // process that is not the daemon (a manual backfill, verify): the publication is the one the
 // target's ledger records (pgconverge.tables.slot, the slot's latest stream segment, else the
 // segment of the table's latest stream span); t is left whole when no stream ever followed it. A backfill or a verify must read exactly what the stream sees.
-func readLedgerPublicationShape(ctx context.Context, src, tgt *pgx.Conn, t *changebatch.Table) error {
+func ReadLedgerPublicationShape(ctx context.Context, src, tgt *pgx.Conn, t *changebatch.Table) error {
 	var pub *string
 	// A table marked not loaded (its slot cleared, say after a membership change under
 	// --on-gap=alert) still has the publication its last stream span was in.

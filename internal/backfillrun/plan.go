@@ -1,4 +1,4 @@
-package engine
+package backfillrun
 
 import (
 	"context"
@@ -26,7 +26,7 @@ import (
 // no row and that no stream follows is a bulk load: its key is dropped until it completes
 // (apply.DeferKey), and it is cut by block ranges where the source allows it
 // (backfill.BlockPlanOK). In a daemon's run ctrl holds the daemon's epoch meanwhile (runTables).
-func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
+func startTable(ctx context.Context, ctrl, src *pgx.Conn, job Job, runID int64, s pglogrepl.LSN, t changebatch.Table) (*tableRun, []chunkWork, int64, error) {
 	keys := backfill.KeyColumnNames(t)
 	tr := &tableRun{t: t}
 	var prev *coverage.TableBackfill
@@ -132,7 +132,7 @@ func startTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, runID
 // into space a VACUUM freed), which only a stream from before those snapshots brings; and a
 // rewrite of the source table moved every row without a change to stream. src is a source
 // connection.
-func blockPlanNotResumable(ctx context.Context, src *pgx.Conn, job backfillJob, prev *coverage.TableBackfill, t changebatch.Table) (string, error) {
+func blockPlanNotResumable(ctx context.Context, src *pgx.Conn, job Job, prev *coverage.TableBackfill, t changebatch.Table) (string, error) {
 	file, err := backfill.SourceFile(ctx, src, t)
 	switch {
 	case err != nil:
@@ -148,7 +148,7 @@ func blockPlanNotResumable(ctx context.Context, src *pgx.Conn, job backfillJob, 
 // planTable hands tr's adopted chunks to the workers, then plans and records the rest of the table
 // (all of it for a new backfill) in snap and hands those over as they are planned.
 // src is a source connection for the planner's snapshot transaction.
-func planTable(ctx context.Context, ctrl, src *pgx.Conn, job backfillJob, snap backfill.Snapshot, tr *tableRun, adopted []chunkWork, work chan<- chunkWork) error {
+func planTable(ctx context.Context, ctrl, src *pgx.Conn, job Job, snap backfill.Snapshot, tr *tableRun, adopted []chunkWork, work chan<- chunkWork) error {
 	send := func(cw chunkWork) error {
 		select {
 		case work <- cw:
@@ -222,7 +222,7 @@ where c.relkind <> 'p'`, t.Quoted()).Scan(&n)
 
 // restoreKey builds target table t's primary key when an interrupted bulk load left it without
 // one (apply.RestoreKey), and logs it.
-func restoreKey(ctx context.Context, ctrl *pgx.Conn, t changebatch.Table, job backfillJob) error {
+func restoreKey(ctx context.Context, ctrl *pgx.Conn, t changebatch.Table, job Job) error {
 	var built bool
 	err := pgx.BeginFunc(ctx, ctrl, func(tx pgx.Tx) error {
 		var err error

@@ -1,7 +1,8 @@
-package engine
+package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -10,47 +11,48 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // The lease of backfill processes: the process that runs a backfill run and every process that
-// joined it (Join) record, every leaderCheckEvery, that their target sessions are alive
+// joined it (Join) record, every CheckEvery, that their target sessions are alive
 // (coverage.Heartbeat); every running backfill run and every streaming daemon ends the sessions of
-// a process silent past leaderLease (coverage.EndSilentWorkers, whichever run it belongs to), so a
+// a process silent past Term (coverage.EndSilentWorkers, whichever run it belongs to), so a
 // frozen or cut-off host neither holds its chunks, nor the row locks of its open transactions,
 // nor shows its run as running for ever. The same lease as the leader's (a lease, as in Gray and
 // Cheriton, "Leases", SOSP 1989).
 
-// watchWorkerLeases ends, every leaderCheckEvery until stop, the target sessions of other
-// backfill processes (of any run) silent past leaderLease, logging each at WARN, and a session the
+// WatchWorkers ends, every CheckEvery until stop, the target sessions of other
+// backfill processes (of any run) silent past Term, logging each at WARN, and a session the
 // role may not end once at ERROR with the fix. Every backfill run and every streaming daemon
 // session watches, so a frozen process is ended even when its run has died. A check that comes
 // late (this process was paused or starved itself, as a whole frozen host is) ends nothing: the
 // other processes of a host that froze with it get a heartbeat in first. It uses a connection of
 // its own to target; a failed check is logged and tried again.
-func watchWorkerLeases(ctx context.Context, target string, log *slog.Logger) (stop func(), err error) {
+func WatchWorkers(ctx context.Context, target string, log *slog.Logger) (stop func(), err error) {
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
 	}
 	last := time.Now()
 	refused := map[int32]bool{}
-	stopTicking := ticking(ctx, leaderCheckEvery, func(ctx context.Context) {
-		late := time.Since(last) > 2*leaderCheckEvery+leaderCheckTimeout
+	stopTicking := Every(ctx, CheckEvery, func(ctx context.Context) {
+		late := time.Since(last) > 2*CheckEvery+CheckTimeout
 		last = time.Now()
 		if late {
 			log.Info("skipped a check of the backfill processes' lease: this process's own checks were late (was it paused?)")
 			return
 		}
-		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+		cctx, cancel := context.WithTimeout(ctx, CheckTimeout)
 		defer cancel()
-		ended, err := coverage.EndSilentWorkers(cctx, conn, leaderLease, holder())
+		ended, err := coverage.EndSilentWorkers(cctx, conn, Term, Holder())
 		if err != nil && ctx.Err() == nil {
 			log.Warn("could not check the lease of backfill processes; trying again", "err", err)
 		}
 		for _, w := range ended {
-			attrs := []any{"backfill_run", w.RunID, "host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", leaderLease.String()}
+			attrs := []any{"backfill_run", w.RunID, "host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", Term.String()}
 			switch {
 			case w.Refused != nil && !refused[w.PID]:
 				refused[w.PID] = true
@@ -67,12 +69,12 @@ func watchWorkerLeases(ctx context.Context, target string, log *slog.Logger) (st
 	return func() { stopTicking(); conn.Close(context.WithoutCancel(ctx)) }, nil
 }
 
-// workerLease is the lease of one backfill process's target sessions in run runID: add registers
-// a session (coverage.RegisterWorker), and every leaderCheckEvery until end a connection of its own
+// Worker is the lease of one backfill process's target sessions in run runID: Add registers
+// a session (coverage.RegisterWorker), and every CheckEvery until End a connection of its own
 // records them all alive, reconnecting after a failure (each failure logged at WARN). When no
-// record succeeded for leaderLease, other processes may already have ended the sessions: it calls
+// record succeeded for Term, other processes may already have ended the sessions: it calls
 // lost with the error, once, for the process to stop.
-type workerLease struct {
+type Worker struct {
 	runID  int64
 	joined bool
 	mu     sync.Mutex
@@ -80,14 +82,14 @@ type workerLease struct {
 	stop   func()
 }
 
-// startWorkerLease starts the lease of this process's sessions in run runID on target; joined
+// StartWorker starts the lease of this process's sessions in run runID on target; joined
 // tells whether the process joined the run rather than runs it.
-func startWorkerLease(ctx context.Context, target string, runID int64, joined bool, log *slog.Logger, lost func(error)) (*workerLease, error) {
+func StartWorker(ctx context.Context, target string, runID int64, joined bool, log *slog.Logger, lost func(error)) (*Worker, error) {
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
 	}
-	l := &workerLease{runID: runID, joined: joined}
+	l := &Worker{runID: runID, joined: joined}
 	seen := time.Now()
 	var once sync.Once
 	failed := func(ctx context.Context, err error) {
@@ -95,15 +97,15 @@ func startWorkerLease(ctx context.Context, target string, runID int64, joined bo
 			return
 		}
 		log.Warn("could not record this process's backfill sessions alive on the target; trying again (other pgconverge processes end them after the lease without)",
-			"silent_seconds", int(time.Since(seen).Seconds()), "lease", leaderLease.String(), "err", err)
-		if time.Since(seen) > leaderLease {
+			"silent_seconds", int(time.Since(seen).Seconds()), "lease", Term.String(), "err", err)
+		if time.Since(seen) > Term {
 			once.Do(func() {
-				lost(fmt.Errorf("this process could not show the other pgconverge processes that its backfill sessions are alive for %s, the lease they end silent sessions after: %w", leaderLease, err))
+				lost(fmt.Errorf("this process could not show the other pgconverge processes that its backfill sessions are alive for %s, the lease they end silent sessions after: %w", Term, err))
 			})
 		}
 	}
-	stopTicking := ticking(ctx, leaderCheckEvery, func(ctx context.Context) {
-		cctx, cancel := context.WithTimeout(ctx, leaderCheckTimeout)
+	stopTicking := Every(ctx, CheckEvery, func(ctx context.Context) {
+		cctx, cancel := context.WithTimeout(ctx, CheckTimeout)
 		defer cancel()
 		if conn.IsClosed() {
 			c, err := pgsession.Connect(cctx, target, "target")
@@ -113,7 +115,7 @@ func startWorkerLease(ctx context.Context, target string, runID int64, joined bo
 			}
 			conn = c
 		}
-		if err := coverage.Heartbeat(cctx, conn, holder(), l.registered()); err != nil {
+		if err := coverage.Heartbeat(cctx, conn, Holder(), l.registered()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			failed(ctx, err)
 			return
@@ -124,9 +126,9 @@ func startWorkerLease(ctx context.Context, target string, runID int64, joined bo
 	return l, nil
 }
 
-// add registers conn's session under the lease.
-func (l *workerLease) add(ctx context.Context, conn *pgx.Conn) error {
-	if err := coverage.RegisterWorker(ctx, conn, l.runID, holder(), l.joined); err != nil {
+// Add registers conn's session under the lease.
+func (l *Worker) Add(ctx context.Context, conn *pgx.Conn) error {
+	if err := coverage.RegisterWorker(ctx, conn, l.runID, Holder(), l.joined); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -136,22 +138,28 @@ func (l *workerLease) add(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // registered returns the backend pids of the sessions registered so far.
-func (l *workerLease) registered() []int32 {
+func (l *Worker) registered() []int32 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.pids)
 }
 
-// end stops the heartbeat and removes the process's sessions from the ledger over conn; a failure
+// End stops the heartbeat and removes the process's sessions from the ledger over conn; a failure
 // other than conn's session having been ended is logged on log (the rows of ended sessions are
 // removed later by any process's end).
-func (l *workerLease) end(ctx context.Context, conn *pgx.Conn, log *slog.Logger) {
+func (l *Worker) End(ctx context.Context, conn *pgx.Conn, log *slog.Logger) {
 	l.stop()
 	if conn.IsClosed() {
 		return
 	}
 	err := coverage.ForgetWorkers(context.WithoutCancel(ctx), conn, l.registered())
-	if err != nil && !isCode(err, pgerrcode.AdminShutdown) && !conn.IsClosed() {
+	if err != nil && !isAdminShutdown(err) && !conn.IsClosed() {
 		log.Warn("could not remove this process's backfill sessions from the ledger", "err", err)
 	}
+}
+
+// isAdminShutdown reports whether err is the server ending the session (SQLSTATE 57P01).
+func isAdminShutdown(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.AdminShutdown
 }

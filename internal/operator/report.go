@@ -1,4 +1,4 @@
-package engine
+package operator
 
 import (
 	"context"
@@ -11,36 +11,9 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
-
-// The coverage report's types and helpers, for the CLI (coverage owns them).
-type (
-	// Report is the coverage of every table the ledger registers (coverage.Report).
-	Report = coverage.Report
-	// TableReport is one table's coverage (coverage.TableReport).
-	TableReport = coverage.TableReport
-	// KeyRange is a backfill chunk's key range in a report (coverage.KeyRange).
-	KeyRange = coverage.KeyRange
-	// LSN is an LSN printed X/Y in reports (coverage.LSN).
-	LSN = coverage.LSN
-	// Wait is a table a running daemon leaves to the running daemon of another slot and waits
-	// for (coverage.Wait).
-	Wait = coverage.Wait
-)
-
-// Table statuses of a report (coverage.Status); Status.Failing says which fail a check.
-const (
-	Covered      = coverage.Covered
-	NotStreamed  = coverage.NotStreamed
-	SnapshotOnly = coverage.SnapshotOnly
-	Retired      = coverage.Retired
-)
-
-// HumanBytes prints a size in bytes with a binary unit (coverage.HumanBytes).
-func HumanBytes(b uint64) string { return coverage.HumanBytes(b) }
-
-// FormatKeyRanges prints key ranges as "(lower, upper]" each (coverage.FormatKeyRanges).
-func FormatKeyRanges(r []KeyRange) string { return coverage.FormatKeyRanges(r) }
 
 // CoverageConfig configures CoverageReport (`pgconverge coverage`).
 type CoverageConfig struct {
@@ -52,7 +25,7 @@ type CoverageConfig struct {
 
 // Validate reports every problem of the configuration at once.
 func (c *CoverageConfig) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
+	errs := pgsession.ValidateURLs(c.Source, c.Target)
 	if err := cdc.ValidateSlotName(c.Slot); err != nil {
 		errs = append(errs, err)
 	}
@@ -64,53 +37,53 @@ func (c *CoverageConfig) Validate() error {
 // facts coverage.NewReport needs in the order its doc gives (slots before the ledger, the rest
 // after). Errors: no ledger on the target, a failed read, and coverage.ErrOtherSource when the
 // source is not the database the ledger follows or is behind its watermark.
-func CoverageReport(ctx context.Context, cfg CoverageConfig) (Report, error) {
-	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+func CoverageReport(ctx context.Context, cfg CoverageConfig) (coverage.Report, error) {
+	src, tgt, err := pgsession.ConnectBoth(ctx, cfg.Source, cfg.Target)
 	if err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
 	if err := coverage.CheckLedger(ctx, tgt); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	var f coverage.Facts
 	names, err := coverage.OpenSlots(ctx, tgt)
 	if err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	if len(names) == 0 {
 		// A slot that was cut over ended its replication on purpose: it is no slot to report.
 		if _, cut, err := coverage.ReadCutover(ctx, tgt, cfg.Slot); err != nil {
-			return Report{}, err
+			return coverage.Report{}, err
 		} else if !cut {
 			names = []string{cfg.Slot}
 		}
 	}
 	if f.SourceLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	if f.Slots, err = readSlotsHealth(ctx, src, names, f.SourceLSN); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	states, err := coverage.ReadTables(ctx, tgt)
 	if err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	if f.SourceID, err = cdc.SourceID(ctx, src); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	if f.AfterLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	// A wrong source is refused before anything else of it is read.
 	if err := coverage.CheckStreamSource(states, f.SourceID, f.AfterLSN); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	if err := sourceFacts(ctx, src, tgt, states, names, &f); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	if f.Waits, err = runningWaits(ctx, tgt); err != nil {
-		return Report{}, err
+		return coverage.Report{}, err
 	}
 	return coverage.NewReport(states, f)
 }
@@ -189,44 +162,14 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 
 // readSlotsHealth returns the health of the named slots on src (cdc.ReadSlot); now is the
 // source's current position. A slot of another database counts as missing.
-func readSlotsHealth(ctx context.Context, src *pgx.Conn, names []string, now pglogrepl.LSN) ([]SlotHealth, error) {
-	out := make([]SlotHealth, 0, len(names))
+func readSlotsHealth(ctx context.Context, src *pgx.Conn, names []string, now pglogrepl.LSN) ([]coverage.SlotHealth, error) {
+	out := make([]coverage.SlotHealth, 0, len(names))
 	for _, name := range names {
-		h, err := readSlotHealth(ctx, src, name, now)
+		h, err := engine.ReadSlotHealth(ctx, src, name, now)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, h)
 	}
 	return out, nil
-}
-
-// readSlotHealth returns the health of slot name on src, as readSlotsHealth.
-func readSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogrepl.LSN) (SlotHealth, error) {
-	h := SlotHealth{Name: name}
-	var err error
-	if h.MaxSlotWALKeepSizeBytes, err = cdc.MaxSlotWALKeepSize(ctx, src); err != nil {
-		return h, err
-	}
-	s, err := cdc.ReadSlot(ctx, src, name)
-	if err != nil {
-		return h, err
-	}
-	h.Exists = s.Exists && s.ThisDatabase
-	if h.Exists {
-		h.Plugin, h.Active, h.WALStatus, h.SafeWALSizeBytes = s.Plugin, s.ActivePID != 0, s.WALStatus, s.SafeWALSize
-		if s.RestartLSN != 0 {
-			r := LSN(s.RestartLSN)
-			h.RestartLSN = &r
-			if now > s.RestartLSN {
-				h.RestartLagBytes = uint64(now - s.RestartLSN)
-			}
-		}
-		if s.ConfirmedFlush != 0 {
-			c := LSN(s.ConfirmedFlush)
-			h.ConfirmedFlushLSN = &c
-		}
-	}
-	h.Assess()
-	return h, nil
 }

@@ -1,11 +1,10 @@
-package engine
+package verify
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
@@ -13,8 +12,8 @@ import (
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
 
-// repairBatch is how many discrepancies one repair transaction takes.
-const repairBatch = 1000
+// RepairBatchRows is how many discrepancies (rows) one repair transaction takes.
+const RepairBatchRows = 1000
 
 // repairAll repairs the open discrepancies of every compared table from a fresh exact snapshot
 // S', which it records in v.repairLSN.
@@ -45,7 +44,7 @@ func (v *verifyRun) repair(ctx context.Context, applier *apply.Applier, snap bac
 	keyCols := discrepancyKeyColumns(t.Table)
 	after := ""
 	for {
-		open, err := coverage.OpenDiscrepancies(ctx, v.led, t.TableName, keyCols, after, repairBatch)
+		open, err := coverage.OpenDiscrepancies(ctx, v.led, t.TableName, keyCols, after, RepairBatchRows)
 		if err != nil || len(open) == 0 {
 			return err
 		}
@@ -102,7 +101,7 @@ func (v *verifyRun) repairKeys(ctx context.Context, tx *apply.Tx, snap backfill.
 	if err != nil {
 		return err
 	}
-	if del := tombstones(t.Table, snap, keys, found); del != nil {
+	if del := backfill.Tombstones(t.Table, snap.LSN, keys, found); del != nil {
 		_, err := tx.Apply(ctx, del)
 		del.Release()
 		return err
@@ -146,29 +145,4 @@ func (v *verifyRun) repairValues(ctx context.Context, tx *apply.Tx, snap backfil
 		}
 	}
 	return nil
-}
-
-// tombstones returns a batch of deletes at (S', 0) for the keys snap has no row for, nil when
-// there is none. The caller releases it.
-func tombstones(t changebatch.Table, snap backfill.Snapshot, keys [][]string, found []bool) arrow.RecordBatch {
-	b := changebatch.NewBuilder(memory.DefaultAllocator, t)
-	defer b.Release()
-	order := t.KeyOrder()
-	for i, k := range keys {
-		if found[i] {
-			continue
-		}
-		vals := make([]changebatch.Value, len(t.Columns))
-		for j := range vals {
-			vals[j] = changebatch.Value{Null: true}
-		}
-		for j, c := range order {
-			vals[c] = changebatch.Value{Text: k[j]}
-		}
-		b.Append(changebatch.Change{Op: changebatch.OpDelete, Version: changebatch.Version{LSN: snap.LSN}, Values: vals})
-	}
-	if b.Rows() == 0 {
-		return nil
-	}
-	return b.NewBatch()
 }

@@ -1,4 +1,4 @@
-package engine
+package operator
 
 import (
 	"context"
@@ -13,6 +13,10 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/sequences"
+	"github.com/pgconverge/pgconverge/internal/verify"
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
@@ -20,7 +24,7 @@ import (
 type CutoverConfig struct {
 	// Run is the daemon's configuration (URLs, slot, publication, tables, backfill sizes): the
 	// cutover streams with it until the target caught up.
-	Run Config
+	Run engine.Config
 	// SkipVerify leaves out the verify step; DropSlot drops the slot once the tables are retired
 	// (else it keeps the source's WAL: the report says so), DropPublication the publication,
 	// Finalize turns the target tables into plain tables (apply.Finalize).
@@ -48,7 +52,7 @@ type CutoverReport struct {
 	VerifiedLSN string   `json:"verified_lsn,omitempty"`
 	Tables      []string `json:"tables"`
 	// Sequences are the sequences synced (SyncSequences).
-	Sequences []SequenceLine `json:"sequences"`
+	Sequences []sequences.Line `json:"sequences"`
 	// SlotDropped, PublicationDropped and Finalized report the optional steps.
 	SlotDropped        bool     `json:"slot_dropped"`
 	PublicationDropped bool     `json:"publication_dropped"`
@@ -81,11 +85,11 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 	}
 	rc := cfg.Run
 	rep := CutoverReport{Slot: rc.Slot}
-	src, tgt, err := connectBoth(ctx, rc.Source, rc.Target)
+	src, tgt, err := pgsession.ConnectBoth(ctx, rc.Source, rc.Target)
 	if err != nil {
 		return rep, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
 	if ok, err := apply.HasMetadata(ctx, tgt); err != nil {
 		return rep, err
 	} else if !ok {
@@ -136,7 +140,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	runDone := make(chan error, 1)
-	go func() { runDone <- Run(runCtx, rc) }()
+	go func() { runDone <- engine.Run(runCtx, rc) }()
 	stop := func() error {
 		stopRun()
 		return <-runDone
@@ -175,7 +179,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	var verified pglogrepl.LSN
 	if !cfg.SkipVerify && len(names) > 0 {
 		log.Info("cutover: verifying, with repair", "tables", len(names))
-		vrep, err := Verify(ctx, VerifyConfig{Source: rc.Source, Target: rc.Target, Tables: names, Repair: true, Logger: log})
+		vrep, err := verify.Run(ctx, verify.Config{Source: rc.Source, Target: rc.Target, Tables: names, Repair: true, Logger: log})
 		if err == nil && vrep.Open > 0 {
 			err = fmt.Errorf("verify left %d discrepancies open: see pgconverge verify; nothing was cut over", vrep.Open)
 		}
@@ -188,7 +192,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 		cfg.step("verified")
 	}
 	if len(names) > 0 {
-		if rep.Sequences, err = SyncSequences(ctx, SequencesConfig{Source: rc.Source, Target: rc.Target, Tables: names, Logger: log}); err != nil {
+		if rep.Sequences, err = sequences.Sync(ctx, sequences.Config{Source: rc.Source, Target: rc.Target, Tables: names, Logger: log}); err != nil {
 			return coverage.Cutover{}, errors.Join(err, stop())
 		}
 		cfg.step("sequences")
@@ -217,7 +221,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 // and a cutover now would leave them behind. It waits (up to 30 s) for the stopped stream's
 // walsender to let go of the slot, and first for the source to flush the WAL it has written
 // (cdc.WaitWALFlushed).
-func checkQuiet(ctx context.Context, src *pgx.Conn, rc Config, cut pglogrepl.LSN) error {
+func checkQuiet(ctx context.Context, src *pgx.Conn, rc engine.Config, cut pglogrepl.LSN) error {
 	// A transaction committed asynchronously may not be flushed yet, and decoding reads only
 	// flushed WAL: without the wait, the last writes of an application that commits with
 	// synchronous_commit off (up to wal_writer_delay) would look like no writes.
@@ -315,16 +319,4 @@ func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, d
 		cfg.step("finalized")
 	}
 	return nil
-}
-
-// refuseCutOver returns an error naming what (a command) when a cutover is recorded in the
-// target (coverage.LatestCutover): its tables are the application's, which no pgconverge command
-// writes into any more.
-func refuseCutOver(ctx context.Context, tgt *pgx.Conn, what string) error {
-	c, cut, err := coverage.LatestCutover(ctx, tgt)
-	if err != nil || !cut {
-		return err
-	}
-	return fmt.Errorf("%s refused: slot %q was cut over into this target at %s (pgconverge.cutovers), so its tables are the application's and pgconverge writes into none of them; start over (README, \"Starting over\") to replicate into it again",
-		what, c.Slot, c.CutLSN)
 }

@@ -1,4 +1,4 @@
-package engine
+package backfillrun
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 	"golang.org/x/sync/errgroup"
 )
@@ -35,7 +37,7 @@ type JoinConfig struct {
 
 // Validate reports every problem of the configuration at once.
 func (c *JoinConfig) Validate() error {
-	errs := validateURLs(c.Source, c.Target)
+	errs := pgsession.ValidateURLs(c.Source, c.Target)
 	if c.Workers < 1 {
 		errs = append(errs, errors.New("--workers must be at least 1"))
 	}
@@ -68,15 +70,15 @@ type JoinReport struct {
 // (its claim lapses with its session), so stopping it, even with SIGKILL, costs no data.
 func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	if cfg.Progress == nil {
-		cfg.Progress = nopProgress{}
+		cfg.Progress = NopProgress{}
 	}
 	var rep JoinReport
-	src, tgt, err := connectBoth(ctx, cfg.Source, cfg.Target)
+	src, tgt, err := pgsession.ConnectBoth(ctx, cfg.Source, cfg.Target)
 	if err != nil {
 		return rep, err
 	}
-	defer closeBoth(context.WithoutCancel(ctx), src, tgt)
-	if err := checkDistinct(ctx, src, tgt); err != nil {
+	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
+	if err := pgsession.CheckDistinct(ctx, src, tgt); err != nil {
 		return rep, err
 	}
 	if err := migrations.Apply(ctx, tgt); err != nil {
@@ -95,10 +97,10 @@ func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}}
 	jctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
-	if j.lease, err = startWorkerLease(jctx, cfg.Target, run.ID, true, log, lose); err != nil {
+	if j.lease, err = lease.StartWorker(jctx, cfg.Target, run.ID, true, log, lose); err != nil {
 		return rep, err
 	}
-	defer j.lease.end(ctx, tgt, log)
+	defer j.lease.End(ctx, tgt, log)
 	cfg.Progress.Start(0, 0)
 	defer cfg.Progress.Finish()
 	g, gctx := errgroup.WithContext(jctx)
@@ -173,13 +175,13 @@ type joiner struct {
 	// completed is true when the run ended completed.
 	completed bool
 	// lease holds the workers' target sessions alive (workerLease).
-	lease *workerLease
+	lease *lease.Worker
 }
 
 // work is one worker: it claims and applies chunks of the run until the run ends.
 func (j *joiner) work(ctx context.Context) error {
 	run := j.run
-	job := backfillJob{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: backfillBatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log}
+	job := Job{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: BatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log}
 	job.LeaderSlot, job.Epoch, job.lease = run.LeaderSlot, run.Epoch, j.lease
 	w, err := newBackfillWorker(ctx, job, backfill.Snapshot{Name: run.Snapshot, LSN: run.LSN})
 	if err != nil {
@@ -263,7 +265,7 @@ func explainEnded(w *backfillWorker, err error) error {
 }
 
 // endedBy says who ends a backfill process's target sessions.
-var endedBy = fmt.Sprintf("other pgconverge processes end a backfill process's sessions when it was silent past the %s lease (was this process stopped, or its host cut off?), or when it held off a new leader's takeover past it; else the target shut down, or an operator ended it", leaderLease)
+var endedBy = fmt.Sprintf("other pgconverge processes end a backfill process's sessions when it was silent past the %s lease (was this process stopped, or its host cut off?), or when it held off a new leader's takeover past it; else the target shut down, or an operator ended it", lease.Term)
 
 // runEnded reports whether the run no longer runs, and records how it ended.
 func (j *joiner) runEnded(ctx context.Context, tgt *pgx.Conn) (bool, error) {
@@ -300,7 +302,7 @@ func (j *joiner) table(ctx context.Context, w *backfillWorker, c *coverage.Claim
 	if err == nil && j.run.Publication != "" {
 		err = cdc.ReadPublicationShape(ctx, w.src, j.run.Publication, &t)
 	} else if err == nil {
-		err = readLedgerPublicationShape(ctx, w.src, w.tgt, &t)
+		err = ReadLedgerPublicationShape(ctx, w.src, w.tgt, &t)
 	}
 	if err != nil {
 		return nil, err
