@@ -72,7 +72,7 @@ type Job struct {
 	SourceID string
 	// conflicts counts the conflicts the run's transactions lost and retried; Run sets it.
 	conflicts *atomic.Int64
-	// lease holds the process's target sessions of the run alive (workerLease); Run and
+	// lease holds the process's target sessions of the run alive (lease.Worker); Run and
 	// Join set it.
 	lease *lease.Worker
 }

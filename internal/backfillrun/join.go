@@ -174,7 +174,7 @@ type joiner struct {
 	ended  string
 	// completed is true when the run ended completed.
 	completed bool
-	// lease holds the workers' target sessions alive (workerLease).
+	// lease holds the workers' target sessions alive (lease.Worker).
 	lease *lease.Worker
 }
 

@@ -1,8 +1,8 @@
-// Package engine orchestrates pgconverge: the daemon (Run) and its sessions, backfill runs and
-// their workers (Backfill, and the daemon's initial loads, gap and scheduled backfills), sequence
-// sync (SyncSequences), and the gathering of the facts a coverage report needs (CoverageReport).
-// The CLI (cmd/pgconverge) turns flags into a Config and prints what these return; it provides the
-// logger, a Monitor for metrics and a Progress for long work.
+// Package engine is the daemon (Run) and its sessions: the checks and preparation of a session's
+// start, its initial loads, gap and scheduled backfills (run by internal/backfillrun), streaming,
+// the catalog checks, the slot's leadership and the scheduled verify runs (internal/verify). The
+// CLI (cmd/pgconverge) turns flags into a Config; it provides the logger, a Monitor for metrics
+// and a Progress for long work. The operator's other commands live in internal/operator.
 //
 // Invariant: data flows one way, producer (cdc.Streamer, backfill.ReadChunk) → change batch →
 // apply.Tx → target commit (data, progress LSN and ledger rows together) → only then the slot is
