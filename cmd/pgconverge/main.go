@@ -1,6 +1,7 @@
 // Command pgconverge keeps tables in a target PostgreSQL converged with a source PostgreSQL:
 // `pgconverge run` streams changes with logical replication after an initial load from an exact
-// snapshot. See README.md for the CLI contract.
+// snapshot. See docs/cli (generated from these commands by scripts/gen-cli-docs.sh) and docs/ for
+// the CLI contract.
 package main
 
 import (

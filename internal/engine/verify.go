@@ -55,7 +55,7 @@ func (c *VerifyConfig) Validate() error {
 }
 
 // VerifyReport is what a verify run did; its JSON form is `pgconverge verify --format json`
-// (README, "verify").
+// (docs/verify.md).
 type VerifyReport struct {
 	RunID int64 `json:"run_id"`
 	// Snapshot is S, the source's exact snapshot; RepairSnapshot S' (with --repair).
