@@ -146,6 +146,6 @@ func RefuseIfCutOver(ctx context.Context, tgt *pgx.Conn, what string) error {
 	if err != nil || !cut {
 		return err
 	}
-	return fmt.Errorf("%s refused: slot %q was cut over into this target at %s (pgconverge.cutovers), so its tables are the application's and pgconverge writes into none of them; start over (README, \"Starting over\") to replicate into it again",
+	return fmt.Errorf("%s refused: slot %q was cut over into this target at %s (pgconverge.cutovers), so its tables are the application's and pgconverge writes into none of them; start over (docs/cutover.md, \"Starting over\") to replicate into it again",
 		what, c.Slot, c.CutLSN)
 }

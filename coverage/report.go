@@ -66,7 +66,7 @@ func (l *LSN) UnmarshalText(b []byte) error {
 func (l LSN) String() string { return pglogrepl.LSN(l).String() }
 
 // Report is the coverage of every table the ledger registers; its JSON form is documented in
-// README ("Coverage report") and stays stable.
+// docs/coverage.md and stays stable.
 type Report struct {
 	// SourceLSN is the source's current WAL position when the report was made.
 	SourceLSN LSN `json:"source_lsn"`

@@ -3,7 +3,9 @@
 #
 #   scripts/test.sh [go test flags...]      e.g. scripts/test.sh -run TestApply -v
 #
-# 1. checks formatting (`gofmt -l .` must list nothing) and runs `go vet ./...`;
+# 1. checks formatting (`gofmt -l .` must list nothing) and runs `go vet ./...`; checks that
+#    docs/cli is what scripts/gen-cli-docs.sh writes ("docs/cli is stale" otherwise) and that every
+#    relative link of the Markdown files resolves (scripts/checklinks.go);
 # 2. starts two private PostgreSQL 15 clusters with scripts/pgcluster.sh under ROOT:
 #    `source` on 127.0.0.1:54341 (wal_level=logical) and `target` on 127.0.0.1:54342;
 # 3. runs `go test -race -count=1 -p 1 -timeout 30m ./... "$@"` through gotestsum, one line per
@@ -48,6 +50,17 @@ fi
 
 echo "== go vet ./..."
 go vet ./...
+go vet -tags gendocs ./cmd/pgconverge
+
+echo "== docs: docs/cli current, relative links resolve"
+clidocs=$(mktemp -d)
+if ! scripts/gen-cli-docs.sh "$clidocs" || ! diff -r "$clidocs" docs/cli >&2; then
+	rm -rf "$clidocs"
+	echo "docs/cli is stale: run scripts/gen-cli-docs.sh" >&2
+	exit 1
+fi
+rm -rf "$clidocs"
+go run scripts/checklinks.go
 
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {

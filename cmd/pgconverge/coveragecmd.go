@@ -60,7 +60,7 @@ Exit status: 0 when the report was made (and, with --fail-on-gap, every table is
 snapshot-only or retired), 3 with --fail-on-gap when a table is gap, loading, never-loaded,
 schema-changed or not-streamed, 1 on an error (also
 when the source URL is not the database the ledger's stream reads). URLs default to $PGCONVERGE_SOURCE and
-$PGCONVERGE_TARGET. The JSON format is documented in README.md and stays stable.`,
+$PGCONVERGE_TARGET. The JSON format is documented in docs/coverage.md and stays stable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.Validate(); err != nil {

@@ -1,6 +1,7 @@
 // Command pgconverge keeps tables in a target PostgreSQL converged with a source PostgreSQL:
 // `pgconverge run` streams changes with logical replication after an initial load from an exact
-// snapshot. See README.md for the CLI contract.
+// snapshot. See docs/cli (generated from these commands by scripts/gen-cli-docs.sh) and docs/ for
+// the CLI contract.
 package main
 
 import (
@@ -42,6 +43,19 @@ func exitCode(err error) int {
 
 // run executes the command line args; it is main without the process: tests call it directly.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// newRootCmd returns the pgconverge command with every subcommand, writing reports to stdout and
+// logs, progress and help to stderr. It is the one command tree: run executes it, and the
+// gendocs build (scripts/gen-cli-docs.sh) renders it into docs/cli.
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "pgconverge",
 		Short:         "Keep tables in a target PostgreSQL converged with a source PostgreSQL",
@@ -72,12 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetArgs(args)
 	root.AddCommand(newRunCmd(stderr, &budget), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout), newStatusCmd(stdout),
 		newCutoverCmd(stdout, stderr))
-	err := root.ExecuteContext(ctx)
-	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-		return nil
-	}
-	return err
+	root.AddCommand(devCommands(root)...)
+	return root
 }

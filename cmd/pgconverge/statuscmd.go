@@ -39,7 +39,7 @@ alive; and the last verify run with the discrepancies open now.
 
 Exit status: 0 when the report was made, whatever it shows (use coverage --fail-on-gap or verify for
 checks), 1 on an error. URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET. The JSON format is
-documented in README.md and stays stable: fields are only ever added.`,
+documented in docs/status.md and stays stable: fields are only ever added.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.Validate(); err != nil {

@@ -38,7 +38,7 @@ the discrepancy in the same target transaction; a newer streamed change still wi
 
 Exit status: 0 when no discrepancy is left open, 4 when some are, 1 on an error (also when a table
 named with --table could not be compared). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
-The JSON format is documented in README.md and stays stable.`,
+The JSON format is documented in docs/verify.md and stays stable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(stderr, logFormat, logLevel)

@@ -44,7 +44,7 @@ func (s *session) preflight(ctx context.Context, names []changebatch.TableName) 
 	if c, cut, err := coverage.LatestCutover(ctx, s.tgt); err != nil {
 		return err
 	} else if cut {
-		errs = append(errs, fmt.Errorf("slot %q was cut over into this target at %s (%s, pgconverge.cutovers): the target is the application's now and pgconverge follows nothing into it, under any slot; to replicate into it again, start over (README, \"Starting over\"), or replicate into another database",
+		errs = append(errs, fmt.Errorf("slot %q was cut over into this target at %s (%s, pgconverge.cutovers): the target is the application's now and pgconverge follows nothing into it, under any slot; to replicate into it again, start over (docs/cutover.md, \"Starting over\"), or replicate into another database",
 			c.Slot, c.CutLSN, c.CutAt.Format(time.RFC3339)))
 	}
 	all := append(slices.Clone(s.tables), s.snapshotOnly...)

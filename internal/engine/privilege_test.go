@@ -9,7 +9,7 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
-// The least privileges README's "Roles and privileges" names are enough for the daemon, a backfill,
+// The least privileges docs/security.md's "Roles and privileges" names are enough for the daemon, a backfill,
 // verify with repair and status: a source role with LOGIN, REPLICATION and SELECT on the tables
 // (the publication made by the tables' owner), and a target role with CREATE on the database and
 // its schema; neither is a superuser.

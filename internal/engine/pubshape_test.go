@@ -133,7 +133,7 @@ func TestColumnListPublicationConverges(t *testing.T) {
 	}
 
 	// A narrower list reloads the table; the column left out is kept on the target as a column
-	// dropped on the source is (README, "Schema changes"), no longer followed.
+	// dropped on the source is (docs/schema-changes.md), no longer followed.
 	pgtest.Exec(t, env.Source, `alter publication `+env.Name+` set table people (id, name)`)
 	pgtest.Eventually(t, 60*time.Second, "a third completed backfill of people (the reload)", func() (bool, string) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills where table_name = 'people' and status = 'completed'`)

@@ -23,7 +23,7 @@ type StatusConfig = CoverageConfig
 
 // StatusReport is one view of a deployment for an operator (`pgconverge status`): per table its
 // coverage and lag, per slot its health and who holds it, the running backfills and the last
-// verify run. Its JSON form is documented in README ("Status") and stays stable: fields are only
+// verify run. Its JSON form is documented in docs/status.md and stays stable: fields are only
 // ever added. Times are RFC 3339; ages and durations are seconds (float); sizes are bytes; LSNs
 // are strings X/Y.
 type StatusReport struct {
@@ -96,7 +96,7 @@ type SlotStatus struct {
 	// second), the time from its commit on the source until pgconverge reported it received
 	// (write: pgconverge reports within 200 ms of the target transaction that holds it, so in
 	// steady streaming this is the target's delay), and confirmed to the slot (flush and replay,
-	// equal: the slot's confirmation trails the target by up to about 10 s on purpose, README
+	// equal: the slot's confirmation trails the target by up to about 10 s on purpose, docs/operators.md,
 	// "The slot's position is honest"). PostgreSQL keeps the last measurement until the client
 	// has reported twice that it holds everything sent, so on a source going idle they are
 	// stale for some seconds (lag_bytes says there is nothing left), then NULL. Nil when
@@ -108,8 +108,8 @@ type SlotStatus struct {
 	// HolderNote says why the fields above are partly nil when the role cannot see them;
 	// omitted otherwise.
 	HolderNote string `json:"holder_note,omitempty"`
-	// Leader is the daemon that leads the slot on the target (pgconverge.leaders, README
-	// "High availability"); nil when no daemon ever led it there.
+	// Leader is the daemon that leads the slot on the target (pgconverge.leaders,
+	// docs/high-availability.md); nil when no daemon ever led it there.
 	Leader *LeaderStatus `json:"leader"`
 }
 

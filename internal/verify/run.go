@@ -56,7 +56,7 @@ func (c *Config) Validate() error {
 }
 
 // Report is what a verify run did; its JSON form is `pgconverge verify --format json`
-// (README, "verify").
+// (docs/verify.md).
 type Report struct {
 	RunID int64 `json:"run_id"`
 	// Snapshot is S, the source's exact snapshot; RepairSnapshot S' (with --repair).
