@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 )
@@ -31,8 +31,10 @@ const (
 )
 
 // errLeadershipLost ends a session whose lock connection to the target failed: the leader lock
-// may be another daemon's now. The next session waits for the lock like a standby.
-var errLeadershipLost = errors.New("lost the connection that holds the slot's leader lock on the target")
+// may be another daemon's now. The next session, started at once, waits for the lock like a
+// standby.
+var errLeadershipLost = disposition.New("lost the connection that holds the slot's leader lock on the target",
+	disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonLeadership})
 
 // holder names this process in pgconverge.leaders and in the logs of standbys: host and pid.
 func holder() string {
