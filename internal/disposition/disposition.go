@@ -158,8 +158,9 @@ func Wrap(err error, m Mark) error {
 
 // Marks returns the marks err's tree holds (err and what it wraps, through Unwrap() error and
 // Unwrap() []error), the one that decides first: a mark that Overrides, then those that Stop, then
-// those that Restart, then those that BackOff; marks of equal strength in the order errors.As
-// visits them (depth first, err before what it wraps). It returns nil for an unmarked error.
+// those that Restart, then those that BackOff; marks of equal strength by their reason, the most
+// telling first and ReasonNone last, then in the order errors.As visits them (depth first, err
+// before what it wraps). It returns nil for an unmarked error.
 func Marks(err error) []Mark {
 	var ms []Mark
 	walk(err, func(e error) {
@@ -167,8 +168,18 @@ func Marks(err error) []Mark {
 			ms = append(ms, m.Mark())
 		}
 	})
-	slices.SortStableFunc(ms, func(a, b Mark) int { return cmp.Compare(b.strength(), a.strength()) })
+	slices.SortStableFunc(ms, func(a, b Mark) int {
+		return cmp.Or(cmp.Compare(b.strength(), a.strength()), cmp.Compare(a.Reason.rank(), b.Reason.rank()))
+	})
 	return ms
+}
+
+// rank orders reasons for Marks and Named: the lower, the more telling; ReasonNone last.
+func (r Reason) rank() int {
+	if r == ReasonNone {
+		return int(ReasonOther) + 1
+	}
+	return int(r)
 }
 
 // strength orders marks for Marks: the higher decides first.
@@ -205,7 +216,7 @@ func walk(err error, f func(error)) {
 func Named(ms []Mark) Reason {
 	best := ReasonNone
 	for _, m := range ms {
-		if m.Reason != ReasonNone && (best == ReasonNone || m.Reason < best) {
+		if m.Reason.rank() < best.rank() {
 			best = m.Reason
 		}
 	}
