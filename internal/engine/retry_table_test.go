@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -271,5 +273,16 @@ func dispositionWant() map[string]string {
 		"joined refusal and EOF":              "backOff | connection | ",
 		"joined 23505 and 55006":              "backOff | constraint | " + constraint,
 		"two server errors, lock first":       "backOff | lock | " + lock,
+	}
+}
+
+// RetryReasons, whose metric series exist from the start, are the labels of every reason.
+func TestRetryReasonsAreTheReasons(t *testing.T) {
+	var labels []string
+	for r := disposition.ReasonOverlap; r <= disposition.ReasonOther; r++ {
+		labels = append(labels, r.String())
+	}
+	if got := slices.Sorted(slices.Values(RetryReasons)); !slices.Equal(got, slices.Sorted(slices.Values(labels))) {
+		t.Errorf("RetryReasons %v, reasons %v", RetryReasons, labels)
 	}
 }
