@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // Several daemons may run for one slot: exactly one leads (streams and writes), the others wait
@@ -199,6 +200,12 @@ type FencedError struct {
 	// not known yet: the row is gone, or a new leader's raise waits).
 	Epoch, Current int64
 	Holder         string
+}
+
+// Mark says that the daemon restarts the session at once (reason "leadership"): the next one
+// waits as a standby.
+func (e *FencedError) Mark() disposition.Mark {
+	return disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonLeadership}
 }
 
 // Error names the slot, both epochs and the new leader.

@@ -2,13 +2,13 @@ package backfill
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // EmitFunc receives one batch of snapshot rows. The batch belongs to the caller of EmitFunc, who
@@ -23,8 +23,9 @@ const MaxBatchBytes = 16 << 20
 // was taken: a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER. Some of these are
 // not MVCC-safe (PostgreSQL docs §13.6, "Caveats"): the snapshot would see the table empty, and a
 // backfill that took that for the truth would tombstone every row it did not read. The run's
-// table backfills are abandoned; a backfill run again starts them over from a new snapshot.
-var ErrRewritten = errors.New("table rewritten since the snapshot")
+// table backfills are abandoned; a backfill run again starts them over from a new snapshot (the
+// daemon backs off, reason "schema").
+var ErrRewritten = disposition.New("table rewritten since the snapshot", disposition.Mark{Action: disposition.BackOff, Reason: disposition.ReasonSchema})
 
 // checkNotRewritten locks t against rewrites for the rest of tx (ACCESS SHARE, as the read takes
 // anyway) and returns an error wrapping ErrRewritten when t's file node is no longer the one the

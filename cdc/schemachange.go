@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // SchemaChangeError ends a stream when a pgoutput Relation message shows that a replicated table's
@@ -33,6 +34,12 @@ type SchemaChangeError struct {
 	// and no reload is recorded past LSN: the caller records one (apply.RecordSchemaChange) before
 	// streaming again.
 	Reload bool
+}
+
+// Mark says that the daemon restarts the session at once (reason "restart"), for the next one to
+// describe the table again.
+func (e *SchemaChangeError) Mark() disposition.Mark {
+	return disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonRestart}
 }
 
 // Error describes the change.

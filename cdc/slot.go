@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // SlotInfo is what the source says of a replication slot (pg_replication_slots).
@@ -78,8 +79,9 @@ func MaxSlotWALKeepSize(ctx context.Context, conn *pgx.Conn) (int64, error) {
 }
 
 // ErrSlotMissing is wrapped by errors of starting replication on, or dropping, a slot that does not
-// exist (it was dropped meanwhile): the next session records the gap and creates it anew.
-var ErrSlotMissing = errors.New("replication slot missing")
+// exist (it was dropped meanwhile): the next session records the gap and creates it anew. The
+// daemon backs off; the SQLSTATE beside it, if any, names the reason.
+var ErrSlotMissing = disposition.New("replication slot missing", disposition.Mark{Action: disposition.BackOff})
 
 // ErrPublicationMissing is wrapped by the error of a stream the source ended because the
 // publication does not exist at the position it decodes: it was dropped (and maybe created again)
@@ -93,8 +95,8 @@ func isCode(err error, code string) bool {
 }
 
 // ErrSlotBusy is returned by Busy when another session holds the slot or is still creating it;
-// waiting and retrying is the remedy.
-var ErrSlotBusy = errors.New("replication slot busy")
+// waiting and retrying is the remedy (the daemon backs off, reason "slot-busy").
+var ErrSlotBusy = disposition.New("replication slot busy", disposition.Mark{Action: disposition.BackOff, Reason: disposition.ReasonSlotBusy})
 
 // Busy returns an error wrapping ErrSlotBusy when another process uses the slot or is still
 // creating it (no confirmed_flush_lsn yet), and nil otherwise.

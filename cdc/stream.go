@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // ApplyFunc writes batches to the target and records end as the position up to which the target
@@ -27,8 +28,12 @@ type ApplyFunc func(ctx context.Context, batches []arrow.RecordBatch, end pglogr
 // ErrSourceSilent ends Run when the source sent nothing, not even the keepalive every status
 // update asks for, for three status intervals of waiting: the connection is dead though no error
 // says so (a network that drops packets without resetting the connection, a hung server or
-// proxy), and a new session reconnects. Time spent waiting for the target does not count.
-var ErrSourceSilent = errors.New("the source went silent")
+// proxy), and a new session reconnects (the daemon backs off). Time spent waiting for the target
+// does not count.
+var ErrSourceSilent = disposition.New("the source went silent", disposition.Mark{
+	Action: disposition.BackOff,
+	Hint:   "the replication connection went silent without an error (a network dropping packets, a hung server or proxy): the daemon reconnects; check the network between this host and the source",
+})
 
 // Knobs are fault-injection hooks for tests; nil hooks do nothing.
 type Knobs struct {

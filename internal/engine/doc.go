@@ -9,5 +9,6 @@
 // told the position (docs/design.md, "Exactly-once effect"; docs/architecture.md shows the path).
 // A session's goroutines run under one errgroup and return typed errors; what the daemon does
 // after a failure (stop, back off, restart at once) is decided in one place (decide, retry.go)
-// from typed errors and SQLSTATE codes, never from message text.
+// from the marks errors carry from where they are born (internal/disposition) and SQLSTATE
+// codes, never from message text.
 package engine

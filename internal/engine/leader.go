@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
@@ -21,8 +21,10 @@ import (
 const standbyPoll = 250 * time.Millisecond
 
 // errLeadershipLost ends a session whose lock connection to the target failed: the leader lock
-// may be another daemon's now. The next session waits for the lock like a standby.
-var errLeadershipLost = errors.New("lost the connection that holds the slot's leader lock on the target")
+// may be another daemon's now. The next session, started at once, waits for the lock like a
+// standby.
+var errLeadershipLost = disposition.New("lost the connection that holds the slot's leader lock on the target",
+	disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonLeadership})
 
 // lead makes the session the leader of its slot before it writes anything but the metadata
 // schema to the target (apply.LockLeader, apply.Lead): on a connection of its own it takes the

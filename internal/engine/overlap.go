@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -49,14 +49,20 @@ const (
 )
 
 // errFollowerStopped ends a session that left a table to a daemon of another slot once no daemon
-// of that slot runs: the next session takes the table.
-var errFollowerStopped = errors.New("the daemon of another slot that followed a selected table stopped")
+// of that slot runs: the next session, started at once, takes the table.
+var errFollowerStopped = disposition.New("the daemon of another slot that followed a selected table stopped", disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonRestart})
 
 // followedElsewhereError is a session's selection holding tables that a running daemon of another
 // slot follows.
 type followedElsewhereError struct {
 	followers []coverage.Follower
 	leaders   map[string]apply.LeaderState
+}
+
+// Mark says that the daemon backs off (reason "overlap") until the other daemon stops or the
+// operator takes the table out of one selection.
+func (e followedElsewhereError) Mark() disposition.Mark {
+	return disposition.Mark{Action: disposition.BackOff, Reason: disposition.ReasonOverlap}
 }
 
 // Error names each shared table, the slot that follows it and that slot's leader, and the fix.

@@ -12,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // selectTables resolves the replicated tables and describes them; problems are permanent and
@@ -153,6 +154,11 @@ func (s *session) withKeptBySnapshots(ctx context.Context, names []changebatch.T
 // keyLostError is a description refused because a table the target already follows has no key
 // now: decide backs off, and the next session describes it again.
 type keyLostError struct{ err error }
+
+// Mark says that the daemon backs off (reason "schema") and describes the table again.
+func (e keyLostError) Mark() disposition.Mark {
+	return disposition.Mark{Action: disposition.BackOff, Reason: disposition.ReasonSchema}
+}
 
 // Error returns the refusal's message.
 func (e keyLostError) Error() string {

@@ -17,6 +17,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
@@ -77,22 +78,31 @@ type session struct {
 }
 
 // errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while
-// the session loaded tables; the next session records the break in the ledger.
-var errSlotMoved = errors.New("replication slot moved or dropped under the session")
+// the session loaded tables; the next session, started at once, records the break in the ledger.
+var errSlotMoved = disposition.New("replication slot moved or dropped under the session", disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonRestart})
 
 // errSlotLost ends a session whose slot the source invalidated (wal_status lost) after the session
 // began: it removed WAL the slot still needed, past max_slot_wal_keep_size. The next session, after
 // a backoff (a load longer than the source keeps WAL for loses the next slot alike), creates the
 // slot anew and backfills the gap.
-var errSlotLost = errors.New("replication slot invalidated by the source")
+var errSlotLost = disposition.New("replication slot invalidated by the source", disposition.Mark{
+	Action: disposition.BackOff,
+	Reason: disposition.ReasonSlotLost,
+	Hint:   "the source removed WAL the slot still needed because it held more than max_slot_wal_keep_size (a load, or a lag, longer than the source keeps WAL for): raise max_slot_wal_keep_size on the source (ALTER SYSTEM SET max_slot_wal_keep_size = '…'; -1 keeps all), or it happens again at the next load; the next session creates the slot anew and backfills what was not streamed",
+})
 
 // errEnumChanged ends a session when an enum a table uses changed its labels on the source; the
-// next session changes the target's enum alike (a renamed label changes the rows that hold it).
-var errEnumChanged = errors.New("enum labels changed on the source")
+// next session, started at once, changes the target's enum alike (a renamed label changes the
+// rows that hold it).
+var errEnumChanged = disposition.New("enum labels changed on the source", disposition.Mark{
+	Action: disposition.Restart,
+	Reason: disposition.ReasonRestart,
+	Hint:   "an enum label was added or renamed on the source: the next session changes the target's type alike",
+})
 
 // errMembershipChanged ends a session when a table's publication membership changed while
-// streaming; the next session reloads the table.
-var errMembershipChanged = errors.New("publication membership changed")
+// streaming; the next session, started at once, reloads the table.
+var errMembershipChanged = disposition.New("publication membership changed", disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonRestart})
 
 // runSession connects to both sides, prepares the tables and the slot, and streams until ctx ends
 // or something fails. A value the target refused as invalid (22P02) while the tables use enums is
@@ -133,6 +143,9 @@ func runSession(parent context.Context, cfg Config) (connected bool, err error) 
 // enumCheckError is a value the target refused while the source's enum labels, which may explain
 // it, could not be read: decide backs off and the next session looks again.
 type enumCheckError struct{ err error }
+
+// Mark says that the daemon backs off; the refusal's SQLSTATE names the reason.
+func (e enumCheckError) Mark() disposition.Mark { return disposition.Mark{Action: disposition.BackOff} }
 
 // Error returns the refusal's message.
 func (e enumCheckError) Error() string { return e.err.Error() }

@@ -14,6 +14,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // syncMemberships records each table's publication membership in the target; a table whose
@@ -209,6 +210,11 @@ func (s *session) watch(ctx context.Context, lsn *atomic.Uint64) error {
 // starts after a backoff, whatever the SQLSTATE (a catalog read can fail on a relation dropped
 // meanwhile), since a session that cannot watch the source must not stream on unwatched.
 type watchError struct{ err error }
+
+// Mark says that the daemon backs off (reason "watch").
+func (e watchError) Mark() disposition.Mark {
+	return disposition.Mark{Action: disposition.BackOff, Reason: disposition.ReasonWatch}
+}
 
 // Error returns the failed read's message.
 func (e watchError) Error() string { return "watch the source: " + e.err.Error() }

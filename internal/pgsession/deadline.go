@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
 // Deadline gives every statement run under a context it bounds (Bound), on a connection opened by
@@ -33,6 +34,18 @@ func NewDeadline(timeout time.Duration) *Deadline { return &Deadline{timeout: ti
 type TimeoutError struct {
 	Role    string
 	Timeout time.Duration
+}
+
+// Mark says that the daemon backs off and reconnects (reason "timeout") whatever else the error
+// holds (Overrides): the connection the statement ran on is closed, so what failed after it
+// failed on that.
+func (e *TimeoutError) Mark() disposition.Mark {
+	return disposition.Mark{
+		Action:    disposition.BackOff,
+		Reason:    disposition.ReasonTimeout,
+		Overrides: true,
+		Hint:      "the " + e.Role + " stopped answering behind an open connection (a frozen host or proxy, or a network that drops packets, which TCP keepalives do not notice while the peer's kernel still acknowledges), or a statement waited that long for a lock (pg_locks on the " + e.Role + " shows who holds it): the daemon reconnects; check the network between this host and the " + e.Role,
+	}
 }
 
 // Error says which server did not answer, within what, and the likely causes.
