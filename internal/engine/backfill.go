@@ -66,6 +66,9 @@ type backfillJob struct {
 	BeforeFenced func(change string)
 	// Monitor counts the rows read and applied.
 	Monitor Monitor
+	// CopyOnly is the set of tables staged by COPY only that the run's Appliers share (a daemon's,
+	// Config.copyOnly); nil: runBackfill makes one for the run.
+	CopyOnly *apply.CopyOnlyTables
 	// SourceID identifies the source database (cdc.SourceID); runBackfill reads it.
 	SourceID string
 	// conflicts counts the conflicts the run's transactions lost and retried; runBackfill sets it.
@@ -165,6 +168,9 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 		job.Monitor = nopMonitor{}
 	}
 	job.conflicts = new(atomic.Int64)
+	if job.CopyOnly == nil {
+		job.CopyOnly = new(apply.CopyOnlyTables)
+	}
 	defer func() { rep.Conflicts = job.conflicts.Load() }()
 	ctrl, err := pgsession.Connect(ctx, job.Target, "target")
 	if err != nil {
@@ -306,7 +312,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job backfillJob, snap backfi
 		return fmt.Errorf("backfill run %d: %w", rep.RunID, err)
 	}
 	// A table whose chunks had all completed in earlier runs is finished here.
-	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl), snap: snap, log: log, mon: job.Monitor, conflicts: job.conflicts,
+	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl, job.CopyOnly), snap: snap, log: log, mon: job.Monitor, conflicts: job.conflicts,
 		slot: job.LeaderSlot, epoch: job.Epoch}
 	for _, tr := range runs {
 		if n, err := wk.finishIfComplete(ctx, tr, log); err != nil {

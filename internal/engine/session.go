@@ -218,7 +218,7 @@ func (s *session) connect(ctx context.Context) error {
 	if s.tgt, err = pgsession.Connect(ctx, s.cfg.Target, "target"); err != nil {
 		return err
 	}
-	s.ap = apply.New(s.tgt)
+	s.ap = apply.New(s.tgt, s.cfg.copyOnly)
 	if err := checkDistinct(ctx, s.src, s.tgt); err != nil {
 		return err
 	}

@@ -209,7 +209,7 @@ func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) 
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
 		LeaderSlot: cfg.Slot, Epoch: s.epoch, Publication: cfg.Publication,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillBatchRows,
-		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon,
+		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon, CopyOnly: cfg.copyOnly,
 		Progress: s.mon.BackfillProgress(trigger, NewLogProgress(cfg.Logger, what, 10*time.Second)),
 	}
 }
