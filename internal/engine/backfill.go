@@ -17,6 +17,7 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"golang.org/x/sync/errgroup"
 )
@@ -180,7 +181,7 @@ func runBackfill(ctx context.Context, job backfillJob) (rep BackfillReport, err 
 	defer func() {
 		// Release the backfill locks now: a closed session's locks outlive it until its backend
 		// exits, which a next backfill of the same tables must not have to wait for.
-		ctrl.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock_all()`)
+		ctrl.Exec(context.WithoutCancel(ctx), `select `+advisory.UnlockAll)
 	}()
 	if job.SourceID, err = sourceID(ctx, job.Source); err != nil {
 		return rep, err
