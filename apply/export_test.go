@@ -11,5 +11,9 @@ import (
 func StageByCOPY(t testing.TB, ap *Applier, tab changebatch.TableName) {
 	db := targetDatabase(ap.conn)
 	ap.copyOnly.add(db, tab)
-	t.Cleanup(func() { ap.copyOnly.remove(db, tab) })
+	t.Cleanup(func() {
+		ap.copyOnly.mu.Lock()
+		defer ap.copyOnly.mu.Unlock()
+		delete(ap.copyOnly.tables, copyOnlyKey(db, tab))
+	})
 }

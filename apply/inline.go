@@ -63,13 +63,6 @@ func (c *CopyOnlyTables) add(db string, tab changebatch.TableName) {
 	c.tables[copyOnlyKey(db, tab)] = true
 }
 
-// remove forgets tab, in target database db (for tests that force COPY staging for a while).
-func (c *CopyOnlyTables) remove(db string, tab changebatch.TableName) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.tables, copyOnlyKey(db, tab))
-}
-
 // copyOnlyIn is a CopyOnlyTables as one target database sees it (Tx.copyOnly).
 type copyOnlyIn struct {
 	set *CopyOnlyTables
