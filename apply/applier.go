@@ -53,11 +53,20 @@ type Applier struct {
 	// staged follows, per staging table, the rows in it as of the last commit (stageRows).
 	staged map[string]stageRows
 	next   int
+	// copyOnly are the tables staged by COPY only, shared with the Appliers New was given it for.
+	copyOnly *CopyOnlyTables
 }
 
-// New returns an Applier that writes over conn. The caller keeps ownership of conn.
-func New(conn *pgx.Conn) *Applier {
-	return &Applier{conn: conn, stages: map[string]string{}, staged: map[string]stageRows{}}
+// New returns an Applier that writes over conn. The caller keeps ownership of conn. copyOnly is
+// the set of tables to stage by COPY (CopyOnlyTables), which the Applier adds a table to when its
+// inline merge fails on a value; pass one set to every Applier of a process (a daemon's sessions
+// and backfill workers) so that they all stage such a table by COPY from then on. nil gives the
+// Applier a set of its own.
+func New(conn *pgx.Conn, copyOnly *CopyOnlyTables) *Applier {
+	if copyOnly == nil {
+		copyOnly = new(CopyOnlyTables)
+	}
+	return &Applier{conn: conn, stages: map[string]string{}, staged: map[string]stageRows{}, copyOnly: copyOnly}
 }
 
 // Tx is one target transaction: any number of batches (ApplyGroup: a stream group with its
@@ -111,8 +120,11 @@ func (t *Tx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
 // Conn returns the transaction for ledger writes that must commit with the data.
 func (t *Tx) Conn() pgx.Tx { return t.tx }
 
-// database names the target database t writes (targetDatabase).
-func (t *Tx) database() string { return targetDatabase(t.tx.Conn()) }
+// copyOnly returns the Applier's CopyOnlyTables as seen from the target database t writes
+// (targetDatabase).
+func (t *Tx) copyOnly() copyOnlyIn {
+	return copyOnlyIn{set: t.a.copyOnly, db: targetDatabase(t.tx.Conn())}
+}
 
 // targetDatabase names the database conn is connected to, as it reached it: host, port and
 // database name.
@@ -210,7 +222,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		movedUnknown = movedUnknown || rows[i].moved && anyUnchanged(rows[i].values)
 		unchanged = unchanged || anyUnchanged(rows[i].values)
 	}
-	src := source{records: inlineRecords(t.database(), v.Table, rows)}
+	src := source{records: inlineRecords(t.copyOnly(), v.Table, rows)}
 	var err error
 	if src.records != nil {
 		src.stage, err = t.ensureStage(ctx, v.Table)
@@ -235,7 +247,7 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 		sql, args := upsertSQL(v.Table, src, moved)
 		tag, err := t.tx.Exec(ctx, sql, args...)
 		if err != nil {
-			return Result{}, upsertError(t.database(), v.Table, len(rows), src, err)
+			return Result{}, upsertError(t.copyOnly(), v.Table, len(rows), src, err)
 		}
 		applied += tag.RowsAffected()
 	}
@@ -249,15 +261,16 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	return res, nil
 }
 
-// upsertError describes err, the failed upsert of n rows into tab, in target database db, from src.
-func upsertError(db string, tab changebatch.Table, n int, src source, err error) error {
+// upsertError describes err, the failed upsert of n rows into tab from src; a value an inline
+// merge failed on marks tab in copyOnly (noteInlineError).
+func upsertError(copyOnly copyOnlyIn, tab changebatch.Table, n int, src source, err error) error {
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidColumnReference {
 		// ON CONFLICT found no key to arbitrate on (bulkkey.go).
 		return fmt.Errorf("upsert %d rows into %s: the target table has no primary key, because a bulk load of it is under way and builds the key when it completes (or one was interrupted, and the next backfill or daemon start builds it); this is retried: %w",
 			n, tab, err)
 	}
 	if src.records != nil {
-		err = noteInlineError(db, tab, err)
+		err = noteInlineError(copyOnly, tab, err)
 	}
 	return fmt.Errorf("upsert %d rows into %s: %w", n, tab, describeConstraint(err))
 }

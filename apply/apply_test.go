@@ -72,7 +72,7 @@ func setup(t *testing.T) fixture {
 	if _, err := apply.EnsureTable(ctx, env.Target, acc, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	return fixture{env: env, ap: apply.New(env.Target)}
+	return fixture{env: env, ap: apply.New(env.Target, nil)}
 }
 
 // inTx runs fn in a target transaction, failing the test on its error, and commits unless fn
@@ -284,7 +284,7 @@ func TestLongBatchIsMergedInPieces(t *testing.T) {
 // one, and a transaction rolled back.
 func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
 	f := setup(t)
-	apply.StageByCOPY(t, f.env.Target, acc.TableName)
+	apply.StageByCOPY(t, f.ap, acc.TableName)
 	rowsOf := func(lsn uint64, from, to int) arrow.RecordBatch {
 		var rows []row
 		for i := from; i <= to; i++ {

@@ -39,7 +39,7 @@ func (t *Tx) ApplyGroup(ctx context.Context, recs []arrow.RecordBatch, p Progres
 		if err != nil {
 			return nil, err
 		}
-		rows, merged, records := oneStatement(t.database(), v)
+		rows, merged, records := oneStatement(t.copyOnly(), v)
 		if records == nil {
 			break
 		}
@@ -61,7 +61,7 @@ func (t *Tx) ApplyGroup(ctx context.Context, recs []arrow.RecordBatch, p Progres
 			tag, err := br.Exec()
 			if err != nil {
 				br.Close()
-				return nil, upsertError(t.database(), q.tab, q.rows, q.src, err)
+				return nil, upsertError(t.copyOnly(), q.tab, q.rows, q.src, err)
 			}
 			applied := tag.RowsAffected()
 			results[i] = Result{Applied: applied, Suppressed: int64(q.rows) - applied, Merged: int64(q.merged)}
@@ -84,7 +84,7 @@ func (t *Tx) ApplyGroup(ctx context.Context, recs []arrow.RecordBatch, p Progres
 // inline records, when merging v takes exactly the one upsert a pipeline can carry: v has a key,
 // no TRUNCATE, fits one inline piece, and no row left a column unchanged (such rows take lookups
 // before the upsert or a read of the keys left unknown after it). Otherwise records is nil.
-func oneStatement(db string, v *changebatch.View) (rows []stagedRow, merged int, records []string) {
+func oneStatement(copyOnly copyOnlyIn, v *changebatch.View) (rows []stagedRow, merged int, records []string) {
 	if v.Table.Keyless || v.Len() == 0 || v.Len() > inlineRows {
 		return nil, 0, nil
 	}
@@ -99,5 +99,5 @@ func oneStatement(db string, v *changebatch.View) (rows []stagedRow, merged int,
 			return nil, 0, nil
 		}
 	}
-	return rows, merged, inlineRecords(db, v.Table, rows)
+	return rows, merged, inlineRecords(copyOnly, v.Table, rows)
 }

@@ -24,14 +24,53 @@ const (
 	inlineBytes = 1 << 20
 )
 
-// copyOnly holds the target tables (copyOnlyKey: the target database and Table.String) whose
-// inline merge a value failed to parse or fit (noteInlineError): the server names the value but
-// not its row, so they are staged by COPY from then on in this process, whose error names the
-// row, its key and the column (describeCopyError) when the stream retries.
-var copyOnly sync.Map
+// CopyOnlyTables is the set of target tables whose inline merge a value failed to parse or fit
+// (noteInlineError): the server names the value but not its row, so every Applier that shares the
+// set stages those tables' rows by COPY from then on, whose error names the row, its key and the
+// column (describeCopyError) when the caller retries. A table is told apart by its target
+// database (host, port and database name as the connection reached it, targetDatabase) and its
+// qualified name. A daemon keeps one set for its whole life and gives it to every Applier it
+// makes (its sessions', their backfill workers', its fills of unknown values), so that a retry
+// in a later session stages by COPY too. The zero value is an empty set; it is safe for
+// concurrent use.
+type CopyOnlyTables struct {
+	mu     sync.Mutex
+	tables map[string]bool
+}
 
-// copyOnlyKey is copyOnly's key of table tab in the target database db (Tx.database).
-func copyOnlyKey(db string, tab changebatch.Table) string { return db + "\x00" + tab.String() }
+// copyOnlyKey is CopyOnlyTables' key of table tab in target database db.
+func copyOnlyKey(db string, tab changebatch.TableName) string {
+	return db + "\x00" + tab.String()
+}
+
+// has reports whether tab, in target database db, is staged by COPY only; false on a nil set.
+func (c *CopyOnlyTables) has(db string, tab changebatch.TableName) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tables[copyOnlyKey(db, tab)]
+}
+
+// add marks tab, in target database db, to be staged by COPY from now on.
+func (c *CopyOnlyTables) add(db string, tab changebatch.TableName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tables == nil {
+		c.tables = map[string]bool{}
+	}
+	c.tables[copyOnlyKey(db, tab)] = true
+}
+
+// copyOnlyIn is a CopyOnlyTables as one target database sees it (Tx.copyOnly).
+type copyOnlyIn struct {
+	set *CopyOnlyTables
+	db  string
+}
+
+// has reports whether tab is staged by COPY only.
+func (c copyOnlyIn) has(tab changebatch.TableName) bool { return c.set.has(c.db, tab) }
 
 // source is where an upsert reads the rows of a piece: the staging table stage, filled by COPY,
 // or, when records is not nil, the records themselves (inlineRecords) as a parameter.
@@ -53,13 +92,13 @@ func (s source) from(args []any) (string, []any) {
 
 // inlineRecords returns rows as record literals of the staging table's columns (copyColumns,
 // then _cdc_moved; the values as encodeCopyText writes them), or nil when there are more than
-// inlineRows rows or more than inlineBytes bytes of values, or tab, in target database db, is to be
-// staged by COPY.
-func inlineRecords(db string, tab changebatch.Table, rows []stagedRow) []string {
+// inlineRows rows or more than inlineBytes bytes of values, or tab is to be staged by COPY
+// (copyOnly).
+func inlineRecords(copyOnly copyOnlyIn, tab changebatch.Table, rows []stagedRow) []string {
 	if len(rows) > inlineRows {
 		return nil
 	}
-	if _, ok := copyOnly.Load(copyOnlyKey(db, tab)); ok {
+	if copyOnly.has(tab.TableName) {
 		return nil
 	}
 	size := 0
@@ -122,14 +161,14 @@ func writeRecordField(b *strings.Builder, s string) {
 	b.WriteByte('"')
 }
 
-// noteInlineError marks tab, in target database db, to be staged by COPY (copyOnly) when err, from an inline merge, is a
+// noteInlineError marks tab to be staged by COPY (copyOnly) when err, from an inline merge, is a
 // value the target refused (SQLSTATE class 22, or a domain's CHECK or NOT NULL, 23514 and 23502,
 // which a record's input checks too), and says so in the error it returns.
-func noteInlineError(db string, tab changebatch.Table, err error) error {
+func noteInlineError(copyOnly copyOnlyIn, tab changebatch.Table, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Code, "22") && pgErr.Code != pgerrcode.CheckViolation && pgErr.Code != pgerrcode.NotNullViolation {
 		return err
 	}
-	copyOnly.Store(copyOnlyKey(db, tab), true)
+	copyOnly.set.add(copyOnly.db, tab.TableName)
 	return errors.Join(err, errors.New("the next attempt stages the rows by COPY, whose error names the refused row"))
 }

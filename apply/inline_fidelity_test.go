@@ -47,10 +47,10 @@ func TestInlineAndCopyMergesAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	apply.StageByCOPY(t, env.Target, copied.TableName)
+	ap := apply.New(env.Target, nil)
+	apply.StageByCOPY(t, ap, copied.TableName)
 	text := func(s string) changebatch.Value { return changebatch.Value{Text: s} }
 	null := changebatch.Value{Null: true}
-	ap := apply.New(env.Target)
 	write := func(tab changebatch.Table, changes []changebatch.Change) error {
 		b := changebatch.NewBuilder(memory.NewGoAllocator(), tab)
 		defer b.Release()

@@ -23,14 +23,14 @@ func TestInlineRecords(t *testing.T) {
 		`("3",,,0/16B3748,7,t,,f)`,
 		`("4",,"1",0/16B3748,7,f,"{\"note\"}",t)`,
 	}
-	if got := inlineRecords("", accTable, rows); !reflect.DeepEqual(got, want) {
+	if got := inlineRecords(copyOnlyIn{}, accTable, rows); !reflect.DeepEqual(got, want) {
 		t.Errorf("inlineRecords:\n%q\nwant\n%q", got, want)
 	}
 	big := []stagedRow{{values: []changebatch.Value{{Text: "1"}, {Text: strings.Repeat("x", inlineBytes+1)}, {Null: true}}}}
-	if got := inlineRecords("", accTable, big); got != nil {
+	if got := inlineRecords(copyOnlyIn{}, accTable, big); got != nil {
 		t.Errorf("a piece over %d bytes is inline", inlineBytes)
 	}
-	if got := inlineRecords("", accTable, make([]stagedRow, inlineRows+1)); got != nil {
+	if got := inlineRecords(copyOnlyIn{}, accTable, make([]stagedRow, inlineRows+1)); got != nil {
 		t.Errorf("a piece over %d rows is inline", inlineRows)
 	}
 }

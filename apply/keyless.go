@@ -109,14 +109,26 @@ func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int
 		fmt.Fprintf(&t.buf, "%s\t%d\t%s\t%d\t%d\n", ver.LSN, ver.Seq, deleted, v.Occurrence(i), i-from)
 	}
 	q := pgx.Identifier{"pg_temp", stage}.Sanitize()
-	sql := "copy " + q + " (" + dataColumns(v.Table, "") + ", " + qLSN + ", " + qSeq + ", " + qDeleted + ", " + qOccurrence + ", " + qOrd + ") from stdin"
-	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), sql); err != nil {
+	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), keylessCopySQL(v.Table, q)); err != nil {
 		return "", fmt.Errorf("stage %d rows of %s: %w", to-from, v.Table, withCopyContext(err))
 	}
-	if _, err := t.tx.Exec(ctx, "update "+q+" as s set "+qRowHash+" = "+RowHashSQL(v.Table, "s")); err != nil {
+	if _, err := t.tx.Exec(ctx, keylessHashSQL(v.Table, q)); err != nil {
 		return "", fmt.Errorf("hash the staged rows of %s: %w", v.Table, err)
 	}
 	return q, nil
+}
+
+// keylessCopySQL returns the COPY statement that fills stage (quoted, in pg_temp), the staging
+// table of keyless table t, with the rows stageKeyless writes: the data columns, the version,
+// whether the change is a delete, its occurrence and its order in the batch (_cdc_ord).
+func keylessCopySQL(t changebatch.Table, stage string) string {
+	return "copy " + stage + " (" + dataColumns(t, "") + ", " + qLSN + ", " + qSeq + ", " + qDeleted + ", " + qOccurrence + ", " + qOrd + ") from stdin"
+}
+
+// keylessHashSQL returns the statement that computes the row hash (RowHashSQL) of every row
+// staged in stage (quoted), the staging table of keyless table t.
+func keylessHashSQL(t changebatch.Table, stage string) string {
+	return "update " + stage + " as s set " + qRowHash + " = " + RowHashSQL(t, "s")
 }
 
 // keylessReplay returns the condition under which staged change s of keyless table t is a
@@ -143,11 +155,7 @@ func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int
 	if err != nil {
 		return Result{}, err
 	}
-	cols := dataColumns(tab, "")
-	tag, err := t.tx.Exec(ctx, "insert into "+tab.Quoted()+" ("+cols+", "+qRowHash+", "+qOccurrence+", "+qLSN+", "+qSeq+")\n"+
-		"select "+dataColumns(tab, "s")+", s."+qRowHash+", 1, s."+qLSN+", s."+qSeq+" from "+stage+" as s\n"+
-		"where not s."+qDeleted+" and not "+keylessReplay(tab)+"\n"+
-		"on conflict do nothing", tab.Schema, tab.Name)
+	tag, err := t.tx.Exec(ctx, keylessInsertSQL(tab, stage), tab.Schema, tab.Name)
 	if err != nil {
 		return Result{}, fmt.Errorf("insert %d rows into keyless table %s: %w", to-from, tab, describeConstraint(err))
 	}
@@ -155,9 +163,7 @@ func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int
 	// Deletes of different values are independent; those of one value go in their order. Round
 	// k holds the k-th delete of each value, so most batches need one statement.
 	var rounds int
-	err = t.tx.QueryRow(ctx, "with r as (select ctid as id, row_number() over (partition by "+qRowHash+" order by "+qOrd+") as n from "+stage+
-		" where "+qDeleted+"), u as (update "+stage+" as s set "+qRound+" = r.n from r where s.ctid = r.id returning s."+qRound+")"+
-		" select coalesce(max("+qRound+"), 0) from u").Scan(&rounds)
+	err = t.tx.QueryRow(ctx, keylessRoundsSQL(stage)).Scan(&rounds)
 	if err != nil {
 		return Result{}, fmt.Errorf("order the deletes of keyless table %s: %w", tab, err)
 	}
@@ -181,6 +187,25 @@ func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int
 		}
 	}
 	return Result{Applied: applied, Suppressed: int64(to-from) - applied}, nil
+}
+
+// keylessInsertSQL returns the statement that adds the staged inserts of keyless table t from
+// stage (quoted) as entries (h, V, 1), but not replays (keylessReplay) nor a second delivery (the
+// entry exists). $1 and $2 are the table's schema and name.
+func keylessInsertSQL(t changebatch.Table, stage string) string {
+	return "insert into " + t.Quoted() + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ")\n" +
+		"select " + dataColumns(t, "s") + ", s." + qRowHash + ", 1, s." + qLSN + ", s." + qSeq + " from " + stage + " as s\n" +
+		"where not s." + qDeleted + " and not " + keylessReplay(t) + "\n" +
+		"on conflict do nothing"
+}
+
+// keylessRoundsSQL returns the statement that numbers the staged deletes in stage (quoted) by
+// value, in their order (_cdc_round: the k-th delete of a value is in round k), and returns the
+// number of rounds, 0 when no delete is staged.
+func keylessRoundsSQL(stage string) string {
+	return "with r as (select ctid as id, row_number() over (partition by " + qRowHash + " order by " + qOrd + ") as n from " + stage +
+		" where " + qDeleted + "), u as (update " + stage + " as s set " + qRound + " = r.n from r where s.ctid = r.id returning s." + qRound + ")" +
+		" select coalesce(max(" + qRound + "), 0) from u"
 }
 
 // keylessDeleteSQL returns the statement that applies round $3 (_cdc_round) of the staged deletes
@@ -218,15 +243,13 @@ func (t *Tx) mergeKeylessSnapshot(ctx context.Context, v *changebatch.View, ver 
 	if err != nil {
 		return Result{}, err
 	}
-	q := tab.Quoted()
 	s := ver.LSN.String()
 	// Values a newer snapshot brought are no concern of this one.
-	if _, err := t.tx.Exec(ctx, "delete from "+stage+" as s where exists (select 1 from "+q+" as e where e."+qRowHash+" = s."+qRowHash+
-		" and e."+qSeq+" = 0 and (e."+qLSN+", e."+qSeq+") > ($1::pg_lsn, 0))", s); err != nil {
+	if _, err := t.tx.Exec(ctx, keylessSkipNewerSQL(tab, stage), s); err != nil {
 		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, err)
 	}
 	// Entries older than S of the snapshot's values: the snapshot holds their state.
-	if _, err := t.tx.Exec(ctx, supersedeSQL(tab, "e."+qRowHash+" in (select "+qRowHash+" from "+stage+")"), s); err != nil {
+	if _, err := t.tx.Exec(ctx, keylessSupersedeStagedSQL(tab, stage), s); err != nil {
 		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, err)
 	}
 	var inserted int64
@@ -235,6 +258,21 @@ func (t *Tx) mergeKeylessSnapshot(ctx context.Context, v *changebatch.View, ver 
 		return Result{}, fmt.Errorf("merge snapshot rows of keyless table %s: %w", tab, describeConstraint(err))
 	}
 	return Result{Applied: inserted, Suppressed: int64(v.Len()) - inserted}, nil
+}
+
+// keylessSkipNewerSQL returns the statement that removes from stage (quoted) the staged snapshot
+// rows, at ($1, 0), of keyless table t whose value has an entry from a newer snapshot: those
+// values are no concern of this snapshot.
+func keylessSkipNewerSQL(t changebatch.Table, stage string) string {
+	return "delete from " + stage + " as s where exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
+		" and e." + qSeq + " = 0 and (e." + qLSN + ", e." + qSeq + ") > ($1::pg_lsn, 0))"
+}
+
+// keylessSupersedeStagedSQL returns the statement that marks the live entries of keyless table t
+// older than the snapshot ($1, 0) of a value staged in stage (quoted) deleted at ($1, 0)
+// (supersedeSQL): the snapshot holds those values' state.
+func keylessSupersedeStagedSQL(t changebatch.Table, stage string) string {
+	return supersedeSQL(t, "e."+qRowHash+" in (select "+qRowHash+" from "+stage+")")
 }
 
 // keylessSnapshotSQL returns the statement that adds staged snapshot rows (at ($1, 0)) of keyless

@@ -53,7 +53,7 @@ func keylessSetup(t *testing.T) fixture {
 	if _, err := apply.EnsureTable(ctx, env.Target, logTable, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	return fixture{env: env, ap: apply.New(env.Target)}
+	return fixture{env: env, ap: apply.New(env.Target, nil)}
 }
 
 // live returns the live copies of each value, as "value xN", in value order.

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
@@ -15,8 +16,8 @@ import (
 // as standbys. Two mechanisms make that safe, the usual pair of a lease and a fencing token
 // (Kleppmann, "How to do distributed locking", 2016; Burrows, "The Chubby lock service", §2.4
 // sequencers, OSDI 2006):
-//   - the leader lock: a session advisory lock on the target (PostgreSQL docs §13.3.5 "Advisory
-//     Locks") that the leader holds on a connection of its own; PostgreSQL releases it when that
+//   - the leader lock (advisory.Leader): a session advisory lock on the target (PostgreSQL docs
+//     §13.3.5 "Advisory Locks") that the leader holds on a connection of its own; PostgreSQL releases it when that
 //     session ends, whether the daemon stopped, was killed or lost the connection, and a
 //     standby waiting for it gets it then;
 //   - the epoch: pgconverge.leaders holds per slot a number that each new leader raises once it
@@ -30,30 +31,11 @@ import (
 // load's key deferral) or reaches the source (a publication change) holds the epoch with a lock
 // of that connection's session instead (HoldEpoch), which Lead takes too before it raises.
 
-// lockKey returns the SQL expression of a 64-bit advisory lock key (the single-bigint form, shown
-// in pg_locks with objsubid 1) for the slot named by the SQL expression slot: the first 64 bits
-// of md5 of kind, a space and the slot's name. The "leader" key is the session lock that makes
-// one daemon the leader of a slot; each standby of the slot holds the "standby" key shared while
-// it waits, so that standbys can be counted; every daemon of the slot holds the "running" key
-// shared for as long as its process runs (MarkRunning); a leader's connection holds the "epoch"
-// key shared while it works as the leader across transactions (HoldEpoch), which Lead takes
-// exclusively. 64 bits keep two slots' keys apart (hashtext's 32 bits collide for some pairs of
-// names).
-func lockKey(kind, slot string) string {
-	return `('x' || substr(md5('pgconverge ` + kind + ` ' || ` + slot + `), 1, 16))::bit(64)::bigint`
-}
-
-// lockMatch returns the SQL condition that pg_locks row k is the advisory lock key key.
-func lockMatch(k, key string) string {
-	return `(` + k + `.locktype = 'advisory' and ` + k + `.objsubid = 1 and ` + k + `.classid = ((` + key + ` >> 32) & 4294967295)::oid and ` +
-		k + `.objid = (` + key + ` & 4294967295)::oid and ` + k + `.database = (select oid from pg_database where datname = current_database()))`
-}
-
 // MarkStandby takes (standby true) or releases the standby lock of slot in conn's session.
 func MarkStandby(ctx context.Context, conn *pgx.Conn, slot string, standby bool) error {
-	q := `select pg_advisory_unlock_shared(` + lockKey("standby", "$1") + `)::text`
+	q := `select ` + advisory.Standby("$1").UnlockShared() + `::text`
 	if standby {
-		q = `select pg_advisory_lock_shared(` + lockKey("standby", "$1") + `)::text`
+		q = `select ` + advisory.Standby("$1").LockShared() + `::text`
 	}
 	var ignored string
 	if err := conn.QueryRow(ctx, q, slot).Scan(&ignored); err != nil {
@@ -68,7 +50,7 @@ func MarkStandby(ctx context.Context, conn *pgx.Conn, slot string, standby bool)
 // session), so that ReadLeaders reports the slot Running then too.
 func MarkRunning(ctx context.Context, conn *pgx.Conn, slot string) error {
 	var ignored string
-	if err := conn.QueryRow(ctx, `select pg_advisory_lock_shared(`+lockKey("running", "$1")+`)::text`, slot).Scan(&ignored); err != nil {
+	if err := conn.QueryRow(ctx, `select `+advisory.Running("$1").LockShared()+`::text`, slot).Scan(&ignored); err != nil {
 		return fmt.Errorf("mark a daemon of slot %q running on the target: %w", slot, err)
 	}
 	return nil
@@ -78,9 +60,9 @@ func MarkRunning(ctx context.Context, conn *pgx.Conn, slot string) error {
 // ends. With wait it waits for the lock (until ctx ends: pgx then cancels the wait), else it
 // returns false at once when another session holds it.
 func LockLeader(ctx context.Context, conn *pgx.Conn, slot string, wait bool) (bool, error) {
-	q := `select pg_try_advisory_lock(` + lockKey("leader", "$1") + `)`
+	q := `select ` + advisory.Leader("$1").TryLock()
 	if wait {
-		q = `select true from pg_advisory_lock(` + lockKey("leader", "$1") + `)`
+		q = `select true from ` + advisory.Leader("$1").Lock()
 	}
 	var ok bool
 	if err := conn.QueryRow(ctx, q, slot).Scan(&ok); err != nil {
@@ -125,12 +107,12 @@ type LeaderState struct {
 // ReadLeaders returns the leader state of every slot that ever had a leader, by slot; an empty
 // map when the target's schema predates leaders (version 11).
 func ReadLeaders(ctx context.Context, conn *pgx.Conn) (map[string]LeaderState, error) {
+	leader, standby, running := advisory.Leader("l.slot").Is("k"), advisory.Standby("l.slot").Is("k"), advisory.Running("l.slot").Is("k")
 	rows, err := conn.Query(ctx, `select l.slot, l.epoch, l.holder, l.acquired_at::text,
-  count(k.*) filter (where `+lockMatch("k", lockKey("leader", "l.slot"))+`) > 0,
-  count(k.*) filter (where `+lockMatch("k", lockKey("leader", "l.slot"))+` or `+lockMatch("k", lockKey("running", "l.slot"))+`) > 0,
-  count(k.*) filter (where `+lockMatch("k", lockKey("standby", "l.slot"))+`)
-from pgconverge.leaders l left join pg_locks k on k.granted and (`+lockMatch("k", lockKey("leader", "l.slot"))+` or `+
-		lockMatch("k", lockKey("standby", "l.slot"))+` or `+lockMatch("k", lockKey("running", "l.slot"))+`)
+  count(k.*) filter (where `+leader+`) > 0,
+  count(k.*) filter (where `+leader+` or `+running+`) > 0,
+  count(k.*) filter (where `+standby+`)
+from pgconverge.leaders l left join pg_locks k on k.granted and (`+leader+` or `+standby+` or `+running+`)
 group by l.slot, l.epoch, l.holder, l.acquired_at`)
 	if err != nil {
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
@@ -161,7 +143,7 @@ func LeaderLockHolder(ctx context.Context, conn *pgx.Conn, slot string) (pid int
 	err = conn.QueryRow(ctx, `select l.pid, case when a.state = 'active' then 0
   else coalesce(extract(epoch from now() - a.state_change)::float8, -1) end
 from pg_locks l left join pg_stat_activity a on a.pid = l.pid
-where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, &silent)
+where l.granted and `+advisory.Leader("$1").Is("l"), slot).Scan(&pid, &silent)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, -1, nil
 	}
@@ -178,7 +160,7 @@ where l.granted and `+lockMatch("l", lockKey("leader", "$1")), slot).Scan(&pid, 
 func Lead(ctx context.Context, conn *pgx.Conn, slot, holder, settings string) (int64, error) {
 	var epoch int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(`+lockKey("epoch", "$1")+`)`, slot); err != nil {
+		if _, err := tx.Exec(ctx, `select `+advisory.Epoch("$1").XactLock(), slot); err != nil {
 			return err
 		}
 		// clock_timestamp: the moment the raise got the row, after the previous leader's transactions.

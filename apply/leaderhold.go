@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 )
 
 // HoldEpoch makes what conn does from now on until release runs the work of slot's leader at
@@ -19,11 +20,11 @@ import (
 // when ctx ended.
 func HoldEpoch(ctx context.Context, conn *pgx.Conn, slot string, epoch int64) (release func(), err error) {
 	var ignored string
-	if err := conn.QueryRow(ctx, `select pg_advisory_lock_shared(`+lockKey("epoch", "$1")+`)::text`, slot).Scan(&ignored); err != nil {
+	if err := conn.QueryRow(ctx, `select `+advisory.Epoch("$1").LockShared()+`::text`, slot).Scan(&ignored); err != nil {
 		return nil, fmt.Errorf("hold the leader epoch of slot %q on the target: %w", slot, err)
 	}
 	release = func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock_shared(`+lockKey("epoch", "$1")+`)::text`, slot)
+		_, _ = conn.Exec(context.WithoutCancel(ctx), `select `+advisory.Epoch("$1").UnlockShared()+`::text`, slot)
 	}
 	if err := checkLeader(conn.QueryRow(ctx, `select epoch, holder from pgconverge.leaders where slot = $1`, slot), slot, epoch); err != nil {
 		release()
@@ -39,7 +40,7 @@ func HoldEpoch(ctx context.Context, conn *pgx.Conn, slot string, epoch int64) (r
 // it after the check, so it passes only once conn releases it or the raise's lease ran out.
 func CheckUnchallenged(ctx context.Context, conn *pgx.Conn, slot string, epoch int64) error {
 	var waiting bool
-	err := conn.QueryRow(ctx, `select exists (select from pg_locks w where not w.granted and `+lockMatch("w", lockKey("epoch", "$1"))+`)`, slot).Scan(&waiting)
+	err := conn.QueryRow(ctx, `select `+advisory.Epoch("$1").Awaited(), slot).Scan(&waiting)
 	if err != nil {
 		return fmt.Errorf("check the hold of slot %q's leader epoch on the target: %w", slot, err)
 	}

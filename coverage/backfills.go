@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 )
 
 // Ledger rows of backfills (migrations/002_backfill_chunks.sql): a run, each table's backfill in
@@ -26,16 +27,8 @@ const (
 	TriggerSchemaChange = "schema-change"
 )
 
-// runLockClass is the first key of the session advisory lock a run's process holds while the run
-// runs ("pgcr"); the second is the run's id modulo 2^31.
-const runLockClass = 0x70676372
-
-// RunLockClass is runLockClass, for reports that tell a running backfill run from one a killed
-// process left 'running': the run's lock is (RunLockClass, id modulo 2^31) while it runs.
-const RunLockClass = runLockClass
-
 // StartRun records a running backfill run and returns its id; conn's session holds the run's
-// advisory lock from then on (until the session ends or releases its locks), which tells other
+// advisory lock (advisory.Run) from then on (until the session ends or releases its locks), which tells other
 // processes the run is alive. Runs recorded as running whose lock nobody holds are closed first
 // as failed (interrupted), with their table backfills, which a later run may resume. slot is the
 // slot whose stream follows the tables ("" when none: a `pgconverge backfill` on its own).
@@ -43,13 +36,10 @@ func StartRun(ctx context.Context, conn *pgx.Conn, trigger, slot string, workers
 	_, err := conn.Exec(ctx, `with stale as (
   update pgconverge.backfill_runs r set status = 'failed', finished_at = now(),
     error = 'interrupted: the process ended without recording the end of the run'
-  where status = 'running' and not exists (
-    select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
-      and l.database = (select oid from pg_database where datname = current_database())
-      and l.classid = $1::int::oid and l.objid = (r.id % 2147483648)::int::oid)
+  where status = 'running' and not `+advisory.Run("r.id").Held()+`
   returning id)
 update pgconverge.backfills b set status = 'failed', finished_at = now()
-from stale where b.run_id = stale.id and b.status = 'running'`, runLockClass)
+from stale where b.run_id = stale.id and b.status = 'running'`)
 	if err != nil {
 		return 0, fmt.Errorf("close interrupted backfill runs: %w", err)
 	}
@@ -59,7 +49,7 @@ from stale where b.run_id = stale.id and b.status = 'running'`, runLockClass)
 		return tx.QueryRow(ctx, `with r as (
   insert into pgconverge.backfill_runs (trigger, slot, status, workers, chunk_rows)
   values ($1, nullif($2, ''), 'running', $3, $4) returning id)
-select id from r, pg_advisory_lock($5, (id % 2147483648)::int)`, trigger, slot, workers, chunkRows, runLockClass).Scan(&id)
+select id from r, `+advisory.Run("id").Lock(), trigger, slot, workers, chunkRows).Scan(&id)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("record backfill run: %w", err)
@@ -287,20 +277,16 @@ returning b.s::text`, id).Scan(&s)
 	return pglogrepl.ParseLSN(s)
 }
 
-// backfillLockClass is the first key of the session advisory locks that allow one backfill of a
-// table at a time ("pgcv"); the second is hashtext of the table's qualified name.
-const backfillLockClass = 0x70676376
-
-// LockBackfill takes table t's backfill lock in conn's session, which holds it until
+// LockBackfill takes table t's backfill lock (advisory.Backfill) in conn's session, which holds it until
 // UnlockBackfill or until the session ends (a crashed process releases it). With wait it waits
 // for the lock (until ctx ends), else it returns false at once when another session holds it.
 func LockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.TableName, wait bool) (bool, error) {
-	q := `select pg_try_advisory_lock($1, hashtext($2))`
+	q := `select ` + advisory.Backfill("$1").TryLock()
 	if wait {
-		q = `select true from pg_advisory_lock($1, hashtext($2))`
+		q = `select true from ` + advisory.Backfill("$1").Lock()
 	}
 	var ok bool
-	if err := conn.QueryRow(ctx, q, backfillLockClass, t.String()).Scan(&ok); err != nil {
+	if err := conn.QueryRow(ctx, q, t.String()).Scan(&ok); err != nil {
 		return false, fmt.Errorf("take the backfill lock of %s: %w", t, err)
 	}
 	return ok, nil
@@ -321,9 +307,7 @@ where run_id = $1 and status in ('running', 'failed')`, id)
 // running now.
 func BackfillHeld(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) (bool, error) {
 	var held bool
-	err := conn.QueryRow(ctx, `select exists (select 1 from pg_locks where locktype = 'advisory' and granted and objsubid = 2
-  and database = (select oid from pg_database where datname = current_database())
-  and classid = $1::int::oid and objid = hashtext($2)::oid)`, backfillLockClass, t.String()).Scan(&held)
+	err := conn.QueryRow(ctx, `select `+advisory.Backfill("$1").Held(), t.String()).Scan(&held)
 	if err != nil {
 		return false, fmt.Errorf("look up the backfill lock of %s: %w", t, err)
 	}
@@ -332,7 +316,7 @@ func BackfillHeld(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) 
 
 // UnlockBackfill releases table t's backfill lock held by conn's session.
 func UnlockBackfill(ctx context.Context, conn *pgx.Conn, t changebatch.TableName) error {
-	if _, err := conn.Exec(ctx, `select pg_advisory_unlock($1, hashtext($2))`, backfillLockClass, t.String()); err != nil {
+	if _, err := conn.Exec(ctx, `select `+advisory.Backfill("$1").Unlock(), t.String()); err != nil {
 		return fmt.Errorf("release the backfill lock of %s: %w", t, err)
 	}
 	return nil

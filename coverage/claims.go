@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 )
 
 // Claims on chunks (migrations/012_shared_runs.sql): every worker of a backfill run, in the run's
@@ -20,33 +21,20 @@ import (
 // documentation, "The Locking Clause") and stands while the claimer's target session holds its
 // worker lock, so a killed worker's chunks are claimable again at once.
 
-// workerLockClass is the first key of the session advisory lock each backfill worker's target
-// session holds ("pgcw"); the second is the session's backend pid.
-const workerLockClass = 0x70676377
-
-// WorkerLockClass is workerLockClass, for reports that count the chunks being applied: a chunk
-// claimed by pid is being applied while the lock (WorkerLockClass, pid) is held.
-const WorkerLockClass = workerLockClass
-
 // claimable is the SQL condition under which chunk row c may be claimed by the current session:
 // not completed, and not claimed by a session that still holds its worker lock (a claim of the
 // current session's own pid is its own, or a dead session's whose pid it reuses).
-var claimable = fmt.Sprintf(`c.completed_at is null and (c.claimed_by is null or c.claimed_by = pg_backend_pid() or not exists (
-  select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
-    and l.database = (select oid from pg_database where datname = current_database())
-    and l.classid = %d::oid and l.objid = c.claimed_by::oid))`, workerLockClass)
+var claimable = `c.completed_at is null and (c.claimed_by is null or c.claimed_by = pg_backend_pid() or not ` +
+	advisory.Worker("c.claimed_by").Held() + `)`
 
 // runAlive is the SQL condition under which backfill run r is running: recorded running, and its
 // process's session holds the run's lock (StartRun).
-var runAlive = fmt.Sprintf(`r.status = 'running' and exists (
-  select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
-    and l.database = (select oid from pg_database where datname = current_database())
-    and l.classid = %d::oid and l.objid = (r.id %% 2147483648)::int::oid)`, runLockClass)
+var runAlive = `r.status = 'running' and ` + advisory.Run("r.id").Held()
 
-// HoldWorkerLock takes the worker lock in conn's session: the chunks the session claims stay
+// HoldWorkerLock takes the worker lock (advisory.Worker of its backend pid) in conn's session: the chunks the session claims stay
 // claimed until the session ends.
 func HoldWorkerLock(ctx context.Context, conn *pgx.Conn) error {
-	if _, err := conn.Exec(ctx, `select pg_advisory_lock($1, pg_backend_pid())`, workerLockClass); err != nil {
+	if _, err := conn.Exec(ctx, `select `+advisory.Worker("pg_backend_pid()").Lock()); err != nil {
 		return fmt.Errorf("take the backfill worker lock: %w", err)
 	}
 	return nil

@@ -11,19 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 )
 
-// followLockClass is the first key of the advisory lock ('pgcf') that a daemon holds, in the
-// transaction that records which tables its stream follows, while it checks that no other slot
-// follows them (LockFollowing).
-const followLockClass = 0x70676366
-
 // LockFollowing takes, in the transaction db is in, the target's lock for recording which tables
-// streams follow: a daemon that checks FollowedElsewhere and then opens its spans (StartSpans) in
+// streams follow (advisory.Follow): a daemon that checks FollowedElsewhere and then opens its spans (StartSpans) in
 // that transaction sees every span another daemon opened under the same lock, so two daemons that
 // start at once cannot both take a table. The lock is released when the transaction ends.
 func LockFollowing(ctx context.Context, db DB) error {
-	if _, err := db.Exec(ctx, `select pg_advisory_xact_lock($1, 0)`, followLockClass); err != nil {
+	if _, err := db.Exec(ctx, `select `+advisory.Follow().XactLock()); err != nil {
 		return fmt.Errorf("take the lock for recording which tables the streams follow: %w", err)
 	}
 	return nil

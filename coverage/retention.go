@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 )
 
 // staleVerify is how long a verify run may stay 'running' before TombstoneHorizon stops waiting
@@ -36,7 +37,7 @@ const staleVerify = 24 * time.Hour
 // seq 0, so (P, 0) stops nothing the stream has not applied.
 func TombstoneHorizon(ctx context.Context, tx pgx.Tx, t changebatch.TableName, retention time.Duration) (changebatch.Version, bool, error) {
 	var locked bool
-	if err := tx.QueryRow(ctx, `select pg_try_advisory_xact_lock($1, hashtext($2))`, backfillLockClass, t.String()).Scan(&locked); err != nil {
+	if err := tx.QueryRow(ctx, `select `+advisory.Backfill("$1").TryXactLock(), t.String()).Scan(&locked); err != nil {
 		return changebatch.Version{}, false, fmt.Errorf("take the backfill lock of %s: %w", t, err)
 	}
 	if !locked {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 )
 
 //go:embed *.sql
@@ -47,22 +48,19 @@ func ApplyTo(ctx context.Context, conn *pgx.Conn, version int32) error {
 	return nil
 }
 
-// ddlLockClass is the first key of the session advisory lock LockDDL takes ('pgct').
-const ddlLockClass = 0x70676374
-
 // LockDDL takes, for conn's session, the lock under which pgconverge processes create objects on
-// the target one at a time, waiting for it: the metadata schema (Apply), and target tables, their
+// the target one at a time (advisory.DDL), waiting for it: the metadata schema (Apply), and target tables, their
 // schemas and types (the engine's table setup); unlock releases it. PostgreSQL's
 // `CREATE … IF NOT EXISTS` and look-up-then-create both fail with 23505 on a catalog's unique index
 // when two sessions create one name at once (two daemons, or a daemon and a backfill, starting
 // together on a new target). The lock is the target database's, so while one process waits for a
 // table lock in a reshape, the others' table setup waits too.
 func LockDDL(ctx context.Context, conn *pgx.Conn) (unlock func(), err error) {
-	if _, err := conn.Exec(ctx, `select pg_advisory_lock($1, 0)`, ddlLockClass); err != nil {
+	if _, err := conn.Exec(ctx, `select `+advisory.DDL().Lock()); err != nil {
 		return nil, fmt.Errorf("take the lock for creating objects on the target: %w", err)
 	}
 	return func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock($1, 0)`, ddlLockClass)
+		_, _ = conn.Exec(context.WithoutCancel(ctx), `select `+advisory.DDL().Unlock())
 	}, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/sequences"
@@ -68,6 +69,9 @@ type Job struct {
 	BeforeFenced func(change string)
 	// Monitor counts the rows read and applied.
 	Monitor Monitor
+	// CopyOnly is the set of tables staged by COPY only that the run's Appliers share (a daemon's,
+	// Config.copyOnly); nil: Run makes one for the run.
+	CopyOnly *apply.CopyOnlyTables
 	// SourceID identifies the source database (cdc.SourceID); Run reads it.
 	SourceID string
 	// conflicts counts the conflicts the run's transactions lost and retried; Run sets it.
@@ -167,6 +171,9 @@ func Run(ctx context.Context, job Job) (rep Report, err error) {
 		job.Monitor = nopMonitor{}
 	}
 	job.conflicts = new(atomic.Int64)
+	if job.CopyOnly == nil {
+		job.CopyOnly = new(apply.CopyOnlyTables)
+	}
 	defer func() { rep.Conflicts = job.conflicts.Load() }()
 	ctrl, err := pgsession.Connect(ctx, job.Target, "target")
 	if err != nil {
@@ -176,7 +183,7 @@ func Run(ctx context.Context, job Job) (rep Report, err error) {
 	defer func() {
 		// Release the backfill locks now: a closed session's locks outlive it until its backend
 		// exits, which a next backfill of the same tables must not have to wait for.
-		ctrl.Exec(context.WithoutCancel(ctx), `select pg_advisory_unlock_all()`)
+		ctrl.Exec(context.WithoutCancel(ctx), `select `+advisory.UnlockAll)
 	}()
 	if job.SourceID, err = sourceID(ctx, job.Source); err != nil {
 		return rep, err
@@ -308,7 +315,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job Job, snap backfill.Snaps
 		return fmt.Errorf("backfill run %d: %w", rep.RunID, err)
 	}
 	// A table whose chunks had all completed in earlier runs is finished here.
-	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl), snap: snap, log: log, mon: job.Monitor, conflicts: job.conflicts,
+	wk := &backfillWorker{tgt: ctrl, ap: apply.New(ctrl, job.CopyOnly), snap: snap, log: log, mon: job.Monitor, conflicts: job.conflicts,
 		slot: job.LeaderSlot, epoch: job.Epoch}
 	for _, tr := range runs {
 		if n, err := wk.finishIfComplete(ctx, tr, log); err != nil {

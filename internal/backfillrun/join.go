@@ -94,7 +94,7 @@ func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	}
 	log := cfg.Logger.With("run", run.ID, "snapshot_lsn", run.LSN.String())
 	log.Info("joined the backfill run", "trigger", run.Trigger, "workers", cfg.Workers)
-	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}}
+	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}, copyOnly: new(apply.CopyOnlyTables)}
 	jctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
 	if j.lease, err = lease.StartWorker(jctx, cfg.Target, run.ID, true, log, lose); err != nil {
@@ -176,12 +176,15 @@ type joiner struct {
 	completed bool
 	// lease holds the workers' target sessions alive (lease.Worker).
 	lease *lease.Worker
+	// copyOnly is the set of tables staged by COPY only that the workers' Appliers share.
+	copyOnly *apply.CopyOnlyTables
 }
 
 // work is one worker: it claims and applies chunks of the run until the run ends.
 func (j *joiner) work(ctx context.Context) error {
 	run := j.run
-	job := Job{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: BatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log}
+	job := Job{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: BatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log,
+		CopyOnly: j.copyOnly}
 	job.LeaderSlot, job.Epoch, job.lease = run.LeaderSlot, run.Epoch, j.lease
 	w, err := newBackfillWorker(ctx, job, backfill.Snapshot{Name: run.Snapshot, LSN: run.LSN})
 	if err != nil {

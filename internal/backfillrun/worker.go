@@ -80,7 +80,7 @@ func newBackfillWorker(ctx context.Context, job Job, snap backfill.Snapshot) (*b
 	if job.Resume {
 		keepFrom = job.KeepFrom
 	}
-	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt), snap: snap, batchRows: job.BatchRows,
+	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt, job.CopyOnly), snap: snap, batchRows: job.BatchRows,
 		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch,
 		keepFrom: keepFrom, mon: job.Monitor, conflicts: job.conflicts}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/backfill"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -125,7 +126,7 @@ func TestBackfillWaitsOutABriefLockHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(t.Context(), `select pg_advisory_xact_lock($1, hashtext('public.g'))`, 0x70676376); err != nil {
+	if _, err := tx.Exec(t.Context(), `select `+advisory.Backfill("'public.g'").XactLock()); err != nil {
 		t.Fatal(err)
 	}
 	released := make(chan error, 1)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
@@ -72,6 +73,9 @@ type Config struct {
 	Logger  *slog.Logger
 	Monitor Monitor
 	Knobs   Knobs
+	// copyOnly is the daemon's set of tables staged by COPY only (apply.CopyOnlyTables), which
+	// Run makes and every Applier of its sessions, their backfills and fills shares.
+	copyOnly *apply.CopyOnlyTables
 }
 
 // On-gap policies of Config.OnGap (`run --on-gap`).

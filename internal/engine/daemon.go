@@ -7,6 +7,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgconverge/pgconverge/apply"
 )
 
 // ErrUnreachable is wrapped by Run's error when the source or the target could not be reached
@@ -29,6 +30,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Randomised by ±50 % (the library's default, so that daemons that failed together do not
 	// retry together), a wait is at most 30 s.
 	b.MaxInterval = 20 * time.Second
+	cfg.copyOnly = new(apply.CopyOnlyTables) // one for the daemon's life: a later session stages such tables by COPY too
 	running := holdPresence(ctx, cfg)
 	defer running.Release()
 	everConnected := false

@@ -232,7 +232,7 @@ func (s *session) connect(ctx context.Context) error {
 	if s.tgt, err = pgsession.Connect(ctx, s.cfg.Target, "target"); err != nil {
 		return err
 	}
-	s.ap = apply.New(s.tgt)
+	s.ap = apply.New(s.tgt, s.cfg.copyOnly)
 	if err := pgsession.CheckDistinct(ctx, s.src, s.tgt); errors.Is(err, pgsession.ErrSameDatabase) {
 		return permanent(err)
 	} else if err != nil {

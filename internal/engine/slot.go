@@ -210,7 +210,7 @@ func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) 
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
 		LeaderSlot: cfg.Slot, Epoch: s.epoch, Publication: cfg.Publication,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
-		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon,
+		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon, CopyOnly: cfg.copyOnly,
 		Progress: s.mon.BackfillProgress(trigger, backfillrun.NewLogProgress(cfg.Logger, what, 10*time.Second)),
 	}
 }

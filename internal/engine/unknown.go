@@ -66,7 +66,7 @@ func (s *session) fillUnknown(ctx context.Context) error {
 		case u := <-s.unknown:
 			for _, u := range drainUnknown(u, s.unknown) {
 				s.filling.Add(1) // before the fill's snapshot: pruneRound waits for it (pruneTombstones)
-				filled, at, err := fillKeys(ctx, s.cfg.Source, s.cfg.Target, u)
+				filled, at, err := fillKeys(ctx, s.cfg.Source, s.cfg.Target, s.cfg.copyOnly, u)
 				s.filling.Add(-1)
 				switch {
 				case ctx.Err() != nil:
@@ -103,8 +103,8 @@ func drainUnknown(first unknownKeys, queue chan unknownKeys) []unknownKeys {
 }
 
 // fillKeys rewrites u's keys from a fresh exact snapshot in one target transaction and returns
-// the rows written and the snapshot's LSN.
-func fillKeys(ctx context.Context, source, target string, u unknownKeys) (int64, string, error) {
+// the rows written and the snapshot's LSN; copyOnly is the daemon's (apply.New).
+func fillKeys(ctx context.Context, source, target string, copyOnly *apply.CopyOnlyTables, u unknownKeys) (int64, string, error) {
 	u.keys = distinctKeys(u.keys)
 	exp, err := backfill.Export(ctx, source)
 	if err != nil {
@@ -121,7 +121,7 @@ func fillKeys(ctx context.Context, source, target string, u unknownKeys) (int64,
 		return 0, "", err
 	}
 	defer tgt.Close(context.WithoutCancel(ctx))
-	tx, err := apply.New(tgt).Begin(ctx)
+	tx, err := apply.New(tgt, copyOnly).Begin(ctx)
 	if err != nil {
 		return 0, "", err
 	}

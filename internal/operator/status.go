@@ -13,6 +13,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
@@ -308,11 +309,9 @@ where s.slot_name = $1 and s.active_pid is not null`, s.Name).Scan(&s.ActivePID,
 // runningBackfills returns the backfill runs recorded as running, oldest first, with their tables.
 func runningBackfills(ctx context.Context, tgt *pgx.Conn) ([]BackfillRunStatus, error) {
 	rows, err := tgt.Query(ctx, `select r.id, r.trigger, coalesce(r.slot, ''), r.started_at, extract(epoch from now() - r.started_at)::float8,
-  exists (select 1 from pg_locks l where l.locktype = 'advisory' and l.granted and l.objsubid = 2
-    and l.database = (select oid from pg_database where datname = current_database())
-    and l.classid = $1::int::oid and l.objid = (r.id % 2147483648)::int::oid),
+  `+advisory.Run("r.id").Held()+`,
   r.workers, r.chunk_rows, r.snapshot_name is not null
-from pgconverge.backfill_runs r where r.status = 'running' order by r.id`, coverage.RunLockClass)
+from pgconverge.backfill_runs r where r.status = 'running' order by r.id`)
 	if err != nil {
 		return nil, fmt.Errorf("read the running backfill runs (pgconverge.backfill_runs): %w", err)
 	}
@@ -337,14 +336,12 @@ from pgconverge.backfill_runs r where r.status = 'running' order by r.id`, cover
 func backfillRunTables(ctx context.Context, tgt *pgx.Conn, id int64) ([]BackfillTableStatus, error) {
 	rows, err := tgt.Query(ctx, `select b.schema_name, b.table_name, b.status, b.started_at,
   count(c.chunk) filter (where c.completed_at is not null)::int, count(c.chunk)::int,
-  count(c.chunk) filter (where c.completed_at is null and exists (select 1 from pg_locks l where l.locktype = 'advisory'
-    and l.granted and l.objsubid = 2 and l.database = (select oid from pg_database where datname = current_database())
-    and l.classid = $2::int::oid and l.objid = c.claimed_by::oid))::int,
+  count(c.chunk) filter (where c.completed_at is null and `+advisory.Worker("c.claimed_by").Held()+`)::int,
   coalesce(bool_or(c.chunk is not null and c.upper_key is null), false),
   coalesce(sum(case when c.completed_at is not null then coalesce(c.rows, 0) else c.done_rows end), 0)::bigint
 from pgconverge.backfills b left join pgconverge.backfill_chunks c on c.backfill_id = b.id
 where b.run_id = $1
-group by b.id order by b.schema_name, b.table_name`, id, coverage.WorkerLockClass)
+group by b.id order by b.schema_name, b.table_name`, id)
 	if err != nil {
 		return nil, fmt.Errorf("read the tables of backfill run %d (pgconverge.backfills, backfill_chunks): %w", id, err)
 	}

@@ -24,7 +24,7 @@ func (v *verifyRun) repairAll(ctx context.Context) error {
 	}
 	defer exp.Close(context.WithoutCancel(ctx))
 	v.repairLSN = exp.LSN
-	applier := apply.New(v.tgt)
+	applier := apply.New(v.tgt, nil)
 	for _, t := range v.tables {
 		if !t.ok() {
 			continue
