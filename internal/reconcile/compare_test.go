@@ -114,7 +114,9 @@ func TestHashHexAndRowOrder(t *testing.T) {
 // (S, 0) have moved on and are never compared, on either side.
 func TestMerge(t *testing.T) {
 	S := pglogrepl.LSN(0x1000)
-	at := func(lsn pglogrepl.LSN, seq uint64) changebatch.Version { return changebatch.Version{LSN: lsn, Seq: seq} }
+	at := func(lsn pglogrepl.LSN, seq uint64) changebatch.Version {
+		return changebatch.Version{LSN: lsn, Seq: seq}
+	}
 	src := []*leafRow{
 		{hk: 1, h: 10, key: []string{"same"}},
 		{hk: 2, h: 20, key: []string{"missing"}},
