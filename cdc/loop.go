@@ -32,7 +32,7 @@ const (
 // loop is the state of one Run: the single goroutine that owns the replication connection.
 type loop struct {
 	s                *Streamer
-	conn             *pgconn.PgConn
+	conn             replicationConn
 	asm              *assembler
 	nextStatus       time.Time
 	lastStatus       time.Time
@@ -104,7 +104,7 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		// The read waits until the deadline, or until the apply under way ends (startApply) or ctx
 		// does (run's caller), which both move the deadline to now: a deadline on the connection
 		// itself, not a context per message, which pgconn would watch with a goroutine of its own.
-		if err := l.conn.Conn().SetReadDeadline(l.receiveDeadline()); err != nil {
+		if err := l.conn.SetReadDeadline(l.receiveDeadline()); err != nil {
 			return fmt.Errorf("receive from slot %q: %w", cfg.Slot, err)
 		}
 		if l.inflight != nil && l.inflight.returned.Load() {
@@ -119,7 +119,7 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if pgconn.Timeout(err) {
+			if receiveTimedOut(err) {
 				if l.silent += time.Since(waitedFrom); l.silent > silenceLimit*cfg.StatusInterval {
 					return fmt.Errorf("receive from slot %q: %w: nothing for %s although a keepalive was asked for every %s",
 						cfg.Slot, ErrSourceSilent, l.silent.Round(time.Second), cfg.StatusInterval)
@@ -260,7 +260,7 @@ func (l *loop) sendStatus(ctx context.Context, reply bool) error {
 		write = st.Flushed
 	}
 	flush := l.s.confirmable()
-	err := pglogrepl.SendStandbyStatusUpdate(ctx, l.conn, pglogrepl.StandbyStatusUpdate{
+	err := l.conn.SendStandbyStatusUpdate(ctx, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: write, WALFlushPosition: flush, WALApplyPosition: flush, ReplyRequested: reply,
 	})
 	if err != nil {

@@ -131,4 +131,4 @@ func (l *loop) drainApply(ctx context.Context) error {
 
 // wake ends the receive the loop waits in, if any, at once: its read deadline moves to now
 // (loop.run sets a new one before each receive). Safe to call from any goroutine.
-func (l *loop) wake() { _ = l.conn.Conn().SetReadDeadline(time.Now()) }
+func (l *loop) wake() { _ = l.conn.SetReadDeadline(time.Now()) }

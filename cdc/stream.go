@@ -243,6 +243,13 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 	}
+	return s.stream(ctx, pgReplicationConn{conn})
+}
+
+// stream runs the receive loop on conn, a connection START_REPLICATION put in streaming mode, and
+// finishes as Run documents.
+func (s *Streamer) stream(ctx context.Context, conn replicationConn) error {
+	cfg := s.cfg
 	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String())
 	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables, cfg.DescribedAt, cfg.ReloadFences)}
 	defer l.asm.release()
@@ -252,12 +259,12 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
 	defer stop()
 	wakeOnEnd := context.AfterFunc(ctx, l.wake)
-	err = l.run(ctx, applyCtx)
+	err := l.run(ctx, applyCtx)
 	wakeOnEnd()
 	final, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancelFinal()
 	derr := l.drainApply(final)
-	_ = conn.Conn().SetReadDeadline(time.Time{})
+	_ = conn.SetReadDeadline(time.Time{})
 	if ctx.Err() == nil {
 		return cmp.Or(err, derr)
 	}
