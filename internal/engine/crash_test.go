@@ -234,6 +234,7 @@ func requireWorkloadConverged(t *testing.T, env *pgtest.Env) {
 }
 
 func TestCrashAndRestartLosesNothing(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		point string
 		at    int
@@ -281,6 +282,7 @@ from pgconverge.backfill_chunks c join pgconverge.backfills b on b.id = c.backfi
 // TestRandomKillsUnderLoad kills the daemon with SIGKILL at random moments while the workload
 // runs, restarts it each time, and finally requires the target to equal the source.
 func TestRandomKillsUnderLoad(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)

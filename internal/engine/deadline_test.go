@@ -18,6 +18,7 @@ import (
 // the fix, and is retried with backoff, counted as reason "timeout"; once the network forwards
 // again, the daemon streams on and the target equals the source.
 func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ side, step string }{
 		{"source", "publication"}, // the publication and its memberships
 		{"source", "slot"},        // the slot's reads
@@ -70,6 +71,7 @@ func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
 // replication connection is given up as silent: the session is retried as a "timeout" and streams
 // on once the network forwards again.
 func TestFrozenSourceWhileStreamingFailsTheWatcher(t *testing.T) {
+	t.Parallel()
 	env, proxy, cfg, logs := behindSourceProxy(t)
 	mon := &retryCounter{}
 	cfg.Monitor = mon

@@ -46,6 +46,7 @@ func leaderSession(t *testing.T, env *pgtest.Env, cfg Config) (*session, []chang
 // before the takeover. A publication change made while a raise waits, not yet past its lease, is
 // rolled back before it commits, and the raise passes.
 func TestThawedLeaderChangesNothingAfterATakeover(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		pause string
 		// before prepares the source (and the target, with prepare) before the old leader's
@@ -218,6 +219,7 @@ func unpublished(t *testing.T, env *pgtest.Env) string {
 // leader's hold of the epoch a lease after it began) is ended by the source and changes nothing;
 // the session is retried.
 func TestPublicationChangeCommitsWithinItsBound(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key)`)
 	cfg := testConfig(t, env)

@@ -18,6 +18,7 @@ import (
 // the shared table, now waits in turn; without the table it goes on where it stood, loading
 // nothing again.
 func TestTableFollowedByAnotherRunningDaemonIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
 		`create table c (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 2000) g`,
@@ -84,6 +85,7 @@ from pgconverge.table_spans t join pgconverge.stream_segments s on s.id = t.segm
 // take it: they record their spans in turn (coverage.LockFollowing), so one follows the table and
 // the other waits.
 func TestDaemonsStartedAtOnceDoNotBothTakeATable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table s (id int primary key, v text)`, `insert into s select g, 's' from generate_series(1, 500) g`)
 	cfgs := []Config{testConfig(t, env), testConfig(t, env)}
@@ -115,6 +117,7 @@ where t.table_name = 's' and t.end_lsn is null and s.end_lsn is null`)
 // constraint refuses a row) and it waits to retry, the daemon of another slot that shares a table
 // keeps waiting, since the first holds its running lock for as long as its process runs.
 func TestDaemonRetryingKeepsItsTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v int)`, `insert into b select g, g from generate_series(1, 100) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
@@ -156,6 +159,7 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 // and finds the first daemon holding neither lock; it takes nothing before that has lasted
 // overlapGrace, and by then the first leads its slot again.
 func TestDaemonsCutFromTheTargetKeepTheirTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v int)`, `insert into b select g, g from generate_series(1, 100) g`)
 	first, second := testConfig(t, env), testConfig(t, env)

@@ -40,6 +40,7 @@ func waitsOf(t *testing.T, env *pgtest.Env, slot string) (inCoverage, inStatus s
 // Once the first daemon stops, the waiting one takes the shared table over at the seam: the
 // target equals the source, and the table is covered, without a gap, by the second slot.
 func TestWaitingDaemonStreamsItsOtherTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
 		`create table c (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 1000) g`,
@@ -110,6 +111,7 @@ where r.slot = $1 and b.table_name = 'b'`, second.Slot); n != 0 {
 // it to the first (no load, no scheduled refresh of it under its slot) while following its other
 // table, and coverage names the wait; once the first stops, the second keeps it.
 func TestSnapshotOnlyTableKeptByOneDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create unlogged table u (id int primary key, v text)`, `insert into u select g, 'u' from generate_series(1, 300) g`,
 		`create table a (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 100) g`,
@@ -167,6 +169,7 @@ where coalesce(r.slot, r.leader_slot) = $1 and b.table_name = 'u'`, slot)
 // without restarting at its catalog checks, and takes the table over at the seam once the other
 // daemon stops (its stream skipped the table's changes until then: the table is loaded again).
 func TestWaitingDaemonWithoutTablesSkipsTheSharedTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`, `create table c (id int primary key, v text)`,
 		`insert into b select g, 'b' from generate_series(1, 500) g`, `insert into c select g, 'c' from generate_series(1, 500) g`)

@@ -58,6 +58,7 @@ func tempRole(t *testing.T, env *pgtest.Env, source bool, name, attrs string, gr
 // a fresh source and target, each leaves no slot, publication, metadata schema, target table or
 // type behind (tables use an enum, which the run would create on the target first).
 func TestRefusedRunWritesNothing(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		setup func(t *testing.T, env *pgtest.Env, cfg *Config)

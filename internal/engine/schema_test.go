@@ -33,6 +33,7 @@ where attrelid = 't'::regclass and attnum > 0 and not attisdropped and attname n
 
 // A column added while streaming is added to the target, and rows written after carry it.
 func TestAddColumnWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t add column note varchar(20)`,
@@ -48,6 +49,7 @@ func TestAddColumnWhileStreaming(t *testing.T) {
 // follows here: the daemon still notices the new columns and loads the table again, so the
 // existing rows get the source's values, and coverage says covered once that load completed.
 func TestAddColumnWithDefaultsFillsExistingRows(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t add column c text not null default 'constant'`,
@@ -61,6 +63,7 @@ func TestAddColumnWithDefaultsFillsExistingRows(t *testing.T) {
 
 // A dropped column stays on the target with the values it had; rows written after leave it NULL.
 func TestDropColumnKeepsItOnTheTarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t drop column n`, `insert into t values (51, 'v51')`, `update t set v = 'x' where id = 7`)
@@ -74,6 +77,7 @@ func TestDropColumnKeepsItOnTheTarget(t *testing.T) {
 // A renamed column cannot be told from a dropped one and an added one in pgoutput: the target
 // gets the new name with the source's values (loaded again), and keeps the old one.
 func TestRenameColumnAddsTheNewName(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t rename column v to label`, `update t set label = 'renamed' where id = 1`)
@@ -86,6 +90,7 @@ func TestRenameColumnAddsTheNewName(t *testing.T) {
 // A column changed to another type is changed on the target and the table is loaded again, so
 // values the source's USING expression computed arrive, not the target's cast.
 func TestColumnTypeChangeReloadsTheTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t alter column n type numeric(12,2) using n * 1.5`)
@@ -101,6 +106,7 @@ func TestColumnTypeChangeReloadsTheTable(t *testing.T) {
 // fix, with the target table unchanged; once the target column is changed by hand, the restarted
 // daemon loads the table again.
 func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t alter column v type int using length(v)`)
@@ -124,6 +130,7 @@ func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
 // new key (updates of its columns, deletes that send only it) converge. So does a switch of
 // REPLICA IDENTITY USING INDEX to another unique index.
 func TestKeyChangeIsFollowed(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `delete from t where id = 50`) // a tombstone of the old key
@@ -155,6 +162,7 @@ where i.indrelid = 't'::regclass and i.indisprimary order by a.attname`)
 // too, with the source's values on both paths; one added while streaming is added there, and
 // one whose expression the source dropped becomes a plain column that the stream writes.
 func TestGeneratedColumnsFollowTheSource(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, a int, b text,
   g int generated always as (a * 2) stored, h text generated always as (upper(b) || '!') stored)`,
@@ -178,6 +186,7 @@ where attrelid = 't'::regclass and attname in ('g', 'h', 'k') order by attname`)
 // change: until a backfill read after it completes, coverage reports the table schema-changed and
 // exits 3; the daemon then loads it again and coverage is clean.
 func TestSchemaChangeIsNotCoveredUntilReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	d.Stop(t)
@@ -212,6 +221,7 @@ func waitRecordedColumn(t *testing.T, env *pgtest.Env, col string, has bool) {
 // A column dropped and then added again under the same name and type holds new values on the
 // source (its default): the target's kept column is loaded again, never left stale.
 func TestColumnAddedAgainUnderItsNameIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t drop column n`, `insert into t values (51, 'v51')`)
@@ -223,6 +233,7 @@ func TestColumnAddedAgainUnderItsNameIsReloaded(t *testing.T) {
 
 // A column renamed and renamed back: the changes written under the other name reach the column.
 func TestColumnRenamedBackIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t rename column v to w`, `update t set w = 'changed' where id <= 5`)
@@ -236,6 +247,7 @@ func TestColumnRenamedBackIsReloaded(t *testing.T) {
 // undone within one transaction with row changes in between (streamed against columns the
 // description never had).
 func TestRewritesKeepingTheColumnsAreReloaded(t *testing.T) {
+	t.Parallel()
 	for name, ddl := range map[string]string{
 		"same type using": `alter table t alter column n type int using n * 2`,
 		"type round trip": `begin; alter table t alter column n type bigint; update t set n = 999 where id = 1;
@@ -259,6 +271,7 @@ insert into t values (51, 'inserted', 51); alter table t rename column w to v; c
 // A generated column dropped and added again with another expression, or changed to another
 // type, is created again on the target with the source's.
 func TestGeneratedColumnRecreatedOnTheTarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, a int, g int generated always as (a * 2) stored,
   f float8 generated always as (a / 3.0) stored)`, `insert into t (id, a) select x, x from generate_series(1, 20) x`)
@@ -274,6 +287,7 @@ func TestGeneratedColumnRecreatedOnTheTarget(t *testing.T) {
 // them: also when names are swapped or a renamed label's old name is added again (labels are
 // followed by their oids, not their names).
 func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
+	t.Parallel()
 	for name, ddl := range map[string][]string{
 		"rename": {`alter type mood rename value 'b' to 'blue'`},
 		"swap": {`alter type mood rename value 'b' to 'tmp'`, `alter type mood rename value 'c' to 'b'`,
@@ -299,6 +313,7 @@ func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
 // The report compares the source table with the shape the stream last followed: a rewrite is
 // schema-changed at once, before the daemon notices it (here: while it is stopped).
 func TestCoverageSeesARewriteBeforeTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	d.Stop(t)

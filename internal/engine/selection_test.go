@@ -17,6 +17,7 @@ import (
 // fails until it is retired (a table a stream follows, or one the ledger does not know, is not);
 // selected again, it is followed and loaded again.
 func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
@@ -77,6 +78,7 @@ func loadedAndStopped(t *testing.T) *pgtest.Env {
 
 // A target table dropped by hand is recreated and loaded again, never left empty.
 func TestDroppedTargetTableIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := loadedAndStopped(t)
 	pgtest.Exec(t, env.Target, `drop table a`)
 	pgtest.Exec(t, env.Source, `update a set v = 'changed' where id <= 10`)
@@ -92,6 +94,7 @@ func TestDroppedTargetTableIsReloaded(t *testing.T) {
 // A target table replaced by hand (dropped and created again with the same columns) is a new
 // target table: nothing loaded or streamed before is in it, so it is loaded again.
 func TestTargetTableReplacedByHandIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := loadedAndStopped(t)
 	pgtest.Exec(t, env.Target, `create table a2 (like a including all)`, `drop table a`, `alter table a2 rename to a`)
 	startDaemon(t, testConfig(t, env))
@@ -103,6 +106,7 @@ func TestTargetTableReplacedByHandIsReloaded(t *testing.T) {
 }
 
 func TestRefusesTargetThatIsTheSourceUnderAnotherName(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`)
 	u, err := url.Parse(env.SourceURL)
@@ -119,6 +123,7 @@ func TestRefusesTargetThatIsTheSourceUnderAnotherName(t *testing.T) {
 }
 
 func TestRefusesRoleThatCannotReadTheTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	role := env.Name + "_weak"
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`,
@@ -143,6 +148,7 @@ func TestRefusesRoleThatCannotReadTheTable(t *testing.T) {
 
 // An existing publication that hides operations, rows or columns is refused, not trusted.
 func TestRefusesPublicationThatHidesChanges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table a (id int primary key, v text, secret text)`,
@@ -160,6 +166,7 @@ func TestRefusesPublicationThatHidesChanges(t *testing.T) {
 // A table removed from the publication and added back while streaming missed changes in between:
 // the daemon notices the new membership and loads the table again.
 func TestPublicationDropAndReAddWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
@@ -187,6 +194,7 @@ where table_name = 'b' and end_reason = 'publication membership changed'`); n !=
 // While the daemon is stopped a row is inserted, the table leaves the publication, the row is
 // deleted and the table comes back: the reload must not let the replayed insert resurrect it.
 func TestReloadFencesOlderStreamChanges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`,
 		`insert into b select g, 'v' || g from generate_series(1, 10) g`)
@@ -208,6 +216,7 @@ func TestReloadFencesOlderStreamChanges(t *testing.T) {
 // Deletes are not published for a while: the publication's new row version is noticed and the
 // table is loaded again.
 func TestPublishOptionChangedWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`,
 		`insert into b select g, 'v' || g from generate_series(1, 100) g`)
@@ -227,6 +236,7 @@ func TestPublishOptionChangedWhileStreaming(t *testing.T) {
 // Without --tables the selection is the publication's tables: a table dropped from it and added
 // back while the daemon runs is followed again, its missed changes backfilled.
 func TestDefaultSelectionFollowsThePublication(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source,
@@ -252,6 +262,7 @@ func TestDefaultSelectionFollowsThePublication(t *testing.T) {
 // unlogged and logged again, was not published in between although no publication row changed:
 // the daemon notices (the table's catalog row changed) and loads it again.
 func TestSchemaPublicationRoundTripsAreNoticed(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create schema other`,
@@ -272,6 +283,7 @@ func TestSchemaPublicationRoundTripsAreNoticed(t *testing.T) {
 // publication row is the same); the stream matches its changes by the table's oid, so the changes
 // made under the other name reach the target.
 func TestRenameRoundTripsKeepTheirChanges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create schema other`,
 		`create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`)
@@ -291,6 +303,7 @@ func TestRenameRoundTripsKeepTheirChanges(t *testing.T) {
 // stream delivers any more: it is reported not-streamed (a failing check), never retired by the
 // daemon itself; the operator retires it.
 func TestDroppedSourceTableWaitsForTheOperator(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table x (id int primary key, v text)`,
 		`insert into x select g, 'v' from generate_series(1, 10) g`)

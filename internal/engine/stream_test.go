@@ -12,6 +12,7 @@ import (
 )
 
 func TestStreamInsertUpdateDeleteAndKeyChange(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table items (id int primary key, body text, n int)`,
@@ -48,6 +49,7 @@ func TestStreamInsertUpdateDeleteAndKeyChange(t *testing.T) {
 }
 
 func TestTruncateThenInsert(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table items (id int primary key, body text)`,
@@ -67,6 +69,7 @@ func TestTruncateThenInsert(t *testing.T) {
 }
 
 func TestUnchangedToastColumnKeepsItsValue(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table docs (id int primary key, body text, n int)`,
@@ -100,6 +103,7 @@ func TestUnchangedToastColumnKeepsItsValue(t *testing.T) {
 }
 
 func TestRefusesBadSourceWithClearError(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table parted (x int) partition by range (x)`, `create table ok (id int primary key)`)
 	cases := []struct {
@@ -130,6 +134,7 @@ func TestRefusesBadSourceWithClearError(t *testing.T) {
 }
 
 func TestIdleSourceAdvancesConfirmedFlush(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table items (id int primary key)`, `create table noise (id int primary key, pad text)`)
@@ -150,6 +155,7 @@ func TestIdleSourceAdvancesConfirmedFlush(t *testing.T) {
 // is recorded once it is off. Five WAL ends in a row, each waited for with less time than a
 // status interval.
 func TestIdleWatermarkFollowsEveryKeepalive(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table items (id int primary key)`)
 	startDaemon(t, testConfig(t, env))
@@ -198,6 +204,7 @@ func TestClusterRestartMidStream(t *testing.T) {
 // the stream read has arrived: without the cap the stream would read the whole burst into one
 // group meanwhile.
 func TestBurstAtTheHeadIsAppliedInSmallGroups(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table burst (id int primary key, txn int)`)
 	cfg := testConfig(t, env)

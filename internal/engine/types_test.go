@@ -146,6 +146,7 @@ var typeCases = []typeCase{
 // under common rendering settings while the two databases' defaults differ (compare_test.go).
 // One environment and one daemon serve every case.
 func TestTypesRoundTrip(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	oddDatabaseDefaults(t, env)
 	src, tgt := connectRendering(t, env.SourceURL), connectRendering(t, env.TargetURL)
