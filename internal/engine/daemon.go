@@ -28,7 +28,7 @@ func Run(ctx context.Context, cfg Config) error {
 	b := backoff.NewExponentialBackOff()
 	// Randomised by ±50 % (the library's default, so that daemons that failed together do not
 	// retry together), a wait is at most 30 s.
-	b.MaxInterval = 20 * time.Second
+	b.MaxInterval = knobOr(cfg.Knobs.RetryBackoffMax, 20*time.Second)
 	running := holdPresence(ctx, cfg)
 	defer running.Release()
 	everConnected := false

@@ -48,6 +48,12 @@ const (
 	overlapGrace    = 10 * time.Second
 )
 
+// overlapGrace returns overlapGrace, or Knobs.OverlapGrace when set.
+func (s *session) overlapGrace() time.Duration { return knobOr(s.cfg.Knobs.OverlapGrace, overlapGrace) }
+
+// overlapPoll returns overlapPoll, or Knobs.OverlapPoll when set.
+func (s *session) overlapPoll() time.Duration { return knobOr(s.cfg.Knobs.OverlapPoll, overlapPoll) }
+
 // errFollowerStopped ends a session that left a table to a daemon of another slot once no daemon
 // of that slot runs: the next session takes the table.
 var errFollowerStopped = errors.New("the daemon of another slot that followed a selected table stopped")
@@ -118,8 +124,8 @@ func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, 
 		case len(stopped) > 0 && stoppedSince.IsZero():
 			stoppedSince = time.Now()
 			s.cfg.Logger.Info("a selected table is followed by a slot none of whose daemons runs: this daemon takes it over unless one shows within the grace",
-				"slot", s.cfg.Slot, "table", stopped[0].Table.String(), "from_slot", stopped[0].Slot, "grace", overlapGrace.String())
-		case len(stopped) > 0 && time.Since(stoppedSince) < overlapGrace:
+				"slot", s.cfg.Slot, "table", stopped[0].Table.String(), "from_slot", stopped[0].Slot, "grace", s.overlapGrace().String())
+		case len(stopped) > 0 && time.Since(stoppedSince) < s.overlapGrace():
 		case len(running) > 0 && !slices.ContainsFunc(s.selected(names), func(n changebatch.TableName) bool { return !followed(running, n) }):
 			if since.IsZero() {
 				since = time.Now()
@@ -130,7 +136,7 @@ func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, 
 			if time.Since(logged) >= overlapLogEvery {
 				s.mon.SessionRetried("overlap")
 				s.cfg.Logger.Error("waiting: every selected table is followed by a running daemon of another slot, so this daemon writes nothing for its stream", "slot", s.cfg.Slot,
-					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", overlapPoll.String())
+					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", s.overlapPoll().String())
 				logged = time.Now()
 			}
 		case !fresh:
@@ -155,7 +161,7 @@ func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, 
 		select {
 		case <-ctx.Done():
 			return 0, nil, context.Cause(ctx)
-		case <-time.After(overlapPoll):
+		case <-time.After(s.overlapPoll()):
 		}
 		fresh = false
 		if described.IsZero() {
@@ -206,7 +212,7 @@ func (s *session) leave(ctx context.Context, names []changebatch.TableName, runn
 	s.tables = slices.DeleteFunc(s.tables, func(t changebatch.Table) bool { return left(t.TableName) })
 	s.snapshotOnly = slices.DeleteFunc(s.snapshotOnly, func(t changebatch.Table) bool { return left(t.TableName) })
 	s.cfg.Logger.Error("waiting for a table: it is followed by a running daemon of another slot; this daemon leaves it to that one and follows its other tables", "slot", s.cfg.Slot,
-		"err", followedElsewhereError{s.waiting, leaders}.Error(), "looks_again_every", overlapPoll.String())
+		"err", followedElsewhereError{s.waiting, leaders}.Error(), "looks_again_every", s.overlapPoll().String())
 	return slices.DeleteFunc(slices.Clone(names), left), nil
 }
 
@@ -238,7 +244,7 @@ func (s *session) watchWaiting(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(overlapPoll):
+		case <-time.After(s.overlapPoll()):
 		}
 		running, _, leaders, err := s.followedElsewhere(ctx, conn, conn, names)
 		if err != nil {
@@ -247,13 +253,13 @@ func (s *session) watchWaiting(ctx context.Context) error {
 		for _, f := range s.waiting {
 			if !followed(running, f.Table) {
 				return fmt.Errorf("%w: %s is no longer followed by a running daemon of slot %q: restarting the session to take it over (after a grace of %s, loaded from an exact snapshot while the slot keeps its later changes)",
-					errFollowerStopped, f.Table, f.Slot, overlapGrace)
+					errFollowerStopped, f.Table, f.Slot, s.overlapGrace())
 			}
 		}
 		if time.Since(logged) >= overlapLogEvery {
 			s.mon.SessionRetried("overlap")
 			s.cfg.Logger.Error("waiting for a table: it is followed by a running daemon of another slot; this daemon leaves it to that one and follows its other tables", "slot", s.cfg.Slot,
-				"err", followedElsewhereError{running, leaders}.Error(), "looks_again_every", overlapPoll.String())
+				"err", followedElsewhereError{running, leaders}.Error(), "looks_again_every", s.overlapPoll().String())
 			logged = time.Now()
 		}
 	}

@@ -24,6 +24,7 @@ func TestTableFollowedByAnotherRunningDaemonIsWaitedFor(t *testing.T) {
 		`create table c (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 2000) g`,
 		`insert into b select g, 'b' from generate_series(1, 2000) g`, `insert into c select g, 'c' from generate_series(1, 2000) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.b", "public.c"}
 	firstMon, secondMon := &retryCounter{}, &retryCounter{}

@@ -46,6 +46,7 @@ func TestWaitingDaemonStreamsItsOtherTables(t *testing.T) {
 		`create table c (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 1000) g`,
 		`insert into b select g, 'b' from generate_series(1, 1000) g`, `insert into c select g, 'c' from generate_series(1, 1000) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.b", "public.c"}
 	secondMon := &retryCounter{}
@@ -117,6 +118,7 @@ func TestSnapshotOnlyTableKeptByOneDaemon(t *testing.T) {
 		`create table a (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 100) g`,
 		`create table c (id int primary key, v text)`, `insert into c select g, 'c' from generate_series(1, 100) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.u"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.u", "public.c"}
 	for _, c := range []*Config{&first, &second} {
@@ -174,6 +176,7 @@ func TestWaitingDaemonWithoutTablesSkipsTheSharedTable(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`, `create table c (id int primary key, v text)`,
 		`insert into b select g, 'b' from generate_series(1, 500) g`, `insert into c select g, 'c' from generate_series(1, 500) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", nil
 	pgtest.Exec(t, env.Source, `create publication `+second.Publication+` for table b, c`)

@@ -181,7 +181,9 @@ func TestClusterRestartMidStream(t *testing.T) {
 		t.Run(side, func(t *testing.T) {
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table items (id int primary key, n int)`)
-			d := startDaemon(t, testConfig(t, env))
+			cfg := testConfig(t, env)
+			cfg.Knobs.RetryBackoffMax = 2 * time.Second // reconnects soon once the cluster is back
+			d := startDaemon(t, cfg)
 			pgtest.WaitStreaming(t, env)
 			pgtest.Exec(t, env.Source, `insert into items select g, g from generate_series(1, 1000) g`)
 			pgtest.Restart(t, side)
