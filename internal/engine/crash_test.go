@@ -251,6 +251,7 @@ func TestCrashAndRestartLosesNothing(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.point, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			setupCrashTables(t, env)
 			stopWorkload := workload(t, env)

@@ -27,6 +27,7 @@ func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
 		{"target", "slot"},        // the ledger's bookkeeping
 	} {
 		t.Run(c.side+"_"+c.step, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'one')`)
 			server := env.SourceURL

@@ -107,6 +107,7 @@ func TestThawedLeaderChangesNothingAfterATakeover(t *testing.T) {
 	}}
 	for _, c := range cases {
 		t.Run(c.pause, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'v' || g from generate_series(1, 100) g`)
 			cfg := testConfig(t, env)

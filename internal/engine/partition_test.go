@@ -197,6 +197,7 @@ func TestBackfillStopsWhenPartitionsChange(t *testing.T) {
 	}
 	for name, ddl := range cases {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			partitioned(t, env)
 			pgtest.Exec(t, env.Source, `create table p_asia (id int, region text, v text, primary key (id, region))`,

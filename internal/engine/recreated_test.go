@@ -59,6 +59,7 @@ func TestColumnComingBackIsANewColumn(t *testing.T) {
 			then: []string{`update t set n = -n where n <= 5`, `delete from t where n = 10`}},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			d := streamingTable(t, env)
 			pgtest.Exec(t, env.Source, `update t set v = 'g2-edited' where id = 2`)

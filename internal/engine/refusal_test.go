@@ -101,6 +101,7 @@ func TestRefusedRunWritesNothing(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create type mood as enum ('sad', 'ok')`,
 				`create table a (id int primary key, m mood)`, `insert into a values (1, 'ok')`)

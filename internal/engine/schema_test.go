@@ -256,6 +256,7 @@ alter table t alter column n type int; commit`,
 insert into t values (51, 'inserted', 51); alter table t rename column w to v; commit`,
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			streamingTable(t, env)
 			pgtest.Exec(t, env.Source, ddl)
@@ -295,6 +296,7 @@ func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
 		"old name added again": {`alter type mood rename value 'b' to 'x'`, `alter type mood add value 'b' after 'x'`},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create type mood as enum ('a', 'b', 'c', 'd')`, `create table t (id int primary key, m mood)`,
 				`insert into t select g, (array['a', 'b', 'c', 'd'])[g % 4 + 1]::mood from generate_series(1, 20) g`)
