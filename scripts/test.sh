@@ -82,7 +82,7 @@ export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_SOU
 # -p 1: packages run one at a time, because some tests restart the shared clusters. Within a
 # package, the integration tests that own their databases and slot call t.Parallel(); go test runs
 # a package's serial tests first (those that restart a cluster, ALTER SYSTEM, count cluster-wide
-# things or measure time), then the parallel ones, PARALLEL at a time. They mostly wait (for the
+# things, need VACUUM to free space or measure time), then the parallel ones, PARALLEL at a time. They mostly wait (for the
 # server, for polls, for timings), not compute, so PARALLEL is far above the 2 cores' GOMAXPROCS;
 # the clusters' max_connections and slots (scripts/pgcluster.sh) leave room for it. gotestsum (a
 # go.mod tool) prints each test as it ends, so the long integration package is not silent; it
