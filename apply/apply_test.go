@@ -116,6 +116,7 @@ func (f fixture) expect(t *testing.T, want ...string) {
 }
 
 func TestReplayedBatchIsSuppressed(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	rec := batch(t,
 		row{changebatch.OpUpsert, 100, 1, "1", s("a"), "10"},
@@ -133,6 +134,7 @@ func TestReplayedBatchIsSuppressed(t *testing.T) {
 
 // The three worked cases of docs/design.md, watermark 5,000,000 and backfill snapshot 4,995,000.
 func TestVersionRuleWorkedCases(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	// 1. The stream applied a change at 4,994,500; the backfill carries its result and wins.
 	f.apply(t, batch(t, row{changebatch.OpUpsert, 4_994_500, 1, "1", s("x"), "1"}))
@@ -152,6 +154,7 @@ func TestVersionRuleWorkedCases(t *testing.T) {
 }
 
 func TestTruncateFence(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t,
 		row{changebatch.OpUpsert, 100, 0, "1", s("a"), "1"},
@@ -174,6 +177,7 @@ func TestTruncateFence(t *testing.T) {
 }
 
 func TestUnchangedToastKeepsTargetValue(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t, row{changebatch.OpUpsert, 100, 0, "1", s("big value"), "1"}))
 	f.apply(t, batch(t,
@@ -187,6 +191,7 @@ func TestUnchangedToastKeepsTargetValue(t *testing.T) {
 }
 
 func TestTombstoneRefusesOlderInsert(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t, row{changebatch.OpDelete, 500, 1, "1", nil, ""}))
 	if got := f.apply(t, batch(t, row{changebatch.OpUpsert, 400, 0, "1", s("resurrected"), "1"})); got.Suppressed != 1 {
@@ -199,6 +204,7 @@ func TestTombstoneRefusesOlderInsert(t *testing.T) {
 // applied again from its start with other split points. A chain of key changes 3 → -3 → 3 whose
 // first half was already written must still find the unchanged value (now in row -3).
 func TestKeyChangeChainReplayedAfterPartialApply(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t, row{changebatch.OpUpsert, 100, 0, "3", s("big 3"), "1"}))
 	f.apply(t, batch(t,
@@ -218,6 +224,7 @@ func TestKeyChangeChainReplayedAfterPartialApply(t *testing.T) {
 // Replayed chain 1 → 2, 5 → 1, 2 → 3 after its first two moves were written: key 1 then holds
 // another row (the one from 5), so the value for 3 must come from key 2, not from key 1.
 func TestKeyChangeChainIgnoresReusedKeys(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t,
 		row{changebatch.OpUpsert, 100, 0, "1", s("X1"), "1"},
@@ -240,6 +247,7 @@ func TestKeyChangeChainIgnoresReusedKeys(t *testing.T) {
 // In one transaction: delete 2, move 1 → 2, move 2 → 3. The target still holds the deleted row 2
 // (newer than row 1) while the batch is staged; it must not supply the value of row 3.
 func TestKeyChangeChainIgnoresTheKeysPreviousRow(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t,
 		row{changebatch.OpUpsert, 100, 0, "1", s("X1"), "1"},
@@ -260,6 +268,7 @@ func TestKeyChangeChainIgnoresTheKeysPreviousRow(t *testing.T) {
 // boundary between pieces keeps its tombstone and its upsert together, so the new key still takes
 // the value the change left unchanged from the old key's row.
 func TestLongBatchIsMergedInPieces(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	var rows []row
 	for i := 1; i < 50_000; i++ {
@@ -283,6 +292,7 @@ func TestLongBatchIsMergedInPieces(t *testing.T) {
 // many rows, else DELETE): every merge sees exactly its own rows, after a large batch, a small
 // one, and a transaction rolled back.
 func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	apply.StageByCOPY(t, f.ap, acc.TableName)
 	rowsOf := func(lsn uint64, from, to int) arrow.RecordBatch {
@@ -331,6 +341,7 @@ func TestStagingHoldsOnlyTheBatchMerged(t *testing.T) {
 // batch that is not (a TRUNCATE) and every batch after it are applied in order after them, so a
 // late version after the fence is refused, not written and then turned into a tombstone.
 func TestApplyGroupKeepsTheBatchesOrder(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	recs := []arrow.RecordBatch{
 		batch(t, row{changebatch.OpUpsert, 100, 1, "1", s("a"), "1"}, row{changebatch.OpUpsert, 100, 2, "1", s("b"), "2"}),

@@ -22,6 +22,7 @@ import (
 // another version still appends the version to each line. RestoreKey builds the key and drops
 // the defaults.
 func TestBulkLoadCopiesWithTheVersionDefaults(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	typed := acc
@@ -106,6 +107,7 @@ type CopyLines func(ctx context.Context, w io.Writer, binary bool) (int64, error
 // TABLE that drops them, and then copy without them (a NOT NULL violation). It waits before it
 // reads them, then appends the version itself.
 func TestBulkCopyWaitsForAConcurrentRestoreKey(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	if err := apply.DeferKey(ctx, f.env.Target, acc, changebatch.Version{LSN: 400}); err != nil {
@@ -151,6 +153,7 @@ func TestBulkCopyWaitsForAConcurrentRestoreKey(t *testing.T) {
 // backfill starting meanwhile) both restore it: the second waits for the first and then finds the
 // key built, rather than failing on a second primary key.
 func TestConcurrentRestoreKeysBuildOneKey(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	if err := apply.DeferKey(ctx, f.env.Target, acc, changebatch.Version{LSN: 400}); err != nil {

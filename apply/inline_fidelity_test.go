@@ -36,6 +36,7 @@ var oddValues = []string{
 // Inline merges (record literals) and COPY staging give the same rows, value for value, and both
 // refuse a value that does not fit its column rather than truncating it.
 func TestInlineAndCopyMergesAgree(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	ctx := context.Background()
 	if err := migrations.Apply(ctx, env.Target); err != nil {

@@ -76,6 +76,7 @@ const (
 // Streamed changes of duplicates: a replayed batch is suppressed whole, and a DELETE of a value
 // the target never held leaves a phantom that takes no copy.
 func TestKeylessStreamReplay(t *testing.T) {
+	t.Parallel()
 	f := keylessSetup(t)
 	rec := logBatch(t, change{I, 100, 1, "a", 0}, change{I, 100, 2, "a", 0}, change{I, 100, 3, "a", 0},
 		change{D, 100, 4, "a", 0}, change{D, 100, 5, "b", 0}, change{I, 100, 6, "b", 0})
@@ -105,6 +106,7 @@ func TestKeylessStreamReplay(t *testing.T) {
 // changes at or below S replayed afterwards are suppressed; the same snapshot rows read again
 // (a chunk retried) add nothing.
 func TestKeylessSnapshotMeetsTheStream(t *testing.T) {
+	t.Parallel()
 	f := keylessSetup(t)
 	f.applySnapshot(t, logBatch(t, change{v: "d", lsn: 500, occ: 1}))
 	f.apply(t, logBatch(t, change{I, 900, 1, "a", 0}))

@@ -18,6 +18,7 @@ import (
 // transaction that checked the epoch, and from then on the old leader's transactions fail with a
 // *FencedError and write nothing, progress included.
 func TestLeaderEpochFencesTheOldLeader(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	oldLock, newLock := pgtest.Connect(t, f.env.TargetURL), pgtest.Connect(t, f.env.TargetURL)
@@ -67,7 +68,7 @@ func TestLeaderEpochFencesTheOldLeader(t *testing.T) {
 	watch := pgtest.Connect(t, f.env.TargetURL)
 	pgtest.Eventually(t, 30*time.Second, "the new leader's Lead waits for the old leader's transaction", func() (bool, string) {
 		n := pgtest.Scalar[int64](t, watch, `select count(*) from pg_locks l join pg_stat_activity a on a.pid = l.pid
-where not l.granted and a.query like '%pgconverge.leaders%'`)
+where not l.granted and a.datname = current_database() and a.query like '%pgconverge.leaders%'`)
 		return n == 1, fmt.Sprintf("%d waiting", n)
 	})
 	if err := tx.Commit(ctx); err != nil {
@@ -97,6 +98,7 @@ where not l.granted and a.query like '%pgconverge.leaders%'`)
 // Two slot names whose 32-bit hashtext collides ("orders_57540", "orders_143142") have leader locks
 // of their own.
 func TestLeaderLocksOfCollidingNamesAreApart(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	a, b := pgtest.Connect(t, f.env.TargetURL), pgtest.Connect(t, f.env.TargetURL)

@@ -48,6 +48,7 @@ func waitBlocked(t *testing.T, watch, conn *pgx.Conn, raised <-chan int64) []int
 // released, or once it ends the holder's session (as a raise past its lease does), after which
 // the holder runs nothing; and a hold of an old epoch fails with a *FencedError.
 func TestHeldEpochHoldsOffTheRaise(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	lock, hold, watch := pgtest.Connect(t, f.env.TargetURL), pgtest.Connect(t, f.env.TargetURL), pgtest.Connect(t, f.env.TargetURL)

@@ -60,6 +60,7 @@ func (f fixture) copySnapshot(t *testing.T, lsn uint64, lines ...string) (res ap
 // note and nothing else: the balance keeps the stream's newer value, and the version stays the
 // stream's.
 func TestSnapshotRowFillsUnknownColumnsOnly(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t, row{changebatch.OpUpsert, 500, 1, "1", nil, "99"}))
 	f.expect(t, "1||99|0/1F4#1|f|{note}")
@@ -83,6 +84,7 @@ func TestSnapshotRowFillsUnknownColumnsOnly(t *testing.T) {
 // escapes passed through; when the target holds one of the keys it reports a conflict and writes
 // nothing, having read every row.
 func TestCopySnapshotRows(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	res, conflict := f.copySnapshot(t, 400, `1	tab\there	1`, `2	back\\slash	2`, `3	line\nbreak	3`, `4	\N	4`)
 	if conflict || !reflect.DeepEqual(res, apply.Result{Applied: 4}) {
@@ -98,6 +100,7 @@ func TestCopySnapshotRows(t *testing.T) {
 
 // Snapshot rows at or below the table's fence are suppressed by both paths.
 func TestSnapshotRowsBelowTheFence(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	f.apply(t, batch(t, row{changebatch.OpTruncate, 700, 1, "", nil, ""}))
 	if res, conflict := f.copySnapshot(t, 600, "1	x	1"); conflict || !reflect.DeepEqual(res, apply.Result{Suppressed: 1}) {

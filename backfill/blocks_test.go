@@ -20,6 +20,7 @@ import (
 // blocks), deleted and inserted after the snapshot. A plan resumed after a chunk goes on from its
 // upper block.
 func TestBlockPlanReadsEveryRowOnce(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table ints (id bigint primary key)`,
 		`insert into ints select generate_series(1, 5000)`, `analyze ints`)
@@ -133,6 +134,7 @@ func binaryInt8s(t *testing.T, b []byte) []int {
 // Only a plain keyed table read without a row filter can be cut by blocks, and a block chunk's
 // bounds must be block numbers.
 func TestBlockPlanRefusals(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	tab := tables["ints"]
 	for name, c := range map[string]changebatch.Table{

@@ -94,6 +94,7 @@ func joined(rows [][]string) []string {
 // Text keys are chunked and read in the key's collation order, never Go's byte order: under "C"
 // upper case sorts first, under ICU's root collation lower case comes first and 'a' before 'B'.
 func TestChunksFollowTheKeyCollation(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table words (w text collate "und-x-icu" primary key, n int)`,
@@ -113,6 +114,7 @@ func TestChunksFollowTheKeyCollation(t *testing.T) {
 // A composite key in index order (b, a) that differs from column order, with chunk boundaries
 // inside a run of equal first key columns; the last chunk is unbounded and takes the rest.
 func TestChunksOfACompositeKey(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table pairs (a int, b text, primary key (b, a))`,
@@ -129,6 +131,7 @@ func TestChunksOfACompositeKey(t *testing.T) {
 // Integer keys are planned in numeric order (the 10th key is 10, not "10" after "1" in text
 // order), so every chunk but the last has exactly the chunk size.
 func TestChunksHaveTheChunkSize(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table ints (id bigint primary key)`, `insert into ints select generate_series(1, 25)`)
 	chunks, rows := readPlan(t, env, "ints", 10)
@@ -144,6 +147,7 @@ func TestChunksHaveTheChunkSize(t *testing.T) {
 // An empty table is one unbounded chunk with no rows; a table of one row is that row in the first
 // chunk and an empty unbounded last chunk when the chunk size is one row.
 func TestChunksOfEmptyAndOneRowTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table empty (id int primary key)`,
@@ -161,6 +165,7 @@ func TestChunksOfEmptyAndOneRowTables(t *testing.T) {
 
 // Rows committed after the snapshot was exported are not read, whichever chunk they fall in.
 func TestChunksReadTheSnapshotOnly(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table seq (id int primary key)`,
 		`insert into seq select generate_series(1, 10)`)
@@ -188,6 +193,7 @@ func TestChunksReadTheSnapshotOnly(t *testing.T) {
 // A table whose columns changed after it was described (ADD COLUMN with a constant default
 // rewrites nothing) is not read with the old description: the rows would lack the column.
 func TestReadStopsWhenTheColumnsChanged(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table one (id int primary key, v text)`, `insert into one values (1, 'a')`,
 		`alter table one add column c int default 7`)

@@ -27,6 +27,7 @@ func ledgerOf(t *testing.T, conn *pgx.Conn, n changebatch.TableName) *TableState
 // Segments and spans end where they should: a span at its confirmed position or the slot's
 // progress, whichever is lower; an open span at the progress.
 func TestSegmentsAndSpans(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	ctx := context.Background()
 	db := env.Target
@@ -99,6 +100,7 @@ func TestSegmentsAndSpans(t *testing.T) {
 // An installation from schema version 2 gets an open segment per slot and an open span per loaded
 // table from its load, so an upgrade reports no gap and loads nothing again.
 func TestUpgradeFromVersion2(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	ctx := context.Background()
 	db := env.Target

@@ -15,6 +15,7 @@ import (
 // Processes that start at once on a new target (two daemons, a backfill and a joined worker) all
 // bring its schema up: none fails on another's concurrent creation of the schema or its tables.
 func TestApplyFromSeveralProcessesAtOnce(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("*.sql")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("the migration files: %v, %v", files, err)

@@ -282,14 +282,17 @@ cmd_start() {
 		echo "listen_addresses = '127.0.0.1'"
 		echo "port = $port"
 		echo "unix_socket_directories = '$data'"
-		echo "max_connections = 200"
+		# Room for the integration tests that run at once (scripts/test.sh's -parallel): each
+		# holds its own connections and those of one to three daemons (source: queries,
+		# replication, backfill workers and snapshot slots; target: apply, leader lock, presence).
+		echo "max_connections = 500"
 		echo "fsync = off"
 		echo "synchronous_commit = off"
 		echo "full_page_writes = off"
 		if [ "$mode" = logical ]; then
 			echo "wal_level = logical"
-			echo "max_replication_slots = 40"
-			echo "max_wal_senders = 40"
+			echo "max_replication_slots = 120"
+			echo "max_wal_senders = 120"
 			echo "max_prepared_transactions = 20"
 		fi
 	} | as_pg tee -a "$data/postgresql.conf" >/dev/null

@@ -8,7 +8,7 @@
 #    relative link of the Markdown files resolves (scripts/checklinks.go);
 # 2. starts two private PostgreSQL 15 clusters with scripts/pgcluster.sh under ROOT:
 #    `source` on 127.0.0.1:54341 (wal_level=logical) and `target` on 127.0.0.1:54342;
-# 3. runs `go test -race -count=1 -p 1 -timeout 30m ./... "$@"` through gotestsum, one line per
+# 3. runs `go test -race -count=1 -p 1 -parallel 8 -timeout 30m ./... "$@"` through gotestsum, one line per
 #    test as it ends (then, without extra arguments, 300,000 inputs of the pgoutput fuzz test,
 #    80,000 of the coverage gap fuzz test, about 15 s and 10 s here, and the benchmark's smoke run, `BENCH_QUICK=1 BENCH_PORT=24401
 #    scripts/bench.sh`, about a minute on clusters of its own) against them, with these variables
@@ -24,6 +24,8 @@
 #   PGCONVERGE_TEST_ROOT  clusters' folder (default /tmp/pgconverge-test); a running cluster there
 #                         is stopped and wiped, so give concurrent runs their own ROOT and port
 #   PGCONVERGE_TEST_PORT  source port (default 54341); the target uses the next one
+#   PGCONVERGE_TEST_PARALLEL  integration tests run at once within a package (go test -parallel;
+#                             default 8)
 #   PGCONVERGE_KEEP=1  keep the clusters' folder ROOT (data and logs) after the run; the servers
 #                      are still stopped
 #   PGBIN              PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
@@ -90,12 +92,18 @@ PGCONVERGE_TEST_RESTART_TARGET=$(printf '%q restart target %q' "$PGCLUSTER" "$RO
 PGCONVERGE_REQUIRE_INTEGRATION=1
 export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_SOURCE PGCONVERGE_TEST_RESTART_TARGET PGCONVERGE_REQUIRE_INTEGRATION
 
-# -p 1: packages run one at a time, because some tests restart the shared clusters. gotestsum
-# (a go.mod tool) prints each test as it ends, so the long integration package is not silent; it
+# -p 1: packages run one at a time, because some tests restart the shared clusters. Within a
+# package, the integration tests that own their databases and slot call t.Parallel(); go test runs
+# a package's serial tests first (those that restart a cluster, ALTER SYSTEM, count cluster-wide
+# things, need VACUUM to free space or measure time), then the parallel ones, PARALLEL at a time. They mostly wait (for the
+# server, for polls, for timings), not compute, so PARALLEL is far above the 2 cores' GOMAXPROCS;
+# the clusters' max_connections and slots (scripts/pgcluster.sh) leave room for it. gotestsum (a
+# go.mod tool) prints each test as it ends, so the long integration package is not silent; it
 # prints the output of failed tests again at the end, and exits with go test's status.
-echo "== go test -race -count=1 -p 1 -timeout 30m ./... $* (one line per test as it ends)"
+PARALLEL=${PGCONVERGE_TEST_PARALLEL:-8}
+echo "== go test -race -count=1 -p 1 -parallel $PARALLEL -timeout 30m ./... $* (one line per test as it ends)"
 status=0
-go tool gotestsum --format testname --format-hide-empty-pkg -- -race -count=1 -p 1 -timeout 30m ./... "$@" || status=$?
+go tool gotestsum --format testname --format-hide-empty-pkg -- -race -count=1 -p 1 -parallel "$PARALLEL" -timeout 30m ./... "$@" || status=$?
 if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
 	# Fuzz budgets are counts of inputs, not durations: a duration's deadline races the fuzzing
 	# coordinator's workers in Go 1.26 and fails the target with a bare "context deadline

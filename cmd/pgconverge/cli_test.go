@@ -56,6 +56,7 @@ func waitCovered(t *testing.T, env *pgtest.Env) coverage.Report {
 // `pgconverge coverage --fail-on-gap` exits 0 on a covered target and 3, with the gap in its JSON
 // and the table format, once the daemon's slot was dropped and the source written.
 func TestCoverageCommand(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a select generate_series(1, 10)`)
 	d := startRun(t, env)
@@ -83,6 +84,7 @@ func TestCoverageCommand(t *testing.T) {
 
 // An interrupted `pgconverge backfill` exits with an error, also before its run started.
 func TestInterruptedBackfillFails(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -98,6 +100,7 @@ func TestInterruptedBackfillFails(t *testing.T) {
 // a newline — pass through --tables, the stream, backfills, verify, the coverage report and the
 // metrics labels.
 func TestQuotedNamesEverywhere(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	const items, comma = `"Sales Dept"."Order ""Items"""`, `"Sales Dept"."a,b"`
 	const odd = `"x; drop schema public --\"."t'1;` + "\n" + `""x"""`

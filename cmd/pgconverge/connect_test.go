@@ -46,6 +46,7 @@ func unknownRole(t *testing.T, source string) string {
 // that answers with a refusal (an unknown role) exits 1 with the server's own message first, not
 // the refused TLS request that sslmode=prefer tried before it.
 func TestRunFailsFastOnAServerItNeverReached(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	cases := []struct {
 		name, source, target string

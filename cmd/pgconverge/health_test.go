@@ -49,6 +49,7 @@ func waitReadyz(t *testing.T, addr string, code int, prefix string) {
 // for a manual backfill of the table held mid-run), 200 once it streams, 503 again while it
 // reconnects after its walsender was terminated (held the same way), and 200 after.
 func TestHealthEndpoints(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a select generate_series(1, 3000)`)
 	release, backfilled := holdBackfill(t, env, "public.a")

@@ -20,6 +20,7 @@ import (
 // while the run's own worker is held after its first chunk, reports them and exits 0 when the run
 // completes; --join refuses --table, and without --wait a missing run is an error naming --wait.
 func TestBackfillJoinCommand(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 10000) g`, `analyze big`)

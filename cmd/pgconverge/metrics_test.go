@@ -48,6 +48,7 @@ func scrape(t *testing.T, addr string) map[string]string {
 // run --metrics-addr serves rows applied per table and path, transactions, lag, watermark and
 // coverage gap bytes, with exact counts.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' from generate_series(1, 50) g`)

@@ -31,6 +31,7 @@ func httpStatus(t *testing.T, url string) int {
 // --pprof serves Go's runtime profiles on the metrics address, and only with it; without
 // --metrics-addr it is refused.
 func TestProfilesOnTheMetricsAddress(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name  string
 		flags []string

@@ -15,6 +15,7 @@ import (
 // `pgconverge retire` turns a table left out of the selection from not-streamed (coverage
 // --fail-on-gap exits 3) to retired (exit 0), and refuses a table a stream still follows.
 func TestRetireCommand(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key)`,
 		`insert into a select generate_series(1, 10)`, `insert into b select generate_series(1, 10)`)

@@ -32,6 +32,7 @@ func withPassword(t *testing.T, u string) string {
 // daemon that loads, streams and reconnects after its target sessions were ended, of every report
 // command, and of failures to parse or reach a URL.
 func TestPasswordsNeverShown(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	src, tgt := withPassword(t, env.SourceURL), withPassword(t, env.TargetURL)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 50) g`)

@@ -47,6 +47,7 @@ from pg_sequences where schemaname = $1 and sequencename = $2`
 // ahead: the output names each action precisely, missing sequences are created with the source's
 // parameters, and the target's next value is past every value the source handed out.
 func TestSequenceSync(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table ser (id serial primary key, v text)`,
@@ -161,6 +162,7 @@ func TestSequenceSync(t *testing.T) {
 // A role that may not read a sequence gets an error naming the sequence and the GRANT, and exit
 // status 1; the sequences it could read are still synced.
 func TestSequencePrivilege(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	role := env.Name + "_r"
 	pgtest.Exec(t, env.Source, `create table a (id serial primary key)`, `create table b (id serial primary key)`,

@@ -108,6 +108,7 @@ func first(t *testing.T, m map[string]any, key string) any {
 // by the daemon's walsender (pid, client, start, connected time, state, lags), the last verify run;
 // of the stopped daemon: nothing follows, no session holds the slot, no lag in seconds.
 func TestStatusRunningAndStopped(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`)
 	d := startRun(t, env)
@@ -188,6 +189,7 @@ func TestStatusRunningAndStopped(t *testing.T) {
 // done of planned, rows so far, its process alive) and is gone once it completed; status of a
 // target without a ledger fails with exit 1, naming the fix.
 func TestStatusRunningBackfill(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`, `insert into b select g, 'v' from generate_series(1, 5000) g`)
 	err := run(context.Background(), []string{"status", "--source", env.SourceURL, "--target", env.TargetURL}, io.Discard, io.Discard)

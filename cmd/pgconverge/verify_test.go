@@ -31,6 +31,7 @@ func verifyCmd(t *testing.T, env *pgtest.Env, extra ...string) (verify.Report, i
 // verify exits 0 when nothing is open, 4 with open discrepancies (in its JSON too), 0 again after
 // --repair; --no-values records no values; a table it cannot compare is an error naming it.
 func TestVerifyCommand(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, secret text)`,
 		`insert into t select g, 'secret ' || g from generate_series(1, 1000) g`)

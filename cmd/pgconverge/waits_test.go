@@ -16,6 +16,7 @@ import (
 // to the running daemon of another slot, the slot that waits for it and the slot that follows it,
 // while the waiting daemon streams its other table.
 func TestStatusAndCoverageNameTheWaitingSlot(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key)`, `insert into b select generate_series(1, 100)`,
 		`create table c (id int primary key)`, `insert into c select generate_series(1, 100)`)

@@ -19,6 +19,7 @@ import (
 // any more, so the backfill stops (it would read it empty) and a second run resumes it from a new
 // snapshot; with the stream following the table, the target converges.
 func TestBackfillLetsSourceDDLThrough(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
@@ -41,6 +42,7 @@ func TestBackfillLetsSourceDDLThrough(t *testing.T) {
 // the rest of the table as empty, and the stream carries nothing for a rewrite. The backfill must
 // stop rather than tombstone the rows it could not see; run again, it completes.
 func TestBackfillStopsOnARewrittenTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
@@ -64,6 +66,7 @@ func TestBackfillStopsOnARewrittenTable(t *testing.T) {
 // Runs left "running" by a process that died before recording their end are closed as failed
 // when the next run starts; a live run (its process holds its lock) is left alone.
 func TestStaleRunsAreClosed(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g values (1)`)
 	backfillNow(t, testBackfillConfig(t, env, "public.g"))
@@ -79,6 +82,7 @@ func TestStaleRunsAreClosed(t *testing.T) {
 // A source whose idle_in_transaction_session_timeout is shorter than a backfill does not end the
 // session that holds the exported snapshot, nor the chunk readers.
 func TestBackfillOutlivesIdleInTransactionTimeout(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g select generate_series(1, 3000)`,
 		fmt.Sprintf(`alter database %q set idle_in_transaction_session_timeout = '1s'`, env.Name))
@@ -98,6 +102,7 @@ where datname = current_database() and state like 'idle in transaction%' and now
 // Without a stream, chunks read before a TRUNCATE would hold rows the source no longer has: the
 // run stopped by the rewrite is abandoned, and running it again starts the table over.
 func TestBackfillAfterATruncateStartsOver(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
@@ -119,6 +124,7 @@ func TestBackfillAfterATruncateStartsOver(t *testing.T) {
 // tombstone pruner does, while it prunes) once that transaction ends, instead of refusing as if
 // another backfill ran.
 func TestBackfillWaitsOutABriefLockHolder(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g select generate_series(1, 100)`)
 	holder := pgtest.Connect(t, env.TargetURL)

@@ -118,6 +118,7 @@ func rowVersion(t *testing.T, env *pgtest.Env, id int) (string, string) {
 // docs/design.md's three worked cases, made deterministic: which path delivers a change first never
 // changes the outcome.
 func TestBackfillWorkedCases(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table acc (id int primary key, v text)`,
 		`insert into acc values (1, 'one'), (2, 'two'), (3, 'three')`)
@@ -172,6 +173,7 @@ func TestBackfillWorkedCases(t *testing.T) {
 // Composite keys, collation-ordered text keys, an empty table, a one-row table and NULLs in
 // non-key columns, each cut into several chunks read by parallel workers.
 func TestBackfillKeyShapes(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table pairs (a int, b text, note text, primary key (b, a))`,
@@ -212,6 +214,7 @@ from pgconverge.backfills b where b.run_id = (select max(id) from pgconverge.bac
 // A backfill of tables the daemon streams, with four workers, while the pgbench-like workload
 // writes: the tables end equal, and rows the stream had already brought newer are suppressed.
 func TestBackfillWhileStreamingUnderLoad(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	startDaemon(t, testConfig(t, env))
@@ -242,6 +245,7 @@ func TestBackfillWhileStreamingUnderLoad(t *testing.T) {
 // are read at a new one, nothing is lost, and the changes made in between (in kept chunks too)
 // arrive through the stream.
 func TestBackfillResumesAfterKill(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
@@ -253,7 +257,7 @@ func TestBackfillResumesAfterKill(t *testing.T) {
 	pgtest.Exec(t, env.Source, `delete from big where id % 1000 = 0`, `update big set v = 'changed' where id % 999 = 0`,
 		`insert into big values (20001, 'new')`)
 	pgtest.Eventually(t, 30*time.Second, "the killed run's temporary slot is gone", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name like 'pgconverge_snap_%'`)
+		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name like 'pgconverge_snap_%' and database = current_database()`)
 		return n == 0, fmt.Sprintf("%d temporary slots", n)
 	})
 	rep := backfillNow(t, testBackfillConfig(t, env, "public.big"))
@@ -313,6 +317,7 @@ func backfillCrashChild(point string, at int) int {
 // A second backfill of a table refuses while one runs, naming the table; a cancelled run (as by
 // SIGTERM) is recorded as interrupted and leaves no temporary slot behind.
 func TestBackfillGuardRails(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table g (id int primary key)`, `insert into g select generate_series(1, 5000)`)
 	holder := pgtest.Connect(t, env.TargetURL)
@@ -336,7 +341,7 @@ func TestBackfillGuardRails(t *testing.T) {
 		t.Fatal("cancelled backfill succeeded")
 	}
 	pgtest.Eventually(t, 30*time.Second, "no temporary slot left after a cancelled run", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name like 'pgconverge_snap_%'`)
+		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name like 'pgconverge_snap_%' and database = current_database()`)
 		return n == 0, fmt.Sprintf("%d temporary slots", n)
 	})
 	got := pgtest.Rows(t, env.Target, `select status from pgconverge.backfill_runs order by id`)
@@ -350,6 +355,7 @@ func TestBackfillGuardRails(t *testing.T) {
 // A backfill killed after some chunks is not resumed into a target table that was dropped (or
 // truncated) since: its completed chunks are gone with the table, so everything is read again.
 func TestBackfillNotResumedIntoANewTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`)
@@ -371,6 +377,7 @@ func TestBackfillNotResumedIntoANewTable(t *testing.T) {
 // its first merged batch resumes after that batch's last key: the batch is kept, the rest is read
 // again, and the table ends equal.
 func TestRepairResumesInsideAChunk(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 25000) g`)

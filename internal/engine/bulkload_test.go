@@ -80,6 +80,7 @@ func killedBulkLoad(t *testing.T, chunks int, partitioned bool) *pgtest.Env {
 // run builds the key before it copies anything, keeps the five chunks, and the table ends equal
 // to the source with every key once.
 func TestBulkLoadBuildsTheKeyAtTheEndAndAfterAKill(t *testing.T) {
+	t.Parallel()
 	env := killedBulkLoad(t, 5, true)
 	if n := primaryKeys(t, env, "big"); n != 0 {
 		t.Errorf("after the kill mid-load the target table has %d primary keys, want 0 (deferred)", n)
@@ -121,6 +122,9 @@ func TestBulkLoadBuildsTheKeyAtTheEndAndAfterAKill(t *testing.T) {
 // may have moved into them since (here updated rows' new versions and inserted rows, stored in
 // the space the deleted first rows left), and only a stream would bring them. The table, which
 // holds only the interrupted load's rows, is emptied and bulk loaded again, and ends equal.
+//
+// Serial: VACUUM must free the first blocks, which another test's open snapshot or slot creation
+// on the source cluster can hold back (the horizon is cluster-wide then).
 func TestBlockPlanStartsOverWithoutAStream(t *testing.T) {
 	env := killedBulkLoad(t, 5, false)
 	if n := primaryKeys(t, env, "big"); n != 0 {
@@ -163,6 +167,7 @@ func TestBlockPlanStartsOverWithoutAStream(t *testing.T) {
 // every row to other blocks without a change to stream): the next run reads the table whole,
 // abandons the old backfill, and the table ends equal with every key once.
 func TestBlockPlanNotResumedAfterARewrite(t *testing.T) {
+	t.Parallel()
 	env := killedBulkLoad(t, 2, false)
 	pgtest.Exec(t, env.Source, `delete from big where id % 3 = 0`, `vacuum full big`)
 	rep := backfillNow(t, testBackfillConfig(t, env, "public.big"))
@@ -182,6 +187,7 @@ func TestBlockPlanNotResumedAfterARewrite(t *testing.T) {
 // The daemon's initial load of a new table copies its rows before it builds the key; the stream
 // then merges on that key.
 func TestInitialLoadBuildsTheKeyAfterTheRows(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 5000) g`)

@@ -29,6 +29,7 @@ func waitSpansConfirmed(t *testing.T, env *pgtest.Env, after pglogrepl.LSN, span
 // partitioned one, load nothing again: two membership checks after them find every table as it
 // was, the changes made meanwhile are streamed, and no backfill ran.
 func TestCatalogChangesThatKeepRowsLoadNothing(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	partitioned(t, env)
 	pub := `"` + env.Name + `"`

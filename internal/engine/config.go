@@ -109,11 +109,27 @@ type Knobs struct {
 	BeforeStep       func(step string)
 	// PresenceCheckEvery, when set, replaces presenceCheckEvery.
 	PresenceCheckEvery time.Duration
+	// RetryBackoffMax, when set, replaces the 20 s cap of the backoff between a failed session and
+	// the next (Run).
+	RetryBackoffMax time.Duration
+	// OverlapGrace, when set, replaces overlapGrace; OverlapPoll replaces overlapPoll.
+	OverlapGrace time.Duration
+	OverlapPoll  time.Duration
+	// TakeSlotGrace, when set, replaces takeSlotGrace.
+	TakeSlotGrace time.Duration
 	// BeforeFenced runs right before a change the leader makes only while it holds its epoch
 	// (fence.go), naming it: "schema" (a session start's target tables, types and live views),
 	// "key " and the table (a bulk load's key deferral), "publication" (adding tables to it),
 	// "publication commit" (after that change, before its check and commit).
 	BeforeFenced func(change string)
+}
+
+// knobOr returns knob when it is set (positive), else the production value def.
+func knobOr(knob, def time.Duration) time.Duration {
+	if knob > 0 {
+		return knob
+	}
+	return def
 }
 
 // beforeFenced runs BeforeFenced, when set, with change.

@@ -136,6 +136,7 @@ func waitCovered(t *testing.T, env *pgtest.Env) coverage.Report {
 
 // A normal run — initial load, then streaming — is covered, and exits 0.
 func TestCoverageAfterLoadAndStream(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key)`,
 		`insert into a select g, 'v' from generate_series(1, 2500) g`)
@@ -175,6 +176,7 @@ func lsnMust(t *testing.T, s string) pglogrepl.LSN {
 // A dropped slot is a gap from the target's watermark to the new slot: reported (exit 3) while
 // the daemon is down and with --on-gap=alert, closed by the backfill of --on-gap=backfill.
 func TestDroppedSlotIsAGapUntilBackfilled(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' from generate_series(1, 3000) g`)
@@ -226,6 +228,7 @@ func TestDroppedSlotIsAGapUntilBackfilled(t *testing.T) {
 // A slot advanced by another consumer past the target's progress is never streamed from silently:
 // the range it skipped is a gap, which the daemon backfills.
 func TestSlotAdvancedElsewhereIsAGap(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'x')`)
 	d := startDaemon(t, testConfig(t, env))
@@ -274,6 +277,7 @@ func coveredAThenB(t *testing.T, env *pgtest.Env) Config {
 // A table added to --tables later has a gap until its load completes: the report says loading
 // while it runs.
 func TestTableAddedLaterIsAGapUntilLoaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	cfg := coveredAThenB(t, env)
 	reached, release := holdLoad(&cfg, "public.b")
@@ -295,6 +299,7 @@ func TestTableAddedLaterIsAGapUntilLoaded(t *testing.T) {
 // An idle source whose only writes go to unpublished tables does not look stale: keepalives move
 // the watermark, and the lag stays small.
 func TestIdleSourceWatermarkAdvances(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
 	cfg := testConfig(t, env)
@@ -346,6 +351,7 @@ func TestInvalidatedSlotIsAGapNotACrashLoop(t *testing.T) {
 // would silently start from the later position; the daemon notices once it holds the slot, and
 // the range skipped is a gap.
 func TestSlotAdvancedDuringTheLoadIsAGap(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	cfg := coveredAThenB(t, env)
 	cfg.OnGap = OnGapAlert
@@ -374,6 +380,7 @@ func TestSlotAdvancedDuringTheLoadIsAGap(t *testing.T) {
 // the table's span (here: the slot was busy) must not hide the change from the next session:
 // the span keeps the membership it began with.
 func TestMembershipChangeSurvivesAFailedStart(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'x')`)
 	cfg := testConfig(t, env)
@@ -420,6 +427,7 @@ func TestMembershipChangeSurvivesAFailedStart(t *testing.T) {
 // lacks changes) would reuse LSNs the target holds: refused by the daemon and by the report. (A
 // restore is simulated by moving the target's progress past the source's WAL position.)
 func TestSourceBehindTheTargetIsRefused(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
 	d := startDaemon(t, testConfig(t, env))
@@ -438,6 +446,7 @@ func TestSourceBehindTheTargetIsRefused(t *testing.T) {
 // their LSNs): a backfill from another source into a streamed table is refused, and so is a daemon
 // that would follow a table another source's backfill loaded.
 func TestAnotherSourceIsRefusedPerTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key)`,
 		`insert into a values (1)`, `insert into b values (1)`)

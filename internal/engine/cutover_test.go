@@ -24,6 +24,7 @@ import (
 // the slot kept when asked); run again with --finalize and --drop-slot it resumes: the slot goes
 // and the target tables become plain copies of the source's.
 func TestCutover(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id serial primary key, v text)`,
 		`insert into a (v) select 'v' || g from generate_series(1, 200) g`,
@@ -99,6 +100,7 @@ func TestCutover(t *testing.T) {
 // A target table of the same name that pgconverge did not make (the application's) is refused,
 // with every such table named, and left as it was.
 func TestApplicationTableOnTheTargetIsRefused(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table k (x int)`,
 		`alter table k replica identity full`, `insert into a values (1, 'source')`)
@@ -136,6 +138,7 @@ func cutoverCrashChild(step string) int {
 // one that was never interrupted: the tables are plain copies of the source's, the slot is gone,
 // and nothing was recorded as cut over before the step that records it.
 func TestCutoverKilledAfterEachStepResumes(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id serial primary key, v text)`,
 		`insert into a (v) select 'v' || g from generate_series(1, 500) g`,
@@ -185,6 +188,7 @@ func TestCutoverKilledAfterEachStepResumes(t *testing.T) {
 // fast the stream catches up; once the writes stop it succeeds. After it, no command writes into
 // the target under any slot: run with another slot, backfill and verify --repair are refused.
 func TestCutoverRefusesAWritingSourceAndAfterwardsEveryWriter(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, n int)`, `insert into a select g, 0 from generate_series(1, 100) g`)
 	cfg := testConfig(t, env)

@@ -29,7 +29,7 @@ func Run(ctx context.Context, cfg Config) error {
 	b := backoff.NewExponentialBackOff()
 	// Randomised by ±50 % (the library's default, so that daemons that failed together do not
 	// retry together), a wait is at most 30 s.
-	b.MaxInterval = 20 * time.Second
+	b.MaxInterval = knobOr(cfg.Knobs.RetryBackoffMax, 20*time.Second)
 	cfg.copyOnly = new(apply.CopyOnlyTables) // one for the daemon's life: a later session stages such tables by COPY too
 	running := holdPresence(ctx, cfg)
 	defer running.Release()

@@ -17,6 +17,7 @@ import (
 // backfill, started together on a new target) all succeed: none fails on another's concurrent
 // creation of a table, its schema or a type it uses.
 func TestTablesSetUpByProcessesAtOnce(t *testing.T) {
+	t.Parallel()
 	for range 3 {
 		env := pgtest.New(t)
 		pgtest.Exec(t, env.Source, `create schema app`, `create type app.mood as enum ('sad', 'ok', 'happy')`,

@@ -18,6 +18,7 @@ import (
 // the fix, and is retried with backoff, counted as reason "timeout"; once the network forwards
 // again, the daemon streams on and the target equals the source.
 func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ side, step string }{
 		{"source", "publication"}, // the publication and its memberships
 		{"source", "slot"},        // the slot's reads
@@ -26,6 +27,7 @@ func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
 		{"target", "slot"},        // the ledger's bookkeeping
 	} {
 		t.Run(c.side+"_"+c.step, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a values (1, 'one')`)
 			server := env.SourceURL
@@ -70,6 +72,7 @@ func TestFrozenNetworkDuringSessionStartIsRetried(t *testing.T) {
 // replication connection is given up as silent: the session is retried as a "timeout" and streams
 // on once the network forwards again.
 func TestFrozenSourceWhileStreamingFailsTheWatcher(t *testing.T) {
+	t.Parallel()
 	env, proxy, cfg, logs := behindSourceProxy(t)
 	mon := &retryCounter{}
 	cfg.Monitor = mon

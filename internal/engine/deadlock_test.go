@@ -15,13 +15,14 @@ import (
 )
 
 // waitRowLockWaiters polls until n target backends wait for a row lock (a transaction's or a
-// tuple's) and returns the start of the query of each waiter, or an error after 30 s.
+// tuple's) in url's database and returns the start of the query of each waiter, or an error
+// after 30 s.
 func waitRowLockWaiters(ctx context.Context, t *testing.T, url string, n int) ([]string, error) {
 	mon := pgtest.Connect(t, url)
 	defer mon.Close(ctx)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		rows, err := mon.Query(ctx, `select distinct on (l.pid) left(a.query, 60) from pg_locks l join pg_stat_activity a using (pid)
-where not l.granted and l.locktype in ('transactionid', 'tuple') order by l.pid`)
+where not l.granted and l.locktype in ('transactionid', 'tuple') and a.datname = current_database() order by l.pid`)
 		if err != nil {
 			return nil, err
 		}
@@ -43,6 +44,7 @@ where not l.granted and l.locktype in ('transactionid', 'tuple') order by l.pid`
 // row 2 stalls the stream transaction in the middle to line this up. No conflict is lost or
 // retried; the stream's rows survive the completion; the tables converge.
 func TestBackfillCompletionWaitsForTheStream(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	ctx := context.Background()
 	pgtest.Exec(t, env.Source, `create table d (id int primary key, v text)`, `insert into d values (2, 'v')`)
@@ -107,6 +109,7 @@ func TestBackfillCompletionWaitsForTheStream(t *testing.T) {
 // PostgreSQL ends the chunk's transaction, which waited first, with 40P01 (the session waits 10 s
 // before it checks); the chunk is read again after a backoff, counted, and the tables converge.
 func TestLostDeadlockOfABackfillChunkIsRetried(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	ctx := context.Background()
 	pgtest.Exec(t, env.Source, `create table d (id int primary key, v text)`, `insert into d select g, 'v' || g from generate_series(1, 10) g`)

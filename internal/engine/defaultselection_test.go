@@ -17,6 +17,7 @@ import (
 // in coverage, also once the publication exists; a DEFERRABLE key with REPLICA IDENTITY FULL is
 // streamed by whole rows, an in-statement key shift included. They were skipped with a warning.
 func TestDefaultSelectionKeepsEveryTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table ok (id int primary key, v text)`,
@@ -93,6 +94,7 @@ func TestDefaultSelectionKeepsEveryTable(t *testing.T) {
 // A source whose tables can all only be kept by snapshots is no reason to stop: the daemon runs,
 // loads them and refreshes them (it exited with "no table to replicate").
 func TestOnlyTablesKeptBySnapshots(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table heap (x int, y text)`, `insert into heap select g % 5, 'h' from generate_series(1, 30) g`)
 	cfg := testConfig(t, env)
@@ -111,6 +113,7 @@ func TestOnlyTablesKeptBySnapshots(t *testing.T) {
 // NOTHING) keeps it without restarting the session at every catalog check (it restarted every
 // 5 s: the check took it for a new table).
 func TestPatternKeepsTablesBySnapshotsWithoutRestarts(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
 		`create table dp (id int primary key deferrable)`, `insert into dp values (1)`,
@@ -137,6 +140,7 @@ func TestPatternKeepsTablesBySnapshotsWithoutRestarts(t *testing.T) {
 // next one selects the tables again: the others' refreshes go on (every refresh run failed on the
 // missing table, and with it the others').
 func TestDroppedTableKeptBySnapshotsStopsNoRefresh(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table ok (id int primary key)`, `create unlogged table h2 (x int)`, `insert into h2 values (2)`)
 	cfg := testConfig(t, env)

@@ -63,10 +63,12 @@ func smallTablespace(t *testing.T, env *pgtest.Env, name string, sizeMiB int) (r
 // anything partial; once the disk has room again the same changes are applied and the tables
 // converge, with no coverage gap.
 func TestFullTargetDiskWaitsForSpace(t *testing.T) {
+	t.Parallel() // the full filesystem is the test's own tmpfs, holding only its own tablespace
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`)
 	resize := smallTablespace(t, env, env.Name+"_small", 4)
 	cfg := testConfig(t, env)
+	cfg.Knobs.RetryBackoffMax = 2 * time.Second // retried soon once the disk has room
 	var logs pgtest.SyncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
 	d := startDaemon(t, cfg)

@@ -48,6 +48,7 @@ func leaderSession(t *testing.T, env *pgtest.Env, cfg Config) (*session, []chang
 // before the takeover. A publication change made while a raise waits, not yet past its lease, is
 // rolled back before it commits, and the raise passes.
 func TestThawedLeaderChangesNothingAfterATakeover(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		pause string
 		// before prepares the source (and the target, with prepare) before the old leader's
@@ -108,6 +109,7 @@ func TestThawedLeaderChangesNothingAfterATakeover(t *testing.T) {
 	}}
 	for _, c := range cases {
 		t.Run(c.pause, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'v' || g from generate_series(1, 100) g`)
 			cfg := internalConfig(t, env)
@@ -220,6 +222,7 @@ func unpublished(t *testing.T, env *pgtest.Env) string {
 // leader's hold of the epoch a lease after it began) is ended by the source and changes nothing;
 // the session is retried.
 func TestPublicationChangeCommitsWithinItsBound(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key)`)
 	cfg := internalConfig(t, env)

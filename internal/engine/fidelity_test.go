@@ -15,6 +15,7 @@ import (
 // parse, so databases whose defaults differ on both sides still get the same values, on the
 // backfill path (rows 1..) and the stream path (rows 1001..).
 func TestValuesSurviveOddDatabaseSettings(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`alter database `+env.Name+` set timezone = 'America/St_Johns'`, `alter database `+env.Name+` set datestyle = 'German'`,
@@ -40,6 +41,7 @@ from generate_series(1, 3) g`
 // the target as the source defines them, named with their schema whatever the source's
 // search_path; a same-named type in another target schema is not used.
 func TestUserTypesAreCreatedOnTheTarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create schema app`, `create type app.mood as enum ('sad', 'ok', 'happy')`,
 		`create domain app.posint as int check (value > 0)`, `create domain app.tags as text[] not null`,
@@ -61,6 +63,7 @@ func TestUserTypesAreCreatedOnTheTarget(t *testing.T) {
 // A publication that publishes partitions through their root never names a partition in its
 // changes: selecting a partition of it is refused, naming the fix.
 func TestPartitionOfARootPublicationIsRefused(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create table p (id int primary key, v text) partition by range (id)`,
@@ -74,6 +77,7 @@ func TestPartitionOfARootPublicationIsRefused(t *testing.T) {
 // A user-defined range type is created on the target with its multirange, and an enum label
 // added on the source while streaming is added on the target.
 func TestUserRangeAndNewEnumLabelsReachTheTarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create type floatrange as range (subtype = float8, subtype_diff = float8mi)`,
 		`create type mood as enum ('sad', 'happy')`,
@@ -91,6 +95,7 @@ func TestUserRangeAndNewEnumLabelsReachTheTarget(t *testing.T) {
 
 // A range type that needs a function the target lacks stops the daemon, naming the fix.
 func TestRangeTypeNeedingAMissingFunctionIsRefused(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create function my_diff(a float8, b float8) returns float8 language sql immutable as 'select a - b'`,
 		`create type floatrange as range (subtype = float8, subtype_diff = my_diff)`,
@@ -103,6 +108,7 @@ func TestRangeTypeNeedingAMissingFunctionIsRefused(t *testing.T) {
 // stream path the row's key, and counts a "constraint" retry, until the source or the target is
 // fixed; then the value arrives.
 func TestRefusedValueNamesTheRowAndColumn(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create domain score as int check (value >= 0)`,
 		`create table t (id int primary key, s score)`, `insert into t values (1, 5), (2, 50), (3, 7)`)

@@ -20,6 +20,17 @@ func testConfig(t *testing.T, env *pgtest.Env) Config {
 	}
 }
 
+// quickOverlap shortens the timings of a hand-over between daemons of two slots that share a table
+// (Knobs.OverlapGrace 2 s, OverlapPoll 500 ms; production: overlapGrace, overlapPoll), for tests
+// whose daemons hand a table over after one stops and that assert no production timing: the
+// grace covers a daemon that lost its target connections and takes its running lock again
+// (TestDaemonsCutFromTheTargetKeepTheirTables keeps the production timings).
+func quickOverlap(cfgs ...*Config) {
+	for _, c := range cfgs {
+		c.Knobs.OverlapGrace, c.Knobs.OverlapPoll = 2*time.Second, 500*time.Millisecond
+	}
+}
+
 // startDaemon starts the daemon with cfg; it is stopped (as by SIGTERM) at cleanup at the latest.
 func startDaemon(t *testing.T, cfg Config) *pgtest.Running {
 	t.Helper()

@@ -86,6 +86,7 @@ var keyShapes = []keyShape{
 // TestKeyShapes: each replica identity and key shape converges on both paths, including updates
 // that change the key, and the target table gets the replica identity key as its primary key.
 func TestKeyShapes(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	oddDatabaseDefaults(t, env)
 	src, tgt := connectRendering(t, env.SourceURL), connectRendering(t, env.TargetURL)
@@ -116,6 +117,7 @@ where x.indrelid = $1::regclass and x.indisprimary and a.attrelid = x.indrelid a
 // keyless_test.go, and kept by snapshots without it, snapshotonly_test.go; not yet when
 // partitioned).
 func TestPartitionedTableWithoutKeyIsRefused(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table parted (x int, y text) partition by range (x)`,
 		`create table parted_a partition of parted for values from (0) to (10)`,

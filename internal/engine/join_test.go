@@ -56,6 +56,7 @@ func waitJoin(t *testing.T, done <-chan joinOutcome) backfillrun.JoinReport {
 // at the run's snapshot; the rows of both processes add up to the table; the key is rebuilt and
 // the tables are equal.
 func TestJoinedWorkersShareARun(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
@@ -119,6 +120,7 @@ from pgconverge.backfill_chunks`)
 // killed) is applied by the run itself: the run waits for it while the claim stands, then claims
 // it; the tables end equal.
 func TestChunkOfAnEndedJoinerIsTakenOver(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 5000) g`)
@@ -167,6 +169,7 @@ func TestChunkOfAnEndedJoinerIsTakenOver(t *testing.T) {
 
 // backfillrun.Join refuses clearly when no run is running, and when its source is not the run's.
 func TestJoinRefusals(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	log := testConfig(t, env).Logger
 	_, err := backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: env.SourceURL, Target: env.TargetURL, Workers: 1, Logger: log})
@@ -184,6 +187,7 @@ func TestJoinRefusals(t *testing.T) {
 // once its heartbeat is silent past lease.Term, takes the chunk over and completes; the thawed
 // process finds its sessions ended and says why.
 func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
@@ -243,6 +247,7 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 // streaming daemon does: it ends the frozen process's sessions after the lease, the run's end is
 // recorded and the stream goes on.
 func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
@@ -303,6 +308,7 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 // the run still runs) applies nothing at the old epoch: it leaves the run saying the daemon that
 // runs it lost the slot, not that it lost a leader lock itself, and the run is not completed.
 func TestJoinerOfAFencedDaemonsRunLeaves(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)

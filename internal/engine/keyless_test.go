@@ -90,6 +90,7 @@ func keylessEvents(t *testing.T, env *pgtest.Env) {
 // column, a TRUNCATE; a restart replays nothing twice and a manual backfill while the stream
 // runs doubles nothing.
 func TestKeylessTableConverges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	keylessEvents(t, env)
 	d := startDaemon(t, testConfig(t, env))
@@ -180,6 +181,7 @@ func keylessWorkload(t *testing.T, env *pgtest.Env) (stop func()) {
 // loses and doubles no copy; after the slot is dropped, the gap backfill of --on-gap=backfill
 // brings the table back to the source's multiset.
 func TestKeylessKilledWhileStreamingAndGapBackfilled(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	keylessEvents(t, env)
 	stop := keylessWorkload(t, env)
@@ -229,6 +231,7 @@ func TestKeylessKilledWhileStreamingAndGapBackfilled(t *testing.T) {
 // many and a copy whose value changed on the target are found as one discrepancy per row value
 // (missing, extra), recorded once, and repaired by --repair exactly; the next run finds nothing.
 func TestKeylessVerifyFindsAndRepairsCopies(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	keylessEvents(t, env)
 	startDaemon(t, testConfig(t, env))
@@ -269,6 +272,7 @@ func TestKeylessVerifyFindsAndRepairsCopies(t *testing.T) {
 // hashes follow, so later deletes still find their copies. The table then gains a primary key and
 // loses it again: each time the target table is made anew for the new identity and loaded again.
 func TestKeylessTableChangesShape(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table k (a int not null, b text, c int)`, `alter table k replica identity full`,
 		`insert into k select g, 'x', g % 3 from generate_series(1, 300) g`, `insert into k select g, 'x', g % 3 from generate_series(1, 50) g`)
@@ -300,6 +304,7 @@ func TestKeylessTableChangesShape(t *testing.T) {
 // values' entries, and the stream's changes below it are refused: those values have moved on and
 // are not compared, so verify finds nothing where nothing differs.
 func TestKeylessVerifyAfterANewerBackfill(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	keylessEvents(t, env)
 	d := startDaemon(t, testConfig(t, env))
@@ -337,6 +342,7 @@ func TestKeylessVerifyAfterANewerBackfill(t *testing.T) {
 // A keyless table in a publication with a row filter: an UPDATE that moves a row with a TOASTed
 // value into the filter arrives as an INSERT, one that moves it out as a DELETE; both converge.
 func TestKeylessRowFilter(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table f (kind text, n int, big text)`, `alter table f replica identity full`,
 		`insert into f select 'y', g, (select string_agg(md5((g * h)::text), '') from generate_series(1, 400) h) from generate_series(1, 20) g`,

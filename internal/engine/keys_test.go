@@ -9,6 +9,7 @@ import (
 // An update that changes the key while a TOASTed column stays unchanged moves the old key's
 // value to the new key: never NULL, never the value of an earlier row with the new key.
 func TestKeyChangeCarriesUnchangedToastValue(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table docs (id int primary key, n int, body text)`,
@@ -33,6 +34,7 @@ func TestKeyChangeCarriesUnchangedToastValue(t *testing.T) {
 
 // Keys equal by their type's equality but spelled differently are one key, not two.
 func TestNumericKeyRespelled(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table nk (id numeric primary key, v int)`, `insert into nk values (1.0, 1), (2, 2)`)
 	startDaemon(t, testConfig(t, env))
@@ -44,6 +46,7 @@ func TestNumericKeyRespelled(t *testing.T) {
 // A load from a new snapshot removes target rows the source deleted while nothing streamed them
 // (here: the slot was dropped, and the daemon's gap backfill reloads the table).
 func TestReloadRemovesRowsGoneFromTheSource(t *testing.T) {
+	t.Parallel()
 	env := loadedAndStopped(t)
 	dropSlot(t, env)
 	pgtest.Exec(t, env.Source, `delete from a where id > 90`, `update a set v = 'changed' where id = 1`)

@@ -106,6 +106,7 @@ func TestStandbyTakesOverFromAKilledLeader(t *testing.T) {
 // A leader whose lock connection to the target ends (its other connections live on) stops
 // writing and waits as a standby; the standby takes over the lock, the epoch and the slot.
 func TestStandbyTakesOverFromALeaderThatLostItsLock(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)
@@ -138,6 +139,7 @@ func TestStandbyTakesOverFromALeaderThatLostItsLock(t *testing.T) {
 // frozen leader's walsender, and streams; the thawed leader commits nothing and waits as a
 // standby.
 func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)
@@ -191,6 +193,7 @@ func finishUnderNewLeader(t *testing.T, env *pgtest.Env, stopWorkload func(), ou
 // A daemon whose settings differ from the leader's (here another --tables) refuses to wait as its
 // standby, naming both settings: taking over, it would stop following the leader's tables.
 func TestStandbyWithOtherSettingsRefuses(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table b (id int primary key)`)
 	cfg := testConfig(t, env)

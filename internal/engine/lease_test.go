@@ -23,6 +23,7 @@ import (
 // sessions once its lease lapsed: the stream applies the rows it waited for, the run no longer
 // runs, the thawed process exits saying its session was ended, and the next run resumes the table.
 func TestFrozenBackfillRunIsEndedByTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
@@ -125,6 +126,7 @@ func rowsLocked(t *testing.T, conn *pgx.Conn, lo, hi int64) bool {
 // the process itself was paused past the lease): while its sessions' rows are kept 20 s old, its
 // own lease checks run and the run completes.
 func TestRunDoesNotEndItsOwnSessions(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`, `analyze big`)
@@ -159,6 +161,7 @@ func TestRunDoesNotEndItsOwnSessions(t *testing.T) {
 // A silent backfill session the target role may not end (a superuser's) is reported as refused
 // and does not keep the lease check from ending the silent sessions it may end.
 func TestLeaseEndsWhatTheRoleMaySignal(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	role := env.Name + "_tgt"
 	tempRole(t, env, false, role, "", `grant create on database `+env.Name+` to `+role, `grant pg_read_all_stats to `+role)

@@ -41,6 +41,7 @@ func waitLiveView(t *testing.T, env *pgtest.Env, table, view string) {
 // target table change first (ALTER COLUMN … TYPE), add a column or leave one on the target only,
 // and a key added to the table without one (its target table is made anew).
 func TestLiveViewsFollowRowsAndColumns(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create type mood as enum ('sad', 'ok')`,
 		`create table a (id int primary key, m mood, v text, g int generated always as (id * 2) stored)`,

@@ -15,6 +15,7 @@ import (
 // its tables' loaded state and membership under its slot, so restarting either, or both, loads
 // nothing again, and both streams go on converging.
 func TestDaemonsOfTwoSlotsShareATarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
 		`insert into a select g, 'a' from generate_series(1, 3000) g`, `insert into b select g, 'b' from generate_series(1, 3000) g`)

@@ -60,6 +60,7 @@ func (m *retryCounter) counts() map[string]int {
 // it is kept by snapshots, named or in the default selection, and the source application's
 // UPDATEs keep working. Both were refused.
 func TestDeferrableKeyIsNeverPublished(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table d_plain (id int primary key deferrable, v text)`,
@@ -97,6 +98,7 @@ func TestDeferrableKeyIsNeverPublished(t *testing.T) {
 // transactions, an empty search_path) change nothing: the load and the stream never fail, and a
 // lock an operator holds on a target table for a while is waited for.
 func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, repeat('x', 100) from generate_series(1, 20000) g`)
@@ -130,6 +132,7 @@ func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
 // the session is retried (counted as "constraint") until the operator fixes the target, and then
 // the row arrives.
 func TestTargetConstraintIsRetriedUntilFixed(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table c (id int primary key, v int)`, `insert into c select g, g from generate_series(1, 10) g`)
 	d, mon := startCounted(t, env)
@@ -154,6 +157,7 @@ func TestTargetConstraintIsRetriedUntilFixed(t *testing.T) {
 // stays covered (its history up to the watermark is), but following turns false, the note says
 // "stopped" and the watermark's age grows.
 func TestStoppedDaemonIsVisible(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a select generate_series(1, 10)`)
 	d := startDaemon(t, testConfig(t, env))
@@ -176,6 +180,7 @@ func TestStoppedDaemonIsVisible(t *testing.T) {
 // tombstones, values are the source's, and a target table that has the domain (made by an older
 // pgconverge) is changed to the base type without a reload.
 func TestNotNullDomainColumnTakesTombstones(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	for _, conn := range []*pgx.Conn{env.Source, env.Target} {
 		pgtest.Exec(t, conn, `create domain nonempty as text not null check (value <> '')`, `create domain label as nonempty`)
@@ -206,6 +211,7 @@ where attrelid = 't_dom'::regclass and attname in ('v', 'w', 'x') order by attna
 // is never confirmed to the slot before the target reflects it: confirmed_flush_lsn passes the
 // change only once the target table has the column, although keepalives move the stream on.
 func TestSlotIsNotConfirmedPastAnUnseenSchemaChange(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	pgtest.WaitSlotCaughtUp(t, env)
@@ -230,6 +236,7 @@ func TestSlotIsNotConfirmedPastAnUnseenSchemaChange(t *testing.T) {
 // for: the daemon backs off (a "schema" retry) instead of stopping, and follows the new key once
 // it exists.
 func TestDroppedKeyIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text, n int)`,
 		`insert into t select g, 'v' || g, g from generate_series(1, 50) g`)
@@ -252,6 +259,7 @@ func TestDroppedKeyIsWaitedFor(t *testing.T) {
 // without the table's key) are passed over below the reload's fence, and the reload brings the
 // rows; other tables keep streaming.
 func TestReplicaIdentitySwitchedAndBackInOneTransaction(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table r (id int primary key, a int not null, c int not null default 0, v text)`,
 		`insert into r select g, g, 0, 'x' from generate_series(1, 100) g`, `create unique index r_a on r (a)`,
@@ -271,6 +279,7 @@ func TestReplicaIdentitySwitchedAndBackInOneTransaction(t *testing.T) {
 // daemon waits (a "schema" retry) instead of stopping, and follows the table again once its key is
 // made immediate again.
 func TestKeyMadeDeferrableIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'v' from generate_series(1, 20) g`)
 	d, mon := startCounted(t, env)
@@ -290,6 +299,7 @@ func TestKeyMadeDeferrableIsWaitedFor(t *testing.T) {
 // in the default selection and named with --tables it is kept by snapshots only, logged with the
 // reason, and never published (the default selection left it out).
 func TestUnloggedTableIsNamedAndKeptBySnapshots(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create unlogged table scratch (id int primary key, v text)`, `insert into scratch values (1, 'x')`,
@@ -340,6 +350,7 @@ func TestUnloggedTableIsNamedAndKeptBySnapshots(t *testing.T) {
 // change (it waited for the table's next change), and the daemon waits for it like a lost key,
 // then follows it again once FULL is back.
 func TestReplicaIdentityFullTakenAwayIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (x int, v text)`, `alter table b replica identity full`,
 		`create table c (id int primary key deferrable, v text)`, `alter table c replica identity full`,

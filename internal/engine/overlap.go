@@ -27,26 +27,32 @@ import (
 // them up (its stream skips the changes of a published table it does not select), records what it
 // waits for (coverage.RecordWaits, for status and coverage), and follows its other tables; one
 // whose every table is followed elsewhere writes nothing for its stream and waits. While streaming
-// it looks every OverlapPoll whether the other daemon still runs (watchWaiting), and restarts once
-// it does not: the next session waits out OverlapGrace and takes the table at the seam of a table
+// it looks every overlapPoll whether the other daemon still runs (watchWaiting), and restarts once
+// it does not: the next session waits out overlapGrace and takes the table at the seam of a table
 // that joins (loaded from an exact snapshot while its slot keeps the later changes).
 // recordCoverage checks again under coverage.LockFollowing in the transaction that opens its spans
 // and records its snapshot-only tables (claimTables), where daemons that start at once take turns,
 // and ends the open spans that stopped slots still have of its tables: their streams no longer
 // follow them.
 
-// OverlapPoll is how often a session looks again whether the other daemon runs; overlapLogEvery
+// overlapPoll is how often a session looks again whether the other daemon runs; overlapLogEvery
 // how often a waiting session says so (and, when it writes nothing, describes its selection again:
-// the operator's fix may be a change of it). OverlapGrace is how long a slot that follows a
+// the operator's fix may be a change of it). overlapGrace is how long a slot that follows a
 // selected table must look stopped before a session takes the table: a daemon whose target
 // connections all failed (a target restart) takes its running lock again within
 // presenceCheckEvery of the target's return, and must not find its tables taken by a daemon that
 // was quicker.
 const (
-	OverlapPoll     = 5 * time.Second
+	overlapPoll     = 5 * time.Second
 	overlapLogEvery = time.Minute
-	OverlapGrace    = 10 * time.Second
+	overlapGrace    = 10 * time.Second
 )
+
+// overlapGrace returns overlapGrace, or Knobs.overlapGrace when set.
+func (s *session) overlapGrace() time.Duration { return knobOr(s.cfg.Knobs.OverlapGrace, overlapGrace) }
+
+// overlapPoll returns overlapPoll, or Knobs.overlapPoll when set.
+func (s *session) overlapPoll() time.Duration { return knobOr(s.cfg.Knobs.OverlapPoll, overlapPoll) }
 
 // errFollowerStopped ends a session that left a table to a daemon of another slot once no daemon
 // of that slot runs: the next session, started at once, takes the table.
@@ -102,11 +108,11 @@ func (s *session) followedElsewhere(ctx context.Context, conn *pgx.Conn, db cove
 // settleOverlap returns, once the session knows which selected tables it leaves to running
 // daemons of other slots (leave), its source position and the selected tables it follows. While a
 // selected table is followed by a slot none of whose daemons runs, it waits until that has lasted
-// OverlapGrace (then the session takes the table: claimTables), and while every selected table is
+// overlapGrace (then the session takes the table: claimTables), and while every selected table is
 // followed by a running daemon of another slot it waits too, writing nothing but what it waits for
 // (coverage.RecordWaits), logging at ERROR and counting retry reason "overlap" at first and every
 // overlapLogEvery, and describing its selection again every overlapLogEvery. Meanwhile the session
-// keeps leading its slot, closes its replication connection and looks again every OverlapPoll;
+// keeps leading its slot, closes its replication connection and looks again every overlapPoll;
 // after a wait it describes its selection again before it goes on.
 func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, names []changebatch.TableName) (pglogrepl.LSN, []changebatch.TableName, error) {
 	var logged, since, stoppedSince, described time.Time
@@ -124,8 +130,8 @@ func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, 
 		case len(stopped) > 0 && stoppedSince.IsZero():
 			stoppedSince = time.Now()
 			s.cfg.Logger.Info("a selected table is followed by a slot none of whose daemons runs: this daemon takes it over unless one shows within the grace",
-				"slot", s.cfg.Slot, "table", stopped[0].Table.String(), "from_slot", stopped[0].Slot, "grace", OverlapGrace.String())
-		case len(stopped) > 0 && time.Since(stoppedSince) < OverlapGrace:
+				"slot", s.cfg.Slot, "table", stopped[0].Table.String(), "from_slot", stopped[0].Slot, "grace", s.overlapGrace().String())
+		case len(stopped) > 0 && time.Since(stoppedSince) < s.overlapGrace():
 		case len(running) > 0 && !slices.ContainsFunc(s.selected(names), func(n changebatch.TableName) bool { return !followed(running, n) }):
 			if since.IsZero() {
 				since = time.Now()
@@ -136,7 +142,7 @@ func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, 
 			if time.Since(logged) >= overlapLogEvery {
 				s.mon.SessionRetried("overlap")
 				s.cfg.Logger.Error("waiting: every selected table is followed by a running daemon of another slot, so this daemon writes nothing for its stream", "slot", s.cfg.Slot,
-					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", OverlapPoll.String())
+					"err", followedElsewhereError{running, leaders}.Error(), "waited", time.Since(since).Round(time.Second).String(), "looks_again_every", s.overlapPoll().String())
 				logged = time.Now()
 			}
 		case !fresh:
@@ -161,7 +167,7 @@ func (s *session) settleOverlap(ctx context.Context, describedAt pglogrepl.LSN, 
 		select {
 		case <-ctx.Done():
 			return 0, nil, context.Cause(ctx)
-		case <-time.After(OverlapPoll):
+		case <-time.After(s.overlapPoll()):
 		}
 		fresh = false
 		if described.IsZero() {
@@ -212,7 +218,7 @@ func (s *session) leave(ctx context.Context, names []changebatch.TableName, runn
 	s.tables = slices.DeleteFunc(s.tables, func(t changebatch.Table) bool { return left(t.TableName) })
 	s.snapshotOnly = slices.DeleteFunc(s.snapshotOnly, func(t changebatch.Table) bool { return left(t.TableName) })
 	s.cfg.Logger.Error("waiting for a table: it is followed by a running daemon of another slot; this daemon leaves it to that one and follows its other tables", "slot", s.cfg.Slot,
-		"err", followedElsewhereError{s.waiting, leaders}.Error(), "looks_again_every", OverlapPoll.String())
+		"err", followedElsewhereError{s.waiting, leaders}.Error(), "looks_again_every", s.overlapPoll().String())
 	return slices.DeleteFunc(slices.Clone(names), left), nil
 }
 
@@ -221,9 +227,9 @@ func (s *session) waitsFor(n changebatch.TableName) bool { return followed(s.wai
 
 // watchWaiting runs with the stream while the session leaves tables to daemons of other slots
 // (s.waiting): over a target connection of its own it counts retry reason "overlap" at once, then
-// looks every OverlapPoll whether those daemons still run, logging at ERROR and counting "overlap"
+// looks every overlapPoll whether those daemons still run, logging at ERROR and counting "overlap"
 // again every overlapLogEvery. It returns an error wrapping errFollowerStopped once a table's
-// follower runs no more (the next session takes the table, after OverlapGrace), and nil at once
+// follower runs no more (the next session takes the table, after overlapGrace), and nil at once
 // when the session waits for nothing.
 func (s *session) watchWaiting(ctx context.Context) error {
 	if len(s.waiting) == 0 {
@@ -244,7 +250,7 @@ func (s *session) watchWaiting(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(OverlapPoll):
+		case <-time.After(s.overlapPoll()):
 		}
 		running, _, leaders, err := s.followedElsewhere(ctx, conn, conn, names)
 		if err != nil {
@@ -253,13 +259,13 @@ func (s *session) watchWaiting(ctx context.Context) error {
 		for _, f := range s.waiting {
 			if !followed(running, f.Table) {
 				return fmt.Errorf("%w: %s is no longer followed by a running daemon of slot %q: restarting the session to take it over (after a grace of %s, loaded from an exact snapshot while the slot keeps its later changes)",
-					errFollowerStopped, f.Table, f.Slot, OverlapGrace)
+					errFollowerStopped, f.Table, f.Slot, s.overlapGrace())
 			}
 		}
 		if time.Since(logged) >= overlapLogEvery {
 			s.mon.SessionRetried("overlap")
 			s.cfg.Logger.Error("waiting for a table: it is followed by a running daemon of another slot; this daemon leaves it to that one and follows its other tables", "slot", s.cfg.Slot,
-				"err", followedElsewhereError{running, leaders}.Error(), "looks_again_every", OverlapPoll.String())
+				"err", followedElsewhereError{running, leaders}.Error(), "looks_again_every", s.overlapPoll().String())
 			logged = time.Now()
 		}
 	}

@@ -20,11 +20,13 @@ import (
 // the shared table, now waits in turn; without the table it goes on where it stood, loading
 // nothing again.
 func TestTableFollowedByAnotherRunningDaemonIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
 		`create table c (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 2000) g`,
 		`insert into b select g, 'b' from generate_series(1, 2000) g`, `insert into c select g, 'c' from generate_series(1, 2000) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.b", "public.c"}
 	firstMon, secondMon := &retryCounter{}, &retryCounter{}
@@ -86,6 +88,7 @@ from pgconverge.table_spans t join pgconverge.stream_segments s on s.id = t.segm
 // take it: they record their spans in turn (coverage.LockFollowing), so one follows the table and
 // the other waits.
 func TestDaemonsStartedAtOnceDoNotBothTakeATable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table s (id int primary key, v text)`, `insert into s select g, 's' from generate_series(1, 500) g`)
 	cfgs := []Config{testConfig(t, env), testConfig(t, env)}
@@ -117,6 +120,7 @@ where t.table_name = 's' and t.end_lsn is null and s.end_lsn is null`)
 // constraint refuses a row) and it waits to retry, the daemon of another slot that shares a table
 // keeps waiting, since the first holds its running lock for as long as its process runs.
 func TestDaemonRetryingKeepsItsTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v int)`, `insert into b select g, g from generate_series(1, 100) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
@@ -156,8 +160,9 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 // first daemon's next session is slow to start (8 s) and its running lock is taken again only after
 // 20 s, so the daemon of another slot that waits for a shared table, cut off too, comes back first
 // and finds the first daemon holding neither lock; it takes nothing before that has lasted
-// OverlapGrace, and by then the first leads its slot again.
+// overlapGrace, and by then the first leads its slot again.
 func TestDaemonsCutFromTheTargetKeepTheirTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v int)`, `insert into b select g, g from generate_series(1, 100) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
@@ -170,6 +175,11 @@ func TestDaemonsCutFromTheTargetKeepTheirTables(t *testing.T) {
 	first.Knobs.PresenceCheckEvery = 20 * time.Second
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.b"}
+	// The production timings, set here so that the watch below knows them.
+	const grace, poll = 10 * time.Second, 5 * time.Second
+	for _, c := range []*Config{&first, &second} {
+		c.Knobs.OverlapGrace, c.Knobs.OverlapPoll = grace, poll
+	}
 	secondMon := &retryCounter{}
 	second.Monitor = secondMon
 	d1 := startDaemon(t, first)
@@ -185,8 +195,8 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 	}
 	pgtest.Exec(t, env.Target, `select pg_terminate_backend(pid) from pg_stat_activity
 where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'`)
-	// A takeover would happen within OverlapGrace and two polls of the cut: watch that long.
-	for until := time.Now().Add(OverlapGrace + 2*OverlapPoll); time.Now().Before(until); time.Sleep(250 * time.Millisecond) {
+	// A takeover would happen within the grace and two polls of the cut: watch that long.
+	for until := time.Now().Add(grace + 2*poll); time.Now().Before(until); time.Sleep(250 * time.Millisecond) {
 		if got := following(); got != first.Slot {
 			t.Fatalf("slots following public.b after the cut: %q, want only %s", got, first.Slot)
 		}

@@ -43,11 +43,13 @@ func waitsOf(t *testing.T, env *pgtest.Env, slot string) (inCoverage, inStatus s
 // Once the first daemon stops, the waiting one takes the shared table over at the seam: the
 // target equals the source, and the table is covered, without a gap, by the second slot.
 func TestWaitingDaemonStreamsItsOtherTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
 		`create table c (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 1000) g`,
 		`insert into b select g, 'b' from generate_series(1, 1000) g`, `insert into c select g, 'c' from generate_series(1, 1000) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.b", "public.c"}
 	secondMon := &retryCounter{}
@@ -113,11 +115,13 @@ where r.slot = $1 and b.table_name = 'b'`, second.Slot); n != 0 {
 // it to the first (no load, no scheduled refresh of it under its slot) while following its other
 // table, and coverage names the wait; once the first stops, the second keeps it.
 func TestSnapshotOnlyTableKeptByOneDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create unlogged table u (id int primary key, v text)`, `insert into u select g, 'u' from generate_series(1, 300) g`,
 		`create table a (id int primary key, v text)`, `insert into a select g, 'a' from generate_series(1, 100) g`,
 		`create table c (id int primary key, v text)`, `insert into c select g, 'c' from generate_series(1, 100) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.a", "public.u"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", []string{"public.u", "public.c"}
 	for _, c := range []*Config{&first, &second} {
@@ -170,10 +174,12 @@ where coalesce(r.slot, r.leader_slot) = $1 and b.table_name = 'u'`, slot)
 // without restarting at its catalog checks, and takes the table over at the seam once the other
 // daemon stops (its stream skipped the table's changes until then: the table is loaded again).
 func TestWaitingDaemonWithoutTablesSkipsTheSharedTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`, `create table c (id int primary key, v text)`,
 		`insert into b select g, 'b' from generate_series(1, 500) g`, `insert into c select g, 'c' from generate_series(1, 500) g`)
 	first, second := testConfig(t, env), testConfig(t, env)
+	quickOverlap(&first, &second)
 	first.Slot, first.Publication, first.Tables = env.Name+"_1", env.Name+"_1", []string{"public.b"}
 	second.Slot, second.Publication, second.Tables = env.Name+"_2", env.Name+"_2", nil
 	pgtest.Exec(t, env.Source, `create publication `+second.Publication+` for table b, c`)

@@ -43,6 +43,7 @@ func streamingPartitioned(t *testing.T) *pgtest.Env {
 // target gets one plain table with the rows of every partition, and the publication pgconverge
 // creates publishes the partitions' changes under the table's name.
 func TestPartitionedTableIsOneTargetTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	partitioned(t, env)
 	startDaemon(t, testConfig(t, env))
@@ -63,6 +64,7 @@ func TestPartitionedTableIsOneTargetTable(t *testing.T) {
 // An UPDATE of the partition key moves a row to another partition; pgoutput sends it as a delete
 // and an insert under the root's name, and the target converges (the old key is a tombstone).
 func TestRowMovingBetweenPartitionsConverges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	partitioned(t, env)
 	cfg := testConfig(t, env)
@@ -83,6 +85,7 @@ func TestRowMovingBetweenPartitionsConverges(t *testing.T) {
 // A partitioned table needs a publication that publishes via the partition root: an existing one
 // that does not is refused, naming the fix.
 func TestPartitionedTableNeedsARootPublication(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	partitioned(t, env)
 	pgtest.Exec(t, env.Source, `create publication `+env.Name+` for table p`)
@@ -95,6 +98,7 @@ func TestPartitionedTableNeedsARootPublication(t *testing.T) {
 // partitions under their own names: the default selection takes the partitions, each replicated
 // as a table of its own.
 func TestPartitionsOfAPlainPublicationAreTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	partitioned(t, env)
 	pgtest.Exec(t, env.Source, `create publication `+env.Name+` for table p`)
@@ -114,6 +118,7 @@ func TestPartitionsOfAPlainPublicationAreTables(t *testing.T) {
 // the stream: the membership change is a coverage gap, reported while --on-gap=alert leaves it,
 // and backfilled by the default --on-gap=backfill.
 func TestAttachedPartitionIsAGapUntilBackfilled(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	partitioned(t, env)
 	pgtest.Exec(t, env.Source, `create table p_asia (id int, region text, v text, primary key (id, region))`,
@@ -149,6 +154,7 @@ func TestAttachedPartitionIsAGapUntilBackfilled(t *testing.T) {
 // DETACH PARTITION removes its rows from the partitioned table without deletes in the stream; the
 // reload that the membership change causes tombstones them.
 func TestDetachedPartitionRowsAreTombstoned(t *testing.T) {
+	t.Parallel()
 	env := streamingPartitioned(t)
 	pgtest.Exec(t, env.Source, `alter table p_us detach partition p_us_high`, `insert into p values (5000, 'eu', 'after the detach')`)
 	pgtest.WaitConverged(t, env, "p", "id, region")
@@ -161,6 +167,7 @@ func TestDetachedPartitionRowsAreTombstoned(t *testing.T) {
 // A TRUNCATE of one partition alone is not published via the partition root (pgoutput skips
 // it): the partition's new storage changes the membership, and the reload removes its rows.
 func TestTruncatedPartitionIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := streamingPartitioned(t)
 	pgtest.Exec(t, env.Source, `truncate p_eu`, `insert into p values (10000, 'eu', 'after the truncate')`)
 	pgtest.WaitConverged(t, env, "p", "id, region")
@@ -171,6 +178,7 @@ func TestTruncatedPartitionIsReloaded(t *testing.T) {
 // attached again within one transaction, its oid and storage are the same, but its catalog rows
 // are new: the table is reloaded.
 func TestPartitionChangedWhileDetachedIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := streamingPartitioned(t)
 	pgtest.Exec(t, env.Source, `begin; alter table p detach partition p_eu; update p_eu set v = 'while detached' where id <= 50;
 delete from p_eu where id > 280; insert into p_eu values (5000, 'eu', 'new while detached');
@@ -183,6 +191,7 @@ alter table p attach partition p_eu for values in ('eu'); commit`)
 // snapshot would read the current partitions and show rows the table did not have then, or miss
 // rows it had. Run again, it completes.
 func TestBackfillStopsWhenPartitionsChange(t *testing.T) {
+	t.Parallel()
 	cases := map[string]string{
 		"attach":   `alter table p attach partition p_asia for values in ('asia')`,
 		"detach":   `alter table p detach partition p_eu`,
@@ -190,6 +199,7 @@ func TestBackfillStopsWhenPartitionsChange(t *testing.T) {
 	}
 	for name, ddl := range cases {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			partitioned(t, env)
 			pgtest.Exec(t, env.Source, `create table p_asia (id int, region text, v text, primary key (id, region))`,

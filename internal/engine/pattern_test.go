@@ -10,6 +10,7 @@ import (
 // follow tables created later, or given a key later, from their first row: each is added to the
 // publication, loaded and streamed, with coverage covered.
 func TestTablePatternsFollowNewTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create schema sales`,
 		`create table a (id int primary key, v text)`, `insert into a values (1, 'a')`,
@@ -46,6 +47,7 @@ func TestTablePatternsFollowNewTables(t *testing.T) {
 // With a publication FOR TABLES IN SCHEMA and no --tables, a table created in the schema later is
 // followed from its first row.
 func TestSchemaPublicationFollowsNewTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
@@ -64,6 +66,7 @@ func TestSchemaPublicationFollowsNewTables(t *testing.T) {
 // A partitioned table created later that a pattern matches, while pgconverge's publication
 // publishes partitions under their own names, is skipped with the fix; the daemon streams on.
 func TestPatternSkipsAPartitionedTableThePublicationCannotCarry(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
 	cfg := testConfig(t, env)

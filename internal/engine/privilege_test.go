@@ -14,6 +14,7 @@ import (
 // (the publication made by the tables' owner), and a target role with CREATE on the database and
 // its schema; neither is a superuser.
 func TestLeastPrivilegeRoles(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	src, tgt := env.Name+"_src", env.Name+"_tgt"
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`,

@@ -32,6 +32,7 @@ func waitSameRows(t *testing.T, env *pgtest.Env, table, cols, where string) {
 // into it as an INSERT), a manual backfill and verify all keep exactly the rows it admits;
 // coverage says so; a new filter reloads the table under it.
 func TestRowFilteredPublicationConverges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table orders (id int primary key, region text not null, amount int)`,
@@ -94,6 +95,7 @@ where table_schema = 'public' and table_name = $1 and column_name not like '\_cd
 // ones, and a narrower list reloads the table without the columns it left out. A list without a
 // key column is refused.
 func TestColumnListPublicationConverges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table people (id int primary key, name text, ssn text, note text, twice int generated always as (id * 2) stored)`,
@@ -154,6 +156,7 @@ func TestColumnListPublicationConverges(t *testing.T) {
 // the schema's rows, all of them: the schema leaving the publication, or coming into it, changes
 // the rows published and reloads the table.
 func TestSchemaAndFilteredTableInOnePublication(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create schema s`,
 		`create table s.t (id int primary key, v int)`, `create table public.u (id int primary key, v int)`,
@@ -175,6 +178,7 @@ func TestSchemaAndFilteredTableInOnePublication(t *testing.T) {
 // With --on-gap=alert a new filter is only reported; the manual backfill the daemon's error names
 // reads through the new filter, though the table, marked not loaded, no longer names its slot.
 func TestManualBackfillAfterFilterChangeUnderAlert(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table u (id int primary key, v int)`,
 		`insert into u select g, g from generate_series(1, 100) g`,
@@ -200,6 +204,7 @@ func TestManualBackfillAfterFilterChangeUnderAlert(t *testing.T) {
 // "unchanged TOAST" marker of a value it did not detoast: the target cannot know that value. The
 // daemon says so, naming the table, and fills the value from a fresh snapshot at once.
 func TestToastedRowMovedIntoFilterIsFilled(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table k (id int primary key, big text, v int)`,
 		`alter table k alter big set storage external`,
@@ -230,6 +235,7 @@ func TestToastedRowMovedIntoFilterIsFilled(t *testing.T) {
 // An interrupted manual backfill is not resumed through another row filter: the chunks it kept
 // hold the old filter's rows.
 func TestBackfillIsNotResumedThroughAnotherFilter(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`,

@@ -37,6 +37,7 @@ func requireVerifyClean(t *testing.T, env *pgtest.Env) {
 // here): the daemon keeps running, the target ends with the source's values and types, coverage
 // has no gap and verify finds nothing.
 func TestColumnComingBackIsANewColumn(t *testing.T) {
+	t.Parallel()
 	for name, c := range map[string]struct {
 		// stopped runs drop and add while the daemon is stopped; otherwise, when wait is set,
 		// the test waits between them until a session followed the table without that column.
@@ -60,6 +61,7 @@ func TestColumnComingBackIsANewColumn(t *testing.T) {
 			then: []string{`update t set n = -n where n <= 5`, `delete from t where n = 10`}},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			d := streamingTable(t, env)
 			pgtest.Exec(t, env.Source, `update t set v = 'g2-edited' where id = 2`)
@@ -101,6 +103,7 @@ where attrelid = 't'::regclass and attnum > 0 and not attisdropped order by attn
 // the reload fills it: until then, rows there hold NULL in it, never a value of the column that
 // was dropped. The daemon then loads the source's values.
 func TestColumnAddedAgainHoldsNoOldValues(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	d.Stop(t)
@@ -130,6 +133,7 @@ func TestColumnAddedAgainHoldsNoOldValues(t *testing.T) {
 // reports the table schema-changed, and once the view is dropped the column is replaced and
 // loaded again.
 func TestColumnComingBackWaitsForAViewOverIt(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	pgtest.Exec(t, env.Target, `create view mine as select id, v from t`)
@@ -162,6 +166,7 @@ func TestColumnComingBackWaitsForAViewOverIt(t *testing.T) {
 // On a table without a key, whose copies are identified by their row's hash, a column that comes
 // back with another type is replaced and loaded again alike: the multisets end equal.
 func TestColumnComingBackOnAKeylessTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (a int, b text)`, `alter table t replica identity full`,
 		`insert into t select g % 20, 'b' || g from generate_series(1, 100) g`)

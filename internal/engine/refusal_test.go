@@ -60,6 +60,7 @@ func tempRole(t *testing.T, env *pgtest.Env, source bool, name, attrs string, gr
 // a fresh source and target, each leaves no slot, publication, metadata schema, target table or
 // type behind (tables use an enum, which the run would create on the target first).
 func TestRefusedRunWritesNothing(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		setup func(t *testing.T, env *pgtest.Env, cfg *Config)
@@ -102,6 +103,7 @@ func TestRefusedRunWritesNothing(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create type mood as enum ('sad', 'ok')`,
 				`create table a (id int primary key, m mood)`, `insert into a values (1, 'ok')`)

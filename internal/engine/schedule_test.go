@@ -26,6 +26,7 @@ func TestParseSchedule(t *testing.T) {
 // The schedule fires while the daemon streams; a tick while the previous scheduled backfill is
 // still running is skipped; the held backfill then completes and the table stays equal.
 func TestScheduledBackfill(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table s (id int primary key, v int)`, `insert into s select g, g from generate_series(1, 3000) g`)
 	cfg := testConfig(t, env)

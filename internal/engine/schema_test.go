@@ -35,6 +35,7 @@ where attrelid = 't'::regclass and attnum > 0 and not attisdropped and attname n
 
 // A column added while streaming is added to the target, and rows written after carry it.
 func TestAddColumnWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t add column note varchar(20)`,
@@ -50,6 +51,7 @@ func TestAddColumnWhileStreaming(t *testing.T) {
 // follows here: the daemon still notices the new columns and loads the table again, so the
 // existing rows get the source's values, and coverage says covered once that load completed.
 func TestAddColumnWithDefaultsFillsExistingRows(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t add column c text not null default 'constant'`,
@@ -63,6 +65,7 @@ func TestAddColumnWithDefaultsFillsExistingRows(t *testing.T) {
 
 // A dropped column stays on the target with the values it had; rows written after leave it NULL.
 func TestDropColumnKeepsItOnTheTarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t drop column n`, `insert into t values (51, 'v51')`, `update t set v = 'x' where id = 7`)
@@ -76,6 +79,7 @@ func TestDropColumnKeepsItOnTheTarget(t *testing.T) {
 // A renamed column cannot be told from a dropped one and an added one in pgoutput: the target
 // gets the new name with the source's values (loaded again), and keeps the old one.
 func TestRenameColumnAddsTheNewName(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t rename column v to label`, `update t set label = 'renamed' where id = 1`)
@@ -88,6 +92,7 @@ func TestRenameColumnAddsTheNewName(t *testing.T) {
 // A column changed to another type is changed on the target and the table is loaded again, so
 // values the source's USING expression computed arrive, not the target's cast.
 func TestColumnTypeChangeReloadsTheTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t alter column n type numeric(12,2) using n * 1.5`)
@@ -103,6 +108,7 @@ func TestColumnTypeChangeReloadsTheTable(t *testing.T) {
 // fix, with the target table unchanged; once the target column is changed by hand, the restarted
 // daemon loads the table again.
 func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t alter column v type int using length(v)`)
@@ -126,6 +132,7 @@ func TestUncastableTypeChangeStopsTheDaemon(t *testing.T) {
 // new key (updates of its columns, deletes that send only it) converge. So does a switch of
 // REPLICA IDENTITY USING INDEX to another unique index.
 func TestKeyChangeIsFollowed(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `delete from t where id = 50`) // a tombstone of the old key
@@ -157,6 +164,7 @@ where i.indrelid = 't'::regclass and i.indisprimary order by a.attname`)
 // too, with the source's values on both paths; one added while streaming is added there, and
 // one whose expression the source dropped becomes a plain column that the stream writes.
 func TestGeneratedColumnsFollowTheSource(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, a int, b text,
   g int generated always as (a * 2) stored, h text generated always as (upper(b) || '!') stored)`,
@@ -180,6 +188,7 @@ where attrelid = 't'::regclass and attname in ('g', 'h', 'k') order by attname`)
 // change: until a backfill read after it completes, coverage reports the table schema-changed and
 // exits 3; the daemon then loads it again and coverage is clean.
 func TestSchemaChangeIsNotCoveredUntilReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	d.Stop(t)
@@ -214,6 +223,7 @@ func waitRecordedColumn(t *testing.T, env *pgtest.Env, col string, has bool) {
 // A column dropped and then added again under the same name and type holds new values on the
 // source (its default): the target's kept column is loaded again, never left stale.
 func TestColumnAddedAgainUnderItsNameIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t drop column n`, `insert into t values (51, 'v51')`)
@@ -225,6 +235,7 @@ func TestColumnAddedAgainUnderItsNameIsReloaded(t *testing.T) {
 
 // A column renamed and renamed back: the changes written under the other name reach the column.
 func TestColumnRenamedBackIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	streamingTable(t, env)
 	pgtest.Exec(t, env.Source, `alter table t rename column v to w`, `update t set w = 'changed' where id <= 5`)
@@ -238,6 +249,7 @@ func TestColumnRenamedBackIsReloaded(t *testing.T) {
 // undone within one transaction with row changes in between (streamed against columns the
 // description never had).
 func TestRewritesKeepingTheColumnsAreReloaded(t *testing.T) {
+	t.Parallel()
 	for name, ddl := range map[string]string{
 		"same type using": `alter table t alter column n type int using n * 2`,
 		"type round trip": `begin; alter table t alter column n type bigint; update t set n = 999 where id = 1;
@@ -246,6 +258,7 @@ alter table t alter column n type int; commit`,
 insert into t values (51, 'inserted', 51); alter table t rename column w to v; commit`,
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			streamingTable(t, env)
 			pgtest.Exec(t, env.Source, ddl)
@@ -261,6 +274,7 @@ insert into t values (51, 'inserted', 51); alter table t rename column w to v; c
 // A generated column dropped and added again with another expression, or changed to another
 // type, is created again on the target with the source's.
 func TestGeneratedColumnRecreatedOnTheTarget(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, a int, g int generated always as (a * 2) stored,
   f float8 generated always as (a / 3.0) stored)`, `insert into t (id, a) select x, x from generate_series(1, 20) x`)
@@ -276,6 +290,7 @@ func TestGeneratedColumnRecreatedOnTheTarget(t *testing.T) {
 // them: also when names are swapped or a renamed label's old name is added again (labels are
 // followed by their oids, not their names).
 func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
+	t.Parallel()
 	for name, ddl := range map[string][]string{
 		"rename": {`alter type mood rename value 'b' to 'blue'`},
 		"swap": {`alter type mood rename value 'b' to 'tmp'`, `alter type mood rename value 'c' to 'b'`,
@@ -283,6 +298,7 @@ func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
 		"old name added again": {`alter type mood rename value 'b' to 'x'`, `alter type mood add value 'b' after 'x'`},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own databases and slot
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create type mood as enum ('a', 'b', 'c', 'd')`, `create table t (id int primary key, m mood)`,
 				`insert into t select g, (array['a', 'b', 'c', 'd'])[g % 4 + 1]::mood from generate_series(1, 20) g`)
@@ -301,6 +317,7 @@ func TestEnumLabelsRenamedOnTheTarget(t *testing.T) {
 // The report compares the source table with the shape the stream last followed: a rewrite is
 // schema-changed at once, before the daemon notices it (here: while it is stopped).
 func TestCoverageSeesARewriteBeforeTheDaemon(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	d := streamingTable(t, env)
 	d.Stop(t)

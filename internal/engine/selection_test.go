@@ -19,6 +19,7 @@ import (
 // fails until it is retired (a table a stream follows, or one the ledger does not know, is not);
 // selected again, it is followed and loaded again.
 func TestTableLeftOutAndSelectedAgainIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
@@ -79,6 +80,7 @@ func loadedAndStopped(t *testing.T) *pgtest.Env {
 
 // A target table dropped by hand is recreated and loaded again, never left empty.
 func TestDroppedTargetTableIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := loadedAndStopped(t)
 	pgtest.Exec(t, env.Target, `drop table a`)
 	pgtest.Exec(t, env.Source, `update a set v = 'changed' where id <= 10`)
@@ -94,6 +96,7 @@ func TestDroppedTargetTableIsReloaded(t *testing.T) {
 // A target table replaced by hand (dropped and created again with the same columns) is a new
 // target table: nothing loaded or streamed before is in it, so it is loaded again.
 func TestTargetTableReplacedByHandIsReloaded(t *testing.T) {
+	t.Parallel()
 	env := loadedAndStopped(t)
 	pgtest.Exec(t, env.Target, `create table a2 (like a including all)`, `drop table a`, `alter table a2 rename to a`)
 	startDaemon(t, testConfig(t, env))
@@ -105,6 +108,7 @@ func TestTargetTableReplacedByHandIsReloaded(t *testing.T) {
 }
 
 func TestRefusesTargetThatIsTheSourceUnderAnotherName(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`)
 	u, err := url.Parse(env.SourceURL)
@@ -121,6 +125,7 @@ func TestRefusesTargetThatIsTheSourceUnderAnotherName(t *testing.T) {
 }
 
 func TestRefusesRoleThatCannotReadTheTable(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	role := env.Name + "_weak"
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`,
@@ -145,6 +150,7 @@ func TestRefusesRoleThatCannotReadTheTable(t *testing.T) {
 
 // An existing publication that hides operations, rows or columns is refused, not trusted.
 func TestRefusesPublicationThatHidesChanges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table a (id int primary key, v text, secret text)`,
@@ -162,6 +168,7 @@ func TestRefusesPublicationThatHidesChanges(t *testing.T) {
 // A table removed from the publication and added back while streaming missed changes in between:
 // the daemon notices the new membership and loads the table again.
 func TestPublicationDropAndReAddWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table a (id int primary key, v text)`, `create table b (id int primary key, v text)`,
@@ -189,6 +196,7 @@ where table_name = 'b' and end_reason = 'publication membership changed'`); n !=
 // While the daemon is stopped a row is inserted, the table leaves the publication, the row is
 // deleted and the table comes back: the reload must not let the replayed insert resurrect it.
 func TestReloadFencesOlderStreamChanges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`,
 		`insert into b select g, 'v' || g from generate_series(1, 10) g`)
@@ -210,6 +218,7 @@ func TestReloadFencesOlderStreamChanges(t *testing.T) {
 // Deletes are not published for a while: the publication's new row version is noticed and the
 // table is loaded again.
 func TestPublishOptionChangedWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table b (id int primary key, v text)`,
 		`insert into b select g, 'v' || g from generate_series(1, 100) g`)
@@ -229,6 +238,7 @@ func TestPublishOptionChangedWhileStreaming(t *testing.T) {
 // Without --tables the selection is the publication's tables: a table dropped from it and added
 // back while the daemon runs is followed again, its missed changes backfilled.
 func TestDefaultSelectionFollowsThePublication(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source,
@@ -254,6 +264,7 @@ func TestDefaultSelectionFollowsThePublication(t *testing.T) {
 // unlogged and logged again, was not published in between although no publication row changed:
 // the daemon notices (the table's catalog row changed) and loads it again.
 func TestSchemaPublicationRoundTripsAreNoticed(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create schema other`,
@@ -274,6 +285,7 @@ func TestSchemaPublicationRoundTripsAreNoticed(t *testing.T) {
 // publication row is the same); the stream matches its changes by the table's oid, so the changes
 // made under the other name reach the target.
 func TestRenameRoundTripsKeepTheirChanges(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create schema other`,
 		`create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`)
@@ -293,6 +305,7 @@ func TestRenameRoundTripsKeepTheirChanges(t *testing.T) {
 // stream delivers any more: it is reported not-streamed (a failing check), never retired by the
 // daemon itself; the operator retires it.
 func TestDroppedSourceTableWaitsForTheOperator(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `create table x (id int primary key, v text)`,
 		`insert into x select g, 'v' from generate_series(1, 10) g`)

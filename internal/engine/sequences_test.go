@@ -36,6 +36,7 @@ func runSequences(t *testing.T, env *pgtest.Env, tables ...string) (map[string]s
 // backfill --sync-sequences syncs the sequences of the tables it completed; `sequences` without
 // --table then takes the tables registered in the target.
 func TestSequenceBackfillSync(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table orders (id serial primary key, v text)`,
 		`insert into orders (v) select 'x' from generate_series(1, 2500)`,
@@ -74,6 +75,7 @@ func TestSequenceBackfillSync(t *testing.T) {
 
 // run --sync-sequences syncs a table's sequences after its initial load.
 func TestSequenceRunSync(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table acc (id serial primary key, v text)`,
 		`insert into acc (v) select 'x' from generate_series(1, 10)`)

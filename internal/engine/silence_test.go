@@ -31,6 +31,7 @@ func behindSourceProxy(t *testing.T) (*pgtest.Env, *tcpProxy, Config, *pgtest.Sy
 // proxy forwards nothing and closes nothing) is given up after three status intervals of waiting,
 // logged with the fix, and the next session reconnects and streams on.
 func TestSilentSourceIsReconnected(t *testing.T) {
+	t.Parallel()
 	env, proxy, cfg, logs := behindSourceProxy(t)
 	cfg.Knobs.StatusInterval = time.Second
 	d := startDaemon(t, cfg)
@@ -54,6 +55,7 @@ func TestSilentSourceIsReconnected(t *testing.T) {
 // with what did not answer, instead of holding the daemon forever; once the network is back, the
 // next session starts and streams.
 func TestFrozenSourceAtSessionStartIsRetried(t *testing.T) {
+	t.Parallel()
 	env, proxy, cfg, logs := behindSourceProxy(t)
 	cfg.Knobs.StatementTimeout = 2 * time.Second
 	var froze sync.Once

@@ -17,6 +17,7 @@ import (
 // reported snapshot-only with the snapshot and its age, and not counted as gaps. Once they can be
 // streamed (SET LOGGED, REPLICA IDENTITY FULL) they join the stream at the seam and are covered.
 func TestSnapshotOnlyTables(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create unlogged table staging (id int primary key, v text)`,
 		`insert into staging select g, 'v' || g from generate_series(1, 500) g`,
@@ -78,6 +79,7 @@ func TestSnapshotOnlyTables(t *testing.T) {
 // without restarting the session at every catalog check (it is published, yet not streamed); given
 // REPLICA IDENTITY FULL it is streamed.
 func TestPublishedTableWithoutIdentityIsKeptBySnapshots(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,

@@ -14,6 +14,7 @@ import (
 )
 
 func TestStreamInsertUpdateDeleteAndKeyChange(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table items (id int primary key, body text, n int)`,
@@ -50,6 +51,7 @@ func TestStreamInsertUpdateDeleteAndKeyChange(t *testing.T) {
 }
 
 func TestTruncateThenInsert(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table items (id int primary key, body text)`,
@@ -69,6 +71,7 @@ func TestTruncateThenInsert(t *testing.T) {
 }
 
 func TestUnchangedToastColumnKeepsItsValue(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table docs (id int primary key, body text, n int)`,
@@ -102,6 +105,7 @@ func TestUnchangedToastColumnKeepsItsValue(t *testing.T) {
 }
 
 func TestRefusesBadSourceWithClearError(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table parted (x int) partition by range (x)`, `create table ok (id int primary key)`)
 	cases := []struct {
@@ -132,6 +136,7 @@ func TestRefusesBadSourceWithClearError(t *testing.T) {
 }
 
 func TestIdleSourceAdvancesConfirmedFlush(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table items (id int primary key)`, `create table noise (id int primary key, pad text)`)
@@ -152,6 +157,7 @@ func TestIdleSourceAdvancesConfirmedFlush(t *testing.T) {
 // is recorded once it is off. Five WAL ends in a row, each waited for with less time than a
 // status interval.
 func TestIdleWatermarkFollowsEveryKeepalive(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table items (id int primary key)`)
 	startDaemon(t, testConfig(t, env))
@@ -177,7 +183,9 @@ func TestClusterRestartMidStream(t *testing.T) {
 		t.Run(side, func(t *testing.T) {
 			env := pgtest.New(t)
 			pgtest.Exec(t, env.Source, `create table items (id int primary key, n int)`)
-			d := startDaemon(t, testConfig(t, env))
+			cfg := testConfig(t, env)
+			cfg.Knobs.RetryBackoffMax = 2 * time.Second // reconnects soon once the cluster is back
+			d := startDaemon(t, cfg)
 			pgtest.WaitStreaming(t, env)
 			pgtest.Exec(t, env.Source, `insert into items select g, g from generate_series(1, 1000) g`)
 			pgtest.Restart(t, side)
@@ -200,6 +208,7 @@ func TestClusterRestartMidStream(t *testing.T) {
 // the stream read has arrived: without the cap the stream would read the whole burst into one
 // group meanwhile.
 func TestBurstAtTheHeadIsAppliedInSmallGroups(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table burst (id int primary key, txn int)`)
 	cfg := testConfig(t, env)

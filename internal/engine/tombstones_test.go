@@ -22,6 +22,7 @@ func tombstoneCounts(t *testing.T, env *pgtest.Env) (int64, int64) {
 // the table applied past them: the fence is raised first, so the target still converges after a
 // restart that replays the stream, and a key deleted then inserted again comes back.
 func TestTombstonesArePrunedAfterTheirRetention(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' || g from generate_series(1, 100) g`,
@@ -70,6 +71,7 @@ func TestTombstonesArePrunedAfterTheirRetention(t *testing.T) {
 // rounds pass over the table (another table is pruned meanwhile), so the backfill's rows are
 // applied, and the table's tombstones go once it ended.
 func TestRunningBackfillHoldsTombstonesBack(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' || g from generate_series(1, 3000) g`,
@@ -119,6 +121,7 @@ func TestRunningBackfillHoldsTombstonesBack(t *testing.T) {
 // A table kept by snapshots only leaves the copies each refresh replaced: they are pruned too,
 // and the target still holds the table as of the last refresh.
 func TestSnapshotOnlyRefreshesArePruned(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
 		`create table s (x int, y text)`, `insert into s values (1, 'dup'), (1, 'dup'), (2, 'one')`)

@@ -23,6 +23,7 @@ type commitState struct {
 // TestTransactions: what the source rolled back never reaches the target, prepared transactions
 // land only when committed, and a transaction over two tables lands in one target commit.
 func TestTransactions(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	t.Cleanup(func() { rollbackPrepared(t, env) })
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, tag text)`, `create table b (id int primary key, tag text)`,

@@ -145,6 +145,8 @@ var typeCases = []typeCase{
 // (stream path, rows 1001..), then updates, moves and deletes some, and compares every table
 // under common rendering settings while the two databases' defaults differ (compare_test.go).
 // One environment and one daemon serve every case.
+// Serial: its daemon starts on 196 tables, which among parallel tests on a busy machine outlasted
+// the 60 s wait for it to stream.
 func TestTypesRoundTrip(t *testing.T) {
 	env := pgtest.New(t)
 	oddDatabaseDefaults(t, env)

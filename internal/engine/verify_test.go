@@ -58,6 +58,7 @@ where table_name = $1 and remediated_at is null`, table)
 // into the target by hand is found with its kind, recorded once however often verify runs,
 // repaired and closed by --repair, and not found again.
 func TestVerifyFindsRecordsAndRepairsDrift(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create table acct (id int primary key, name text, bal numeric)`,
@@ -161,6 +162,7 @@ func verifyRepairChild() int {
 // keys the first run closed keep its repair, nothing is left open, and the table equals the
 // source.
 func TestVerifyRepairKilledAndRerun(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table acct (id int primary key, name text)`,
 		`insert into acct select g, 'n' || g from generate_series(1, 5000) g`)
@@ -194,6 +196,7 @@ func TestVerifyRepairKilledAndRerun(t *testing.T) {
 // verify while the stream applies a workload finds nothing that is not drift, however often it
 // runs, and still finds a drift made meanwhile.
 func TestVerifyWhileStreaming(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	pgtest.Exec(t, env.Source, `create table quiet (id int primary key, v text)`, `insert into quiet select g, md5(g::text) from generate_series(1, 3000) g`)
@@ -231,6 +234,7 @@ func TestVerifyWhileStreaming(t *testing.T) {
 // Keys of every kind the fidelity tests replicate compare equal when equal, whatever their
 // collation or spelling, and a drift in each is found exactly and repaired.
 func TestVerifyKeysOfEveryKind(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source,
 		`create collation if not exists und_icu (provider = icu, locale = 'und')`,
@@ -272,6 +276,7 @@ func TestVerifyKeysOfEveryKind(t *testing.T) {
 // run --verify-schedule verifies inside the daemon with the same code, and --verify-repair repairs
 // what it finds while the daemon streams.
 func TestScheduledVerifyRepairs(t *testing.T) {
+	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table acct (id int primary key, name text)`,
 		`insert into acct select g, 'n' || g from generate_series(1, 2000) g`)
