@@ -155,7 +155,7 @@ func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 }
 
 // printBackfills writes the running backfill runs, one line per table.
-func printBackfills(w io.Writer, runs []operator.BackfillRunStatus) {
+func printBackfills(w io.Writer, runs []coverage.RunningBackfill) {
 	if len(runs) == 0 {
 		fmt.Fprintln(w, "\nno backfill running")
 		return
@@ -195,7 +195,7 @@ func printBackfills(w io.Writer, runs []operator.BackfillRunStatus) {
 }
 
 // printLastVerify writes the last verify run, or that there was none.
-func printLastVerify(w io.Writer, v *operator.VerifyRunStatus) {
+func printLastVerify(w io.Writer, v *coverage.LastVerify) {
 	if v == nil {
 		fmt.Fprintln(w, "\nlast verify: none recorded (pgconverge verify, or run --verify-schedule)")
 		return

@@ -12,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
@@ -131,11 +132,7 @@ func (s *session) withKeptBySnapshots(ctx context.Context, names []changebatch.T
 	if ok, err := apply.HasMetadata(ctx, s.tgt); err != nil || !ok {
 		return names, err
 	}
-	rows, err := s.tgt.Query(ctx, `select schema_name, table_name from pgconverge.tables where snapshot_only is not null and retired_at is null order by 1, 2`)
-	if err != nil {
-		return nil, fmt.Errorf("read the tables kept by snapshots: %w", err)
-	}
-	kept, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
+	kept, err := coverage.KeptBySnapshots(ctx, s.tgt)
 	if err != nil || len(kept) == 0 {
 		return names, err
 	}
@@ -175,11 +172,7 @@ func (s *session) streamedTables(ctx context.Context) (map[changebatch.TableName
 	if ok, err := apply.HasMetadata(ctx, s.tgt); err != nil || !ok {
 		return out, err
 	}
-	rows, err := s.tgt.Query(ctx, `select schema_name, table_name from pgconverge.tables where snapshot_only is null`)
-	if err != nil {
-		return nil, fmt.Errorf("read the streamed tables: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowToStructByPos[changebatch.TableName])
+	names, err := coverage.StreamedTables(ctx, s.tgt)
 	for _, n := range names {
 		out[n] = true
 	}

@@ -11,9 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
-	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
@@ -42,10 +40,10 @@ type StatusReport struct {
 	Waiting []coverage.Wait `json:"waiting"`
 	// Backfills are the runs recorded as running (pgconverge.backfill_runs), oldest first; empty
 	// when none runs.
-	Backfills []BackfillRunStatus `json:"backfills"`
+	Backfills []coverage.RunningBackfill `json:"backfills"`
 	// LastVerify is the latest verify run (pgconverge.verify_runs); nil when none was recorded
 	// (or the target's schema predates verify).
-	LastVerify *VerifyRunStatus `json:"last_verify"`
+	LastVerify *coverage.LastVerify `json:"last_verify"`
 }
 
 // TableStatus is one table of a StatusReport.
@@ -128,78 +126,6 @@ type LeaderStatus struct {
 	Standbys int `json:"standbys"`
 }
 
-// BackfillRunStatus is a backfill run recorded as running (pgconverge.backfill_runs).
-type BackfillRunStatus struct {
-	RunID int64 `json:"run_id"`
-	// Trigger is initial, manual, schedule, gap or schema-change.
-	Trigger string `json:"trigger"`
-	// Slot is the slot whose stream follows the run's tables; omitted for a `pgconverge backfill`
-	// run without one.
-	Slot string `json:"slot,omitempty"`
-	// StartedAt is when the run started; RunningSeconds how long ago that was (target clock).
-	StartedAt      time.Time `json:"started_at"`
-	RunningSeconds float64   `json:"running_seconds"`
-	// Alive is true while the run's process holds the run's advisory lock on the target; false
-	// for a run whose process died without recording its end (kill -9): the next backfill run
-	// closes it as failed and resumes its tables.
-	Alive bool `json:"alive"`
-	// Workers and ChunkRows are the run's --workers and --chunk-rows.
-	Workers   int   `json:"workers"`
-	ChunkRows int64 `json:"chunk_rows"`
-	// Joinable is true once the run published its snapshot: `backfill --join` can add workers.
-	Joinable bool `json:"joinable"`
-	// Tables are the run's table backfills (pgconverge.backfills), by name; empty until the run
-	// took its snapshot.
-	Tables []BackfillTableStatus `json:"tables"`
-}
-
-// BackfillTableStatus is one table of a running backfill run.
-type BackfillTableStatus struct {
-	Table string `json:"table"`
-	// Status is the table's backfill status: running, completed (the run goes on with other
-	// tables) or failed.
-	Status string `json:"status"`
-	// StartedAt is when the table's backfill started (a resumed backfill keeps its first start).
-	StartedAt time.Time `json:"started_at"`
-	// ChunksDone counts completed chunks, ChunksPlanned the chunks planned so far;
-	// PlanningComplete is true once the last chunk is planned (ChunksPlanned is then the total).
-	ChunksDone    int `json:"chunks_done"`
-	ChunksPlanned int `json:"chunks_planned"`
-	// ChunksApplying counts the chunks workers are applying now (claimed by a live session, of
-	// the run's process or of one that joined it).
-	ChunksApplying   int  `json:"chunks_applying"`
-	PlanningComplete bool `json:"planning_complete"`
-	// Rows are the rows applied so far: completed chunks' rows plus the applied part of chunks
-	// merged batch by batch (kept chunks of an interrupted run included).
-	Rows int64 `json:"rows"`
-}
-
-// VerifyRunStatus is the latest verify run (pgconverge.verify_runs).
-type VerifyRunStatus struct {
-	RunID int64 `json:"run_id"`
-	// Trigger is manual or schedule; Status running, completed or failed (Error says why).
-	Trigger string `json:"trigger"`
-	Status  string `json:"status"`
-	// StartedAt and FinishedAt (nil while running); AgeSeconds is how long ago it started
-	// (target clock).
-	StartedAt  time.Time  `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
-	AgeSeconds float64    `json:"age_seconds"`
-	// SnapshotLSN is the exact snapshot S it compared at; nil before it took one.
-	SnapshotLSN *coverage.LSN `json:"snapshot_lsn"`
-	// Tables, Found, Repaired and Open are the run's counts: tables compared, discrepancies
-	// found, repaired, and left open when it ended.
-	Tables   int   `json:"tables"`
-	Found    int64 `json:"found"`
-	Repaired int64 `json:"repaired"`
-	Open     int64 `json:"open"`
-	// OpenNow counts the discrepancies open now, over every table (later runs, repairs and
-	// daemons may have closed or found some since).
-	OpenNow int64 `json:"open_now"`
-	// Error is a failed run's error; omitted otherwise.
-	Error string `json:"error,omitempty"`
-}
-
 // Status is `pgconverge status`: the coverage report (CoverageReport, not computed again) with,
 // per slot, the session holding it and its lag (and the tables its daemon waits for), the running backfill runs with their chunks, and
 // the latest verify run. Errors are CoverageReport's (no ledger, a wrong source, a failed read)
@@ -215,7 +141,7 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 	}
 	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
 	out := StatusReport{MadeAt: time.Now().UTC(), SourceLSN: rep.SourceLSN, Covered: rep.Covered,
-		Tables: []TableStatus{}, Backfills: []BackfillRunStatus{}, Waiting: rep.Waiting}
+		Tables: []TableStatus{}, Backfills: []coverage.RunningBackfill{}, Waiting: rep.Waiting}
 	if out.Slots, err = slotStatuses(ctx, src, rep); err != nil {
 		return StatusReport{}, err
 	}
@@ -240,10 +166,10 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 		}
 		out.Tables = append(out.Tables, ts)
 	}
-	if out.Backfills, err = runningBackfills(ctx, tgt); err != nil {
+	if out.Backfills, err = coverage.RunningBackfills(ctx, tgt); err != nil {
 		return StatusReport{}, err
 	}
-	if out.LastVerify, err = lastVerify(ctx, tgt); err != nil {
+	if out.LastVerify, err = coverage.ReadLastVerify(ctx, tgt); err != nil {
 		return StatusReport{}, err
 	}
 	return out, nil
@@ -304,92 +230,4 @@ where s.slot_name = $1 and s.active_pid is not null`, s.Name).Scan(&s.ActivePID,
 		s.HolderNote = "no walsender state or lag: the session holding the slot is no walsender (a SQL function such as pg_logical_slot_get_changes), or the source role lacks pg_read_all_stats"
 	}
 	return nil
-}
-
-// runningBackfills returns the backfill runs recorded as running, oldest first, with their tables.
-func runningBackfills(ctx context.Context, tgt *pgx.Conn) ([]BackfillRunStatus, error) {
-	rows, err := tgt.Query(ctx, `select r.id, r.trigger, coalesce(r.slot, ''), r.started_at, extract(epoch from now() - r.started_at)::float8,
-  `+advisory.Run("r.id").Held()+`,
-  r.workers, r.chunk_rows, r.snapshot_name is not null
-from pgconverge.backfill_runs r where r.status = 'running' order by r.id`)
-	if err != nil {
-		return nil, fmt.Errorf("read the running backfill runs (pgconverge.backfill_runs): %w", err)
-	}
-	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackfillRunStatus, error) {
-		var r BackfillRunStatus
-		err := row.Scan(&r.RunID, &r.Trigger, &r.Slot, &r.StartedAt, &r.RunningSeconds, &r.Alive, &r.Workers, &r.ChunkRows, &r.Joinable)
-		r.Tables = []BackfillTableStatus{}
-		return r, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read the running backfill runs (pgconverge.backfill_runs): %w", err)
-	}
-	for i := range runs {
-		if runs[i].Tables, err = backfillRunTables(ctx, tgt, runs[i].RunID); err != nil {
-			return nil, err
-		}
-	}
-	return runs, nil
-}
-
-// backfillRunTables returns the table backfills of run id with their chunks' progress, by name.
-func backfillRunTables(ctx context.Context, tgt *pgx.Conn, id int64) ([]BackfillTableStatus, error) {
-	rows, err := tgt.Query(ctx, `select b.schema_name, b.table_name, b.status, b.started_at,
-  count(c.chunk) filter (where c.completed_at is not null)::int, count(c.chunk)::int,
-  count(c.chunk) filter (where c.completed_at is null and `+advisory.Worker("c.claimed_by").Held()+`)::int,
-  coalesce(bool_or(c.chunk is not null and c.upper_key is null), false),
-  coalesce(sum(case when c.completed_at is not null then coalesce(c.rows, 0) else c.done_rows end), 0)::bigint
-from pgconverge.backfills b left join pgconverge.backfill_chunks c on c.backfill_id = b.id
-where b.run_id = $1
-group by b.id order by b.schema_name, b.table_name`, id)
-	if err != nil {
-		return nil, fmt.Errorf("read the tables of backfill run %d (pgconverge.backfills, backfill_chunks): %w", id, err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackfillTableStatus, error) {
-		var t BackfillTableStatus
-		var schema, name string
-		err := row.Scan(&schema, &name, &t.Status, &t.StartedAt, &t.ChunksDone, &t.ChunksPlanned, &t.ChunksApplying, &t.PlanningComplete, &t.Rows)
-		t.Table = changebatch.TableName{Schema: schema, Name: name}.String()
-		return t, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read the tables of backfill run %d (pgconverge.backfills, backfill_chunks): %w", id, err)
-	}
-	return out, nil
-}
-
-// lastVerify returns the latest verify run and the discrepancies open now; nil when no run was
-// recorded or the target's schema has no verify tables.
-func lastVerify(ctx context.Context, tgt *pgx.Conn) (*VerifyRunStatus, error) {
-	var exists bool
-	if err := tgt.QueryRow(ctx, `select to_regclass('pgconverge.verify_runs') is not null and to_regclass('pgconverge.discrepancies') is not null`).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("look up pgconverge.verify_runs: %w", err)
-	}
-	if !exists {
-		return nil, nil
-	}
-	var v VerifyRunStatus
-	var snap, msg *string
-	err := tgt.QueryRow(ctx, `select id, trigger, status, started_at, finished_at, extract(epoch from now() - started_at)::float8,
-  snapshot_lsn::text, tables, found, repaired, open, error,
-  (select count(*) from pgconverge.discrepancies where remediated_at is null)
-from pgconverge.verify_runs order by id desc limit 1`).Scan(&v.RunID, &v.Trigger, &v.Status, &v.StartedAt, &v.FinishedAt, &v.AgeSeconds,
-		&snap, &v.Tables, &v.Found, &v.Repaired, &v.Open, &msg, &v.OpenNow)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read the last verify run (pgconverge.verify_runs): %w", err)
-	}
-	if snap != nil {
-		var l coverage.LSN
-		if err := l.UnmarshalText([]byte(*snap)); err != nil {
-			return nil, fmt.Errorf("read the last verify run (pgconverge.verify_runs): snapshot_lsn %q: %w", *snap, err)
-		}
-		v.SnapshotLSN = &l
-	}
-	if msg != nil {
-		v.Error = *msg
-	}
-	return &v, nil
 }

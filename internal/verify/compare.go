@@ -63,19 +63,18 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 // checkTarget checks, in the comparison's target transaction, that the stream had passed S and
 // the table was loaded then, and that the target table has the source's columns.
 func (v *verifyRun) checkTarget(ctx context.Context, ttx pgx.Tx, t *verifyTable) error {
-	var applied *string
-	var ok, loaded bool
-	err := ttx.QueryRow(ctx, `select (select applied_lsn::text from pgconverge.progress where slot = $3),
-  coalesce((select applied_lsn >= $4::pg_lsn from pgconverge.progress where slot = $3), false),
-  coalesce((select loaded_lsn is not null and slot = $3 from pgconverge.tables where schema_name = $1 and table_name = $2), false)`,
-		t.Schema, t.Name, t.slot, v.snap.LSN.String()).Scan(&applied, &ok, &loaded)
+	st, err := coverage.ReadStreamState(ctx, ttx, t.TableName, t.slot, v.snap.LSN)
 	if err != nil {
-		return fmt.Errorf("read the state of %s: %w", t, err)
+		return err
 	}
-	if !ok {
-		return fmt.Errorf("the stream of slot %q fell behind the snapshot %s (applied %v)", t.slot, v.snap.LSN, applied)
+	if !st.Passed {
+		applied := st.Applied
+		if applied == "" {
+			applied = "nothing"
+		}
+		return fmt.Errorf("the stream of slot %q fell behind the snapshot %s (applied %s)", t.slot, v.snap.LSN, applied)
 	}
-	if !loaded {
+	if !st.Loaded {
 		return errSkip("being loaded again: verify it once `pgconverge run` has loaded it")
 	}
 	var missing []string

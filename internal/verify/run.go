@@ -244,20 +244,18 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 
 // followedBy returns the slot that follows table n, or records why n is skipped.
 func (v *verifyRun) followedBy(ctx context.Context, n changebatch.TableName) (string, error) {
-	var loaded, slot *string
-	err := v.tgt.QueryRow(ctx, `select loaded_lsn::text, slot from pgconverge.tables where schema_name = $1 and table_name = $2`,
-		n.Schema, n.Name).Scan(&loaded, &slot)
+	f, err := coverage.ReadFollowed(ctx, v.tgt, n)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, coverage.ErrUnknownTable):
 		return "", fmt.Errorf("%s is not replicated into the target (not in pgconverge.tables): name a table `pgconverge run` follows", n)
 	case err != nil:
-		return "", fmt.Errorf("read the state of %s: %w", n, err)
-	case loaded == nil:
+		return "", err
+	case !f.Loaded:
 		return "", errSkip("not loaded: its initial load or reload has not completed; verify it once `pgconverge run` has loaded it")
-	case slot == nil:
+	case f.Slot == "":
 		return "", errSkip("not followed by a stream since its last load, so its rows are as of that load: run `pgconverge run` to follow it")
 	}
-	return *slot, nil
+	return f.Slot, nil
 }
 
 // errSkip is the reason a table is skipped rather than failed.
