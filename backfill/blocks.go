@@ -28,9 +28,9 @@ import (
 // stream: the plan records the file it cut (Planner.SourceFile), and one cut from another file is
 // never resumed.
 
-// BlockPlanColumns is what a block plan records in place of the key columns a key plan is cut
+// BlockPlanColumns returns what a block plan records in place of the key columns a key plan is cut
 // by: ctid, which no column of a table can be named.
-var BlockPlanColumns = []string{"ctid"}
+func BlockPlanColumns() []string { return []string{"ctid"} }
 
 // sampleBlocks is how many of the first blocks of a table without statistics (pg_class.reltuples
 // or relpages unknown: never analyzed) are counted to tell its rows per block.

@@ -107,7 +107,7 @@ func newMetrics() *metrics {
 	}
 	// Every reason's series exists from the start, so the first retry of a kind is an increase
 	// that rate() and increase() see.
-	for _, r := range engine.RetryReasons {
+	for _, r := range engine.RetryReasons() {
 		m.retries.WithLabelValues(r)
 	}
 	m.changes = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgconverge_changes_received_total",

@@ -212,7 +212,7 @@ func (j *joiner) work(ctx context.Context) error {
 		tr, err := j.table(ctx, w, c)
 		if err == nil {
 			cw := chunkWork{tr: tr, ordinal: c.Ordinal, doneKey: c.DoneKey,
-				chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper, ByBlock: slices.Equal(c.KeyColumns, backfill.BlockPlanColumns)}}
+				chunk: backfill.Chunk{Lower: c.Lower, Upper: c.Upper, ByBlock: slices.Equal(c.KeyColumns, backfill.BlockPlanColumns())}}
 			done, err = w.applyChunk(ctx, cw, c.Before)
 		}
 		if err != nil {

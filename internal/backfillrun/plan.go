@@ -32,11 +32,11 @@ func startTable(ctx context.Context, ctrl, src *pgx.Conn, job Job, runID int64, 
 	var prev *coverage.TableBackfill
 	if job.Resume {
 		var err error
-		if prev, err = coverage.Resumable(ctx, ctrl, t, keys, backfill.BlockPlanColumns); err != nil {
+		if prev, err = coverage.Resumable(ctx, ctrl, t, keys, backfill.BlockPlanColumns()); err != nil {
 			return nil, nil, 0, err
 		}
 	}
-	if prev != nil && slices.Equal(prev.KeyColumns, backfill.BlockPlanColumns) {
+	if prev != nil && slices.Equal(prev.KeyColumns, backfill.BlockPlanColumns()) {
 		why, err := blockPlanNotResumable(ctx, src, job, prev, t)
 		if err != nil {
 			return nil, nil, 0, err
@@ -70,7 +70,7 @@ func startTable(ctx context.Context, ctrl, src *pgx.Conn, job Job, runID int64, 
 		tr.unwritten, tr.byBlock = unwritten, bulk && backfill.BlockPlanOK(src, t)
 		plan := keys
 		if tr.byBlock {
-			plan = backfill.BlockPlanColumns
+			plan = backfill.BlockPlanColumns()
 		}
 		if tr.id, err = coverage.StartTableBackfill(ctx, ctrl, runID, t, s, job.Slot, job.SourceID, plan); err != nil || !bulk {
 			return tr, nil, 0, err

@@ -68,8 +68,11 @@ func decide(err error) decision {
 // a restart on purpose.
 func retryable(err error) bool { return decide(err) != stop }
 
-// RetryReasons are the values reason returns, the labels of the session retry metric.
-var RetryReasons = []string{"restart", "leadership", "watch", "slot-busy", "slot-lost", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "timeout", "other"}
+// RetryReasons returns the values reason returns, the labels of the session retry metric, in a
+// new slice each call.
+func RetryReasons() []string {
+	return []string{"restart", "leadership", "watch", "slot-busy", "slot-lost", "schema", "overlap", "lock", "constraint", "conflict", "resources", "connection", "timeout", "other"}
+}
 
 // reason names the kind of failure err is, for the session retry metric of an error the daemon
 // retries: the most telling reason (disposition.Named) among err's marks and its server error's

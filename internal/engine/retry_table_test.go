@@ -276,13 +276,13 @@ func dispositionWant() map[string]string {
 	}
 }
 
-// RetryReasons, whose metric series exist from the start, are the labels of every reason.
+// RetryReasons(), whose metric series exist from the start, are the labels of every reason.
 func TestRetryReasonsAreTheReasons(t *testing.T) {
 	var labels []string
 	for r := disposition.ReasonOverlap; r <= disposition.ReasonOther; r++ {
 		labels = append(labels, r.String())
 	}
-	if got := slices.Sorted(slices.Values(RetryReasons)); !slices.Equal(got, slices.Sorted(slices.Values(labels))) {
-		t.Errorf("RetryReasons %v, reasons %v", RetryReasons, labels)
+	if got := slices.Sorted(slices.Values(RetryReasons())); !slices.Equal(got, slices.Sorted(slices.Values(labels))) {
+		t.Errorf("RetryReasons() %v, reasons %v", RetryReasons(), labels)
 	}
 }

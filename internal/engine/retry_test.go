@@ -55,8 +55,8 @@ func TestRetryable(t *testing.T) {
 		if got := retryable(c.err); got != c.want {
 			t.Errorf("%s: retryable = %v, want %v", c.name, got, c.want)
 		}
-		if r := reason(c.err); c.want && !slices.Contains(RetryReasons, r) {
-			t.Errorf("%s: reason %q is not among RetryReasons %v, whose metric series exist from the start", c.name, r, RetryReasons)
+		if r := reason(c.err); c.want && !slices.Contains(RetryReasons(), r) {
+			t.Errorf("%s: reason %q is not among RetryReasons() %v, whose metric series exist from the start", c.name, r, RetryReasons())
 		}
 	}
 }
