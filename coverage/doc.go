@@ -1,6 +1,6 @@
-// Package coverage keeps the coverage ledger in the target's pgconverge schema and computes its
+// Package coverage keeps the coverage ledger in the target's pgconverge schema and reports its
 // gaps: per table, the LSN ranges below the watermark that no completed backfill and no stream
-// span delivered.
+// span delivered, which its pure subpackage gaps computes.
 //
 // Invariant: a range is reported covered only when the ledger proves it; a slot that was lost,
 // dropped or moved on without the target, a table that joined the publication late or left the
@@ -13,7 +13,8 @@
 // (ledger.go), backfill runs, table backfills and their chunks with the snapshot LSN S each was
 // read at, and the backfill locks (backfills.go), each table's loaded state and publication
 // membership (loaded.go), verify runs and their discrepancies (discrepancies.go), and the audit of
-// suppressed replays (replays.go). Gaps is a pure function of a TableLedger; NewReport builds the report
+// suppressed replays (replays.go), and what the ledger says of each table (tables.go) and of
+// running runs (running.go). gaps.Find is a pure function of a gaps.Ledger; NewReport builds the report
 // from ReadTables and the Facts the caller gathered from the source. coverage reads and writes
 // only the target: it imports neither cdc nor apply, and is handed what the source says.
 package coverage

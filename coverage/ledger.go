@@ -135,7 +135,7 @@ func EndSegment(ctx context.Context, db DB, slot string, end pglogrepl.LSN, reas
 	return true, nil
 }
 
-// Span end reasons that operators and the report branch on.
+// gaps.Span end reasons that operators and the report branch on.
 const (
 	// ReasonDeselected ends a span when the table left the daemon's selection: --tables, or,
 	// without --tables, the publication.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/coverage/gaps"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 	"github.com/pgconverge/pgconverge/migrations"
 )
@@ -61,11 +62,11 @@ func TestSegmentsAndSpans(t *testing.T) {
 	// b's membership changed: its span ends at its confirmed position, below the progress.
 	pgtest.Exec(t, db, `update pgconverge.progress set applied_lsn = '0/600'`)
 	must(EndSpans(ctx, db, "s", []changebatch.TableName{b}, ReasonMembership))
-	if got, want := ledgerOf(t, db, b).Ledger.Spans, []Span{{0x300, 0x450}}; !reflect.DeepEqual(got, want) {
+	if got, want := ledgerOf(t, db, b).Ledger.Spans, []gaps.Span{{From: 0x300, To: 0x450}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("b's spans %v, want %v", got, want)
 	}
 	st := ledgerOf(t, db, a)
-	if want := []Span{{0x100, 0x600}}; !st.Streaming || st.Slot != "s" || !reflect.DeepEqual(st.Ledger.Spans, want) || st.Ledger.Watermark != 0x600 {
+	if want := []gaps.Span{{From: 0x100, To: 0x600}}; !st.Streaming || st.Slot != "s" || !reflect.DeepEqual(st.Ledger.Spans, want) || st.Ledger.Watermark != 0x600 {
 		t.Errorf("a: %+v, want streaming in s with spans %v to the progress", st, want)
 	}
 	// The slot is lost: at the next start a's membership is confirmed up to now, then the segment
@@ -82,8 +83,8 @@ func TestSegmentsAndSpans(t *testing.T) {
 	_, err = StartSpans(ctx, db, "s", map[changebatch.TableName]SpanStart{a: {LSN: 0x900}})
 	must(err)
 	st = ledgerOf(t, db, a)
-	st.Ledger.Chunks = []Chunk{{S: 0x100}}
-	if got, want := Gaps(st.Ledger), []Gap{{From: 0x600, To: 0x900}}; !reflect.DeepEqual(got, want) {
+	st.Ledger.Chunks = []gaps.Chunk{{S: 0x100}}
+	if got, want := gaps.Find(st.Ledger), []gaps.Gap{{From: 0x600, To: 0x900}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("a's gaps %v, want %v (spans %v)", got, want, st.Ledger.Spans)
 	}
 	// Left the selection: not streamed any more.
@@ -115,10 +116,10 @@ func TestUpgradeFromVersion2(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := ledgerOf(t, db, changebatch.TableName{Schema: "public", Name: "a"})
-	if want := []Span{{0x200, 0x900}}; !st.Streaming || !reflect.DeepEqual(st.Ledger.Spans, want) || st.Backfilled != 0x200 {
+	if want := []gaps.Span{{From: 0x200, To: 0x900}}; !st.Streaming || !reflect.DeepEqual(st.Ledger.Spans, want) || st.Backfilled != 0x200 {
 		t.Fatalf("after the upgrade: %+v, want an open span %v and a backfill at 0/200", st, want)
 	}
-	if gaps := Gaps(st.Ledger); gaps != nil {
+	if gaps := gaps.Find(st.Ledger); gaps != nil {
 		t.Errorf("gaps after the upgrade: %v", gaps)
 	}
 	if s := pgtest.Rows(t, db, `select start_lsn::text || ' ' || slot_created_lsn::text from pgconverge.stream_segments where end_lsn is null`); !reflect.DeepEqual(s, []string{"0/200 0/100"}) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/coverage/gaps"
 )
 
 // TableState is what the ledger holds about one table in its target table's current generation.
@@ -14,7 +15,7 @@ type TableState struct {
 	Table changebatch.TableName
 	// Ledger is the input of Gaps; its Watermark is where the table's open span ends (its slot's
 	// progress), or where its last span ended when no stream follows it now.
-	Ledger TableLedger
+	Ledger gaps.Ledger
 	// Backfilled is the smallest S of the chunks of the latest completed backfill, 0 when the
 	// table never completed one; BackfillID is that backfill's id.
 	Backfilled pglogrepl.LSN
@@ -122,7 +123,7 @@ order by t.id`)
 		if st == nil {
 			continue
 		}
-		var sp Span
+		var sp gaps.Span
 		var conf pglogrepl.LSN
 		if err := parseLSNs([]*string{&start, &end, &confirmed}, []*pglogrepl.LSN{&sp.From, &sp.To, &conf}); err != nil {
 			return fmt.Errorf("read coverage ledger spans: %w", err)
@@ -166,7 +167,7 @@ order by l.id, c.chunk`)
 	for rows.Next() {
 		var n changebatch.TableName
 		var id int64
-		var c Chunk
+		var c gaps.Chunk
 		var s string
 		var blocks *bool
 		if err := rows.Scan(&n.Schema, &n.Name, &id, &c.Lower, &c.Upper, &blocks, &s); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/coverage/gaps"
 )
 
 // Status is a table's coverage status in a Report.
@@ -295,7 +296,7 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	switch {
 	case st.TargetReplaced:
 		// Nothing recorded is in the target table now: no backfill, no span counts.
-		led = TableLedger{Watermark: led.Watermark}
+		led = gaps.Ledger{Watermark: led.Watermark}
 		tr.BackfillLSN, tr.StreamStartLSN, backfilled = nil, nil, 0
 		tr.Note = "the target table is missing or was replaced by hand since pgconverge registered it: pgconverge run recreates it if needed and loads it"
 	case !slot.Exists || slot.Plugin != "pgoutput":
@@ -319,13 +320,13 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 		last.To = max(last.From, min(last.To, st.Confirmed))
 		led.Watermark = max(led.Watermark, now)
 	}
-	gaps := Gaps(led)
-	for _, g := range gaps {
+	found := gaps.Find(led)
+	for _, g := range found {
 		tr.Gaps = append(tr.Gaps, GapReport{FromLSN: LSN(g.From), ToLSN: LSN(g.To), Bytes: g.Bytes(), Keys: keyRanges(led.Chunks, g.Chunks)})
 	}
-	tr.GapBytes = Total(gaps)
+	tr.GapBytes = gaps.Total(found)
 	switch {
-	case len(gaps) == 0:
+	case len(found) == 0:
 		tr.Status = Covered
 	case f.Held[st.Table]:
 		tr.Status = Loading
@@ -346,7 +347,7 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 
 // keyRanges returns the key ranges of the chunks at idx (in key order), adjacent chunks merged
 // into one range; nil for nil (every key).
-func keyRanges(chunks []Chunk, idx []int) []KeyRange {
+func keyRanges(chunks []gaps.Chunk, idx []int) []KeyRange {
 	var out []KeyRange
 	for k, i := range idx {
 		if k > 0 && idx[k-1] == i-1 {
@@ -372,7 +373,7 @@ func CheckLedger(ctx context.Context, tgt *pgx.Conn) error {
 
 // DescribeKeys returns the key ranges of the chunks at idx, adjacent ones merged, for logs:
 // "(lower, upper]" each, -inf and +inf for unbounded ends.
-func DescribeKeys(chunks []Chunk, idx []int) string {
+func DescribeKeys(chunks []gaps.Chunk, idx []int) string {
 	return FormatKeyRanges(keyRanges(chunks, idx))
 }
 

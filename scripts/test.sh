@@ -110,8 +110,8 @@ if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
 	# exceeded" and no failing input (go.dev/issue/75804, fixed in Go 1.27).
 	echo "== go test -run '^$' -fuzz FuzzAssemble -fuzztime 300000x ./cdc (pgoutput decoding and assembly)"
 	go test -run '^$' -fuzz FuzzAssemble -fuzztime 300000x ./cdc || status=$?
-	echo "== go test -run '^$' -fuzz FuzzGaps -fuzztime 80000x ./coverage (coverage gap computation)"
-	go test -run '^$' -fuzz FuzzGaps -fuzztime 80000x ./coverage || status=$?
+	echo "== go test -run '^$' -fuzz FuzzGaps -fuzztime 80000x ./coverage/gaps (coverage gap computation)"
+	go test -run '^$' -fuzz FuzzGaps -fuzztime 80000x ./coverage/gaps || status=$?
 	# Ports below the kernel's ephemeral range (ip_local_port_range, 32768-60999 here): after the
 	# tests' thousands of connections, a port in it can be held by a client socket, and the
 	# cluster could not bind it.

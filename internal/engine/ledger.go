@@ -8,6 +8,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/coverage/gaps"
 )
 
 // coverageStart is where a session's stream starts covering, for the ledger.
@@ -124,7 +125,7 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 		if st == nil || st.Backfilled == 0 || s.joined[t.TableName] {
 			why := "never loaded into its target table"
 			if st != nil {
-				s.mon.CoverageGap(t.String(), coverage.Total(coverage.Gaps(st.Ledger)))
+				s.mon.CoverageGap(t.String(), gaps.Total(gaps.Find(st.Ledger)))
 				switch {
 				case s.joined[t.TableName]:
 					why = "kept by snapshots only until now, it joins the stream"
@@ -139,18 +140,18 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 			need = append(need, t)
 			continue
 		}
-		gaps := coverage.Gaps(st.Ledger)
-		s.mon.CoverageGap(t.String(), coverage.Total(gaps))
-		for _, g := range gaps {
+		found := gaps.Find(st.Ledger)
+		s.mon.CoverageGap(t.String(), gaps.Total(found))
+		for _, g := range found {
 			s.logGap(t.String(), st, g)
 		}
 		_, isLoaded := loaded[t.String()]
 		switch {
-		case len(gaps) == 0 && isLoaded:
+		case len(found) == 0 && isLoaded:
 		case s.cfg.OnGap != OnGapAlert:
 			need = append(need, t)
 			trigger = coverage.TriggerGap
-		case len(gaps) > 0:
+		case len(found) > 0:
 			s.cfg.Logger.Warn("not backfilling a table with a coverage gap (--on-gap=alert): run pgconverge backfill for it to close the gap",
 				"table", t.String())
 		}
@@ -158,7 +159,7 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 	return need, trigger, nil
 }
 
-func (s *session) logGap(table string, st *coverage.TableState, g coverage.Gap) {
+func (s *session) logGap(table string, st *coverage.TableState, g gaps.Gap) {
 	keys := "all"
 	if g.Chunks != nil {
 		keys = coverage.DescribeKeys(st.Ledger.Chunks, g.Chunks)
@@ -185,10 +186,10 @@ func (s *session) publishCoverage(ctx context.Context, logRemaining bool) error 
 		if st == nil {
 			continue
 		}
-		gaps := coverage.Gaps(st.Ledger)
-		s.mon.CoverageGap(t.String(), coverage.Total(gaps))
+		found := gaps.Find(st.Ledger)
+		s.mon.CoverageGap(t.String(), gaps.Total(found))
 		if logRemaining && s.cfg.OnGap != OnGapAlert {
-			for _, g := range gaps {
+			for _, g := range found {
 				s.logGap(t.String(), st, g)
 			}
 		}

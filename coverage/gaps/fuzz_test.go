@@ -1,4 +1,4 @@
-package coverage
+package gaps
 
 import (
 	"slices"
@@ -9,7 +9,7 @@ import (
 
 // ledgerFromBytes builds a small ledger over LSNs 0..255 from fuzz input: the watermark, the
 // truncate LSN, the number of chunks and their S, then span bounds in pairs.
-func ledgerFromBytes(b []byte) TableLedger {
+func ledgerFromBytes(b []byte) Ledger {
 	next := func() pglogrepl.LSN {
 		if len(b) == 0 {
 			return 0
@@ -18,7 +18,7 @@ func ledgerFromBytes(b []byte) TableLedger {
 		b = b[1:]
 		return pglogrepl.LSN(v)
 	}
-	t := TableLedger{Watermark: next(), Truncated: next()}
+	t := Ledger{Watermark: next(), Truncated: next()}
 	if t.Truncated%3 != 0 {
 		t.Truncated = 0 // most tables were never truncated
 	}
@@ -33,7 +33,7 @@ func ledgerFromBytes(b []byte) TableLedger {
 
 // missing is the reference: the key ranges (nil: the only one of a table without chunks) that
 // miss LSN x, checked point by point.
-func missing(t TableLedger, x pglogrepl.LSN) []int {
+func missing(t Ledger, x pglogrepl.LSN) []int {
 	if x >= t.Watermark {
 		return []int{}
 	}
@@ -69,7 +69,7 @@ func FuzzGaps(f *testing.F) {
 	f.Add([]byte{200, 0, 2, 10, 40, 60, 200, 10, 30, 20, 50})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		in := ledgerFromBytes(b)
-		gaps := Gaps(in)
+		gaps := Find(in)
 		for i, g := range gaps {
 			if g.From >= g.To || g.To > in.Watermark {
 				t.Fatalf("gap %d %v empty or beyond watermark %d", i, g, in.Watermark)
@@ -97,8 +97,8 @@ func FuzzGaps(f *testing.F) {
 		for i := range more.Chunks {
 			more.Chunks[i].S += pglogrepl.LSN(i % 2 * 7)
 		}
-		if Total(Gaps(more)) > Total(gaps) {
-			t.Fatalf("more coverage grew the gaps: %v → %v", gaps, Gaps(more))
+		if Total(Find(more)) > Total(gaps) {
+			t.Fatalf("more coverage grew the gaps: %v → %v", gaps, Find(more))
 		}
 	})
 }

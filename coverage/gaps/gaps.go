@@ -1,4 +1,11 @@
-package coverage
+// Package gaps is the coverage arithmetic, pure and without SQL: from what the ledger holds about
+// one table (its latest backfill's chunks at their snapshot LSNs, the stream's spans, a TRUNCATE,
+// the watermark) it finds the LSN ranges no path covered, for the key ranges they miss.
+//
+// Invariant: an LSN below the watermark is in a gap for a key range exactly when no chunk of that
+// range was read at a snapshot above it, no TRUNCATE above it voided it, and no stream span holds
+// it (fuzzed against a reference that checks every LSN: FuzzGaps).
+package gaps
 
 import (
 	"slices"
@@ -23,8 +30,8 @@ type Chunk struct {
 	S            pglogrepl.LSN
 }
 
-// TableLedger is what the ledger holds about one table, the input of Gaps.
-type TableLedger struct {
+// Ledger is what the ledger holds about one table, the input of Find.
+type Ledger struct {
 	// Chunks are the key ranges of the table's latest completed backfill in key order; together
 	// they cover every key. Empty when the table never completed one.
 	Chunks []Chunk
@@ -41,7 +48,7 @@ type TableLedger struct {
 // key ranges it names.
 type Gap struct {
 	From, To pglogrepl.LSN
-	// Chunks are the indexes in TableLedger.Chunks of the key ranges that miss the range, in
+	// Chunks are the indexes in Ledger.Chunks of the key ranges that miss the range, in
 	// order; nil means every key.
 	Chunks []int
 }
@@ -49,13 +56,13 @@ type Gap struct {
 // Bytes returns the size of the gap in bytes of WAL.
 func (g Gap) Bytes() uint64 { return uint64(g.To - g.From) }
 
-// Gaps returns the ranges below t.Watermark that t's ledger leaves uncovered, sorted and disjoint;
+// Find returns the ranges below t.Watermark that t's ledger leaves uncovered, sorted and disjoint;
 // adjacent gaps differ in the key ranges they name. A key range is covered at LSN x when its
 // backfill chunk was read at S > x, a streamed TRUNCATE at T > x voided everything older, or a
 // stream span holds x (docs/design.md, "Coverage"). Like a span frontier (CockroachDB's
 // span.Frontier), each key range's backfill frontier is max(S, Truncated), and the table's gaps are
 // the ranges between each frontier and the watermark that no span fills.
-func Gaps(t TableLedger) []Gap {
+func Find(t Ledger) []Gap {
 	frontiers := []pglogrepl.LSN{t.Truncated}
 	if len(t.Chunks) > 0 {
 		frontiers = frontiers[:0]
