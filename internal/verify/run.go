@@ -21,13 +21,13 @@ import (
 	"github.com/pgconverge/pgconverge/migrations"
 )
 
-// Config configures Verify (`pgconverge verify`, and run --verify-schedule).
+// Config configures Run (`pgconverge verify`, and run --verify-schedule).
 type Config struct {
 	Source, Target string
 	// Tables are comma-separated lists of "schema.table" names; none: every table pgconverge
 	// replicates into the target.
 	Tables []string
-	// Repair rewrites every open discrepancy's key from a fresh exact snapshot S' (Verify).
+	// Repair rewrites every open discrepancy's key from a fresh exact snapshot S' (Run).
 	Repair bool
 	// NoValues records hashes only, never the rows' values (for regulated data).
 	NoValues bool
