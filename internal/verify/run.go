@@ -116,7 +116,7 @@ type verifyRun struct {
 	tables        []*verifyTable
 }
 
-// Verify compares the tables between the source at an exact snapshot S and the target, once the
+// Run compares the tables between the source at an exact snapshot S and the target, once the
 // stream has applied up to S (docs/design.md, "Reconciliation"): target rows newer than S are
 // not compared; every other key is, by checksums narrowed down to keys (package reconcile). Each
 // discrepancy is upserted into pgconverge.discrepancies on its deterministic id; earlier open
