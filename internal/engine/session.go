@@ -68,10 +68,9 @@ type session struct {
 	// (sampleSlotHealth).
 	slotWarned   bool
 	slotWarnedAt time.Time
-	// unknown takes keys the stream left with unknown values to fillUnknown; filling counts the
-	// fills under way, whose snapshot may be older than a tombstone horizon.
-	unknown chan unknownKeys
-	filling atomic.Int32
+	// filler takes the keys the stream's apply goroutine left with unknown values (set by stream,
+	// before its goroutines start).
+	filler *unknownFiller
 	// deadline bounds each statement of the session's start, catalog checks and ledger
 	// bookkeeping, which run under its contexts (bounded, statementTimeout).
 	deadline *pgsession.Deadline

@@ -67,9 +67,11 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error { return s.watchWaiting(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
-	g.Go(func() error { return s.pruneTombstones(gctx) })
-	s.unknown = make(chan unknownKeys, unknownQueue)
-	g.Go(func() error { return s.fillUnknown(gctx) })
+	// The filler tells the pruner, through gate, when a fill's snapshot may need a tombstone.
+	var gate fillGate
+	s.filler = newUnknownFiller(cfg, s.tables, &gate)
+	g.Go(func() error { return newTombstonePruner(cfg, s.tables, s.snapshotOnly, &gate).Run(gctx) })
+	g.Go(func() error { return s.filler.Run(gctx) })
 	g.Go(func() error {
 		if err := streamer.Run(gctx, s.repl); err != nil {
 			return err
@@ -151,7 +153,7 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 		return err
 	}
 	s.recorded = max(s.recorded, confirmed)
-	s.noteUnknown(unknown)
+	s.filler.note(unknown)
 	s.mon.StreamApplied(rows, time.Since(began))
 	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
 		if err := s.publishCoverage(s.bounded(ctx), false); err != nil {
