@@ -30,6 +30,9 @@ import (
 func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) error {
 	cfg := s.cfg
 	var walEnd atomic.Uint64
+	// The watcher raises limit; the stream confirms the slot no further, and records it.
+	var limit confirmLimit
+	s.confirmer = &spanConfirmer{slot: cfg.Slot, names: s.names, limit: &limit}
 	// The stream's setup, START_REPLICATION and the watcher's checks have the session's statement
 	// deadline; the applies do not.
 	if err := s.readWALEnd(s.bounded(ctx), &walEnd); err != nil {
@@ -44,8 +47,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream, StatusInterval: cfg.Knobs.StatusInterval,
 		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/16, 1<<20)),
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
-		// The slot is confirmed only as far as the catalog checks vouch for (checkMemberships).
-		ConfirmLimit: func() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) },
+		// The slot is confirmed only as far as the catalog checks vouch for (catalogWatcher).
+		ConfirmLimit: limit.get,
 		CheckStart:   func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
 		StartBound:   func(ctx context.Context) (context.Context, func()) { return pgsession.Call(s.bounded(ctx), "source") },
 	})
@@ -62,7 +65,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
 	defer s.mon.FollowStream(nil)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.watch(s.bounded(gctx), &walEnd) })
+	watcher := &catalogWatcher{s: s, walEnd: &walEnd, limit: &limit}
+	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error { return s.watchWaiting(gctx) })
@@ -143,16 +147,14 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	if err := coverage.RecordSuppressedReplays(ctx, tx.Conn(), replays); err != nil {
 		return err
 	}
-	confirmed := pglogrepl.LSN(s.confirmed.Load())
-	if confirmed > s.recorded {
-		if err := coverage.ConfirmSpans(ctx, tx.Conn(), s.cfg.Slot, s.names, confirmed); err != nil {
-			return err
-		}
+	confirmed, err := s.confirmer.record(ctx, tx.Conn())
+	if err != nil {
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	s.recorded = max(s.recorded, confirmed)
+	s.confirmer.committed(confirmed)
 	s.filler.note(unknown)
 	s.mon.StreamApplied(rows, time.Since(began))
 	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
