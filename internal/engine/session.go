@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
@@ -58,8 +57,6 @@ type session struct {
 	// confirmer records, with the stream's transactions, the confirm limit the catalog watcher
 	// raises (set by stream, before its goroutines start; owned by the apply goroutine).
 	confirmer *spanConfirmer
-	// gapsPublished is when the gap metric was last computed (publishCoverage).
-	gapsPublished time.Time
 	// filler takes the keys the stream's apply goroutine left with unknown values (set by stream,
 	// before its goroutines start).
 	filler *unknownFiller

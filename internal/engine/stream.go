@@ -21,8 +21,10 @@ import (
 
 // stream runs the session's streaming phase under one errgroup until ctx ends or one of its
 // goroutines fails: the streamer (which owns the replication connection and applies through
-// applyStream), the watcher (the source's WAL position every second, the catalog checks every 5 s,
-// on the session's source connection), the backfill schedule and, while the session leaves tables
+// applyStream), the catalog watcher (catalogWatcher: the source's WAL position every second, the
+// catalog checks every 5 s, on the session's source connection), the backfill and verify
+// schedules, the audit and tombstone pruners (tombstonePruner), the unknown-value filler
+// (unknownFiller), the gap metric's publisher (gapPublisher) and, while the session leaves tables
 // to daemons of other slots, watchWaiting. The first error ends them all and is returned; the
 // watchers' errors are typed (errMembershipChanged, errEnumChanged, *cdc.SchemaChangeError,
 // errFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
@@ -76,6 +78,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	s.filler = newUnknownFiller(cfg, s.tables, &gate)
 	g.Go(func() error { return newTombstonePruner(cfg, s.tables, s.snapshotOnly, &gate).Run(gctx) })
 	g.Go(func() error { return s.filler.Run(gctx) })
+	gaps := &gapPublisher{cfg: cfg, mon: s.mon, tables: s.tables, bound: s.bounded}
+	g.Go(func() error { return gaps.Run(gctx) })
 	g.Go(func() error {
 		if err := streamer.Run(gctx, s.repl); err != nil {
 			return err
@@ -107,7 +111,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 
 // applyStream is the stream's ApplyFunc: one target transaction with the batches, the progress
 // and, every few seconds, the position up to which the tables' publication membership is
-// confirmed.
+// confirmed (spanConfirmer). It reads no ledger table in full: the gap metric is gapPublisher's.
 func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error {
 	began := time.Now()
 	tx, err := s.ap.Begin(ctx)
@@ -157,11 +161,6 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	s.confirmer.committed(confirmed)
 	s.filler.note(unknown)
 	s.mon.StreamApplied(rows, time.Since(began))
-	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
-		if err := s.publishCoverage(s.bounded(ctx), false); err != nil {
-			return err
-		}
-	}
 	if len(batches) > 0 {
 		s.cfg.Logger.Debug("applied", "lsn", end.String(), "applied", tx.Result.Applied,
 			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)
