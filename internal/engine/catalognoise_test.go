@@ -11,7 +11,7 @@ import (
 
 // waitSpansConfirmed polls until spans open stream spans are confirmed past source position
 // after: two membership checks that started after it found every table as it was
-// (checkMemberships confirms the position read before the previous check).
+// (catalogWatcher.checkMemberships confirms the position read before the previous check).
 func waitSpansConfirmed(t *testing.T, env *pgtest.Env, after pglogrepl.LSN, spans int64) {
 	t.Helper()
 	pgtest.Eventually(t, 60*time.Second, "memberships confirmed past "+after.String(), func() (bool, string) {

@@ -53,7 +53,7 @@ type Config struct {
 	LiveSuffix string
 	// TombstoneRetention is how long tombstones are kept at least after the stream applied them;
 	// older ones are deleted hourly once no path can deliver a change they guard against
-	// (pruneTombstones, coverage.TombstoneHorizon). 0 keeps them forever; `run
+	// (tombstonePruner, coverage.TombstoneHorizon). 0 keeps them forever; `run
 	// --tombstone-retention` defaults to 24h.
 	TombstoneRetention time.Duration
 	// MemoryBudget bounds, in bytes, the change data the stream holds: the group being applied

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply"
@@ -143,7 +142,7 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 		found := gaps.Find(st.Ledger)
 		s.mon.CoverageGap(t.String(), gaps.Total(found))
 		for _, g := range found {
-			s.logGap(t.String(), st, g)
+			logGap(s.cfg, t.String(), st, g)
 		}
 		_, isLoaded := loaded[t.String()]
 		switch {
@@ -159,38 +158,41 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 	return need, trigger, nil
 }
 
-func (s *session) logGap(table string, st *coverage.TableState, g gaps.Gap) {
+// logGap logs gap g of table (whose ledger is st) at ERROR.
+func logGap(cfg Config, table string, st *coverage.TableState, g gaps.Gap) {
 	keys := "all"
 	if g.Chunks != nil {
 		keys = coverage.DescribeKeys(st.Ledger.Chunks, g.Chunks)
 	}
-	s.cfg.Logger.Error("coverage gap: no backfill and no stream delivered this table's changes between these LSNs",
+	cfg.Logger.Error("coverage gap: no backfill and no stream delivered this table's changes between these LSNs",
 		"table", table, "from_lsn", g.From.String(), "to_lsn", g.To.String(), "bytes", g.Bytes(), "keys", keys,
-		"on_gap", s.cfg.OnGap)
+		"on_gap", cfg.OnGap)
 }
 
-// gapRefreshEvery is how often the stream recomputes the gap metric from the ledger, which a
-// `pgconverge backfill` next to the daemon may have closed.
-const gapRefreshEvery = 30 * time.Second
-
-// publishCoverage recomputes the selected tables' gaps from the ledger for the metrics; with
-// logRemaining it logs the gaps that remain after the loads of --on-gap=backfill at ERROR.
+// publishCoverage recomputes the selected tables' gaps from the ledger for the metrics, over the
+// session's target connection; with logRemaining it logs the gaps that remain after the loads of
+// --on-gap=backfill at ERROR.
 func (s *session) publishCoverage(ctx context.Context, logRemaining bool) error {
-	s.gapsPublished = time.Now()
-	states, err := coverage.ReadTables(ctx, s.tgt)
+	return publishGaps(ctx, s.tgt, s.cfg, s.mon, s.tables, logRemaining)
+}
+
+// publishGaps reads the ledger's tables over db and reports the gaps of tables to mon; with
+// logRemaining (and --on-gap other than alert) it logs each gap at ERROR.
+func publishGaps(ctx context.Context, db coverage.DB, cfg Config, mon Monitor, tables []changebatch.Table, logRemaining bool) error {
+	states, err := coverage.ReadTables(ctx, db)
 	if err != nil {
 		return err
 	}
-	for _, t := range s.tables {
+	for _, t := range tables {
 		st := states[t.TableName]
 		if st == nil {
 			continue
 		}
 		found := gaps.Find(st.Ledger)
-		s.mon.CoverageGap(t.String(), gaps.Total(found))
-		if logRemaining && s.cfg.OnGap != OnGapAlert {
+		mon.CoverageGap(t.String(), gaps.Total(found))
+		if logRemaining && cfg.OnGap != OnGapAlert {
 			for _, g := range found {
-				s.logGap(t.String(), st, g)
+				logGap(cfg, t.String(), st, g)
 			}
 		}
 	}

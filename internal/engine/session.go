@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
@@ -56,22 +54,12 @@ type session struct {
 	// memberBefore and memberAfter are source positions read before and after the memberships
 	// were read at the start (syncMemberships).
 	memberBefore, memberAfter pglogrepl.LSN
-	// confirmed is a source position up to which every table was published, and described, as
-	// at the start, offered by checkMemberships to the stream, which records it
-	// (coverage.ConfirmSpans) and never confirms the slot past it (cdc.StreamConfig.ConfirmLimit);
-	// recorded is the last position recorded. lastCheck belongs to checkMemberships.
-	confirmed           atomic.Uint64
-	recorded, lastCheck pglogrepl.LSN
-	// gapsPublished is when the gap metric was last computed (publishCoverage).
-	gapsPublished time.Time
-	// slotWarned is set while the slot's health warns, logged last at slotWarnedAt
-	// (sampleSlotHealth).
-	slotWarned   bool
-	slotWarnedAt time.Time
-	// unknown takes keys the stream left with unknown values to fillUnknown; filling counts the
-	// fills under way, whose snapshot may be older than a tombstone horizon.
-	unknown chan unknownKeys
-	filling atomic.Int32
+	// confirmer records, with the stream's transactions, the confirm limit the catalog watcher
+	// raises (set by stream, before its goroutines start; owned by the apply goroutine).
+	confirmer *spanConfirmer
+	// filler takes the keys the stream's apply goroutine left with unknown values (set by stream,
+	// before its goroutines start).
+	filler *unknownFiller
 	// deadline bounds each statement of the session's start, catalog checks and ledger
 	// bookkeeping, which run under its contexts (bounded, statementTimeout).
 	deadline *pgsession.Deadline

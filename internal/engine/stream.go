@@ -21,8 +21,10 @@ import (
 
 // stream runs the session's streaming phase under one errgroup until ctx ends or one of its
 // goroutines fails: the streamer (which owns the replication connection and applies through
-// applyStream), the watcher (the source's WAL position every second, the catalog checks every 5 s,
-// on the session's source connection), the backfill schedule and, while the session leaves tables
+// applyStream), the catalog watcher (catalogWatcher: the source's WAL position every second, the
+// catalog checks every 5 s, on the session's source connection), the backfill and verify
+// schedules, the audit and tombstone pruners (tombstonePruner), the unknown-value filler
+// (unknownFiller), the gap metric's publisher (gapPublisher) and, while the session leaves tables
 // to daemons of other slots, watchWaiting. The first error ends them all and is returned; the
 // watchers' errors are typed (errMembershipChanged, errEnumChanged, *cdc.SchemaChangeError,
 // errFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
@@ -30,6 +32,9 @@ import (
 func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) error {
 	cfg := s.cfg
 	var walEnd atomic.Uint64
+	// The watcher raises limit; the stream confirms the slot no further, and records it.
+	var limit confirmLimit
+	s.confirmer = &spanConfirmer{slot: cfg.Slot, names: s.names, limit: &limit}
 	// The stream's setup, START_REPLICATION and the watcher's checks have the session's statement
 	// deadline; the applies do not.
 	if err := s.readWALEnd(s.bounded(ctx), &walEnd); err != nil {
@@ -44,8 +49,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 		ReloadFences: fences, Apply: s.applyStream, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream, StatusInterval: cfg.Knobs.StatusInterval,
 		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/16, 1<<20)),
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
-		// The slot is confirmed only as far as the catalog checks vouch for (checkMemberships).
-		ConfirmLimit: func() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) },
+		// The slot is confirmed only as far as the catalog checks vouch for (catalogWatcher).
+		ConfirmLimit: limit.get,
 		CheckStart:   func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
 		StartBound:   func(ctx context.Context) (context.Context, func()) { return pgsession.Call(s.bounded(ctx), "source") },
 	})
@@ -62,14 +67,19 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
 	defer s.mon.FollowStream(nil)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.watch(s.bounded(gctx), &walEnd) })
+	watcher := &catalogWatcher{s: s, walEnd: &walEnd, limit: &limit}
+	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
 	g.Go(func() error { return s.watchWaiting(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
-	g.Go(func() error { return s.pruneTombstones(gctx) })
-	s.unknown = make(chan unknownKeys, unknownQueue)
-	g.Go(func() error { return s.fillUnknown(gctx) })
+	// The filler tells the pruner, through gate, when a fill's snapshot may need a tombstone.
+	var gate fillGate
+	s.filler = newUnknownFiller(cfg, s.tables, &gate)
+	g.Go(func() error { return newTombstonePruner(cfg, s.tables, s.snapshotOnly, &gate).Run(gctx) })
+	g.Go(func() error { return s.filler.Run(gctx) })
+	gaps := &gapPublisher{cfg: cfg, mon: s.mon, tables: s.tables, bound: s.bounded}
+	g.Go(func() error { return gaps.Run(gctx) })
 	g.Go(func() error {
 		if err := streamer.Run(gctx, s.repl); err != nil {
 			return err
@@ -101,7 +111,7 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 
 // applyStream is the stream's ApplyFunc: one target transaction with the batches, the progress
 // and, every few seconds, the position up to which the tables' publication membership is
-// confirmed.
+// confirmed (spanConfirmer). It reads no ledger table in full: the gap metric is gapPublisher's.
 func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error {
 	began := time.Now()
 	tx, err := s.ap.Begin(ctx)
@@ -141,23 +151,16 @@ func (s *session) applyStream(ctx context.Context, batches []arrow.RecordBatch, 
 	if err := coverage.RecordSuppressedReplays(ctx, tx.Conn(), replays); err != nil {
 		return err
 	}
-	confirmed := pglogrepl.LSN(s.confirmed.Load())
-	if confirmed > s.recorded {
-		if err := coverage.ConfirmSpans(ctx, tx.Conn(), s.cfg.Slot, s.names, confirmed); err != nil {
-			return err
-		}
+	confirmed, err := s.confirmer.record(ctx, tx.Conn())
+	if err != nil {
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	s.recorded = max(s.recorded, confirmed)
-	s.noteUnknown(unknown)
+	s.confirmer.committed(confirmed)
+	s.filler.note(unknown)
 	s.mon.StreamApplied(rows, time.Since(began))
-	if s.cfg.Monitor != nil && time.Since(s.gapsPublished) >= gapRefreshEvery {
-		if err := s.publishCoverage(s.bounded(ctx), false); err != nil {
-			return err
-		}
-	}
 	if len(batches) > 0 {
 		s.cfg.Logger.Debug("applied", "lsn", end.String(), "applied", tx.Result.Applied,
 			"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged, "truncates", tx.Result.Truncates)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -12,49 +13,73 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-// tombstonePruneEvery is how often the daemon prunes tombstones (Config.TombstoneRetention).
+// tombstonePruneEvery is how often the daemon prunes tombstones (Config.TombstoneRetention,
+// tombstonePruner).
 const tombstonePruneEvery = time.Hour
 
-// pruneTombstones deletes, while the session streams, the tombstones of the streamed tables (and of
-// those kept by snapshots only, whose refreshes leave the copies they replaced) that
-// no path can need any more and that are older than Config.TombstoneRetention (pruneTable), every
-// tombstonePruneEvery (Knobs.TombstonePruneEvery in tests), starting one interval after the
-// session started, on a connection of its own. A failure is logged at WARN and tried again at the
-// next round: tombstones only cost space. Retention 0 keeps them.
-func (s *session) pruneTombstones(ctx context.Context) error {
-	if s.cfg.TombstoneRetention <= 0 {
+// tombstonePruner is the session member that deletes, while the session streams, the tombstones
+// of the session's tables that no path can need any more. It owns nothing mutable: its own
+// goroutine (Run) opens a target connection of its own each round, and asks gate, which the
+// unknown-value filler's goroutine sets, whether a fill's snapshot may still need a tombstone.
+type tombstonePruner struct {
+	target    string
+	retention time.Duration // Config.TombstoneRetention
+	every     time.Duration // between rounds
+	logger    *slog.Logger
+	// tables are the streamed tables and those kept by snapshots only, as described at the
+	// session's start.
+	tables []changebatch.Table
+	gate   *fillGate
+}
+
+// newTombstonePruner returns the pruner of cfg's session, over the streamed tables and those
+// kept by snapshots only, that waits for the fills gate counts.
+func newTombstonePruner(cfg Config, streamed, snapshotOnly []changebatch.Table, gate *fillGate) *tombstonePruner {
+	every := tombstonePruneEvery
+	if cfg.Knobs.TombstonePruneEvery > 0 {
+		every = cfg.Knobs.TombstonePruneEvery
+	}
+	return &tombstonePruner{target: cfg.Target, retention: cfg.TombstoneRetention, every: every, logger: cfg.Logger,
+		tables: append(slices.Clone(streamed), snapshotOnly...), gate: gate}
+}
+
+// Run deletes the tombstones of the streamed tables (and of those kept by snapshots only, whose
+// refreshes leave the copies they replaced) that no path can need any more and that are older
+// than Config.TombstoneRetention (pruneTable), every tombstonePruneEvery
+// (Knobs.TombstonePruneEvery in tests), starting one interval after the session started. A failure
+// is logged at WARN and tried again at the next round: tombstones only cost space. Retention 0
+// keeps them. It returns nil when ctx ends.
+func (p *tombstonePruner) Run(ctx context.Context) error {
+	if p.retention <= 0 {
 		return nil
 	}
-	every := tombstonePruneEvery
-	if s.cfg.Knobs.TombstonePruneEvery > 0 {
-		every = s.cfg.Knobs.TombstonePruneEvery
-	}
-	periodically(ctx, every, false, func() {
-		if err := s.pruneRound(ctx); err != nil && ctx.Err() == nil {
-			s.cfg.Logger.Warn("tombstones not pruned: tried again at the next round", "retention", s.cfg.TombstoneRetention.String(), "err", err)
+	periodically(ctx, p.every, false, func() {
+		if err := p.round(ctx); err != nil && ctx.Err() == nil {
+			p.logger.Warn("tombstones not pruned: tried again at the next round", "retention", p.retention.String(), "err", err)
 		}
 	})
 	return nil
 }
 
-// pruneRound prunes the tombstones of every streamed table once.
-func (s *session) pruneRound(ctx context.Context) error {
-	conn, err := pgsession.Connect(ctx, s.cfg.Target, "target")
+// round prunes the tombstones of every table once, on a connection of its own; while a fill of
+// unknown values is under way it leaves the tables not yet pruned to the next round.
+func (p *tombstonePruner) round(ctx context.Context) error {
+	conn, err := pgsession.Connect(ctx, p.target, "target")
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	for _, t := range append(slices.Clone(s.tables), s.snapshotOnly...) {
-		if s.filling.Load() > 0 {
+	for _, t := range p.tables {
+		if p.gate.busy() {
 			return nil // a fill of unknown values reads an older snapshot: the next round prunes
 		}
-		n, fence, err := pruneTable(ctx, conn, t, s.cfg.TombstoneRetention)
+		n, fence, err := pruneTable(ctx, conn, t, p.retention)
 		if err != nil {
 			return err
 		}
 		if n > 0 {
-			s.cfg.Logger.Info("deleted tombstones no path can need any more", "table", t.String(), "rows", n,
-				"fence", fence.String(), "retention", s.cfg.TombstoneRetention.String())
+			p.logger.Info("deleted tombstones no path can need any more", "table", t.String(), "rows", n,
+				"fence", fence.String(), "retention", p.retention.String())
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 
@@ -13,7 +14,7 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-// unknownQueue is how many batches of keys with unknown values wait for fillUnknown; more are
+// unknownQueue is how many batches of keys with unknown values wait for unknownFiller.Run; more are
 // left to verify --repair, with an ERROR saying so.
 const unknownQueue = 64
 
@@ -24,26 +25,49 @@ type unknownKeys struct {
 	keys  [][]string
 }
 
-// noteUnknown hands the keys a committed stream transaction left with unknown values to
-// fillUnknown without waiting; when its queue is full they are logged at ERROR with the fix.
-func (s *session) noteUnknown(byTable map[string][][]string) {
+// unknownFiller is the session member that fills, while the session streams, the target values
+// the stream could not know (apply.Result.Unknown: unchanged TOAST the source left out). It owns
+// its queue of keys: the stream's apply goroutine hands it keys with note, after each commit,
+// without waiting; its own goroutine (Run) fills them. It tells the tombstone pruner, through
+// gate, when a fill's snapshot is under way.
+type unknownFiller struct {
+	source, target string
+	copyOnly       *apply.CopyOnlyTables // the daemon's (apply.New)
+	logger         *slog.Logger
+	// tables are the session's streamed tables, as described at its start.
+	tables []changebatch.Table
+	queue  chan unknownKeys
+	gate   *fillGate
+}
+
+// newUnknownFiller returns the filler of cfg's session streaming tables, with an empty queue of
+// unknownQueue batches, telling gate about its fills.
+func newUnknownFiller(cfg Config, tables []changebatch.Table, gate *fillGate) *unknownFiller {
+	return &unknownFiller{source: cfg.Source, target: cfg.Target, copyOnly: cfg.copyOnly, logger: cfg.Logger,
+		tables: tables, queue: make(chan unknownKeys, unknownQueue), gate: gate}
+}
+
+// note hands the keys a committed stream transaction left with unknown values (by table name,
+// changebatch.Table.String) to Run without waiting; when its queue is full they are logged at
+// ERROR with the fix. Only the stream's apply goroutine calls it.
+func (f *unknownFiller) note(byTable map[string][][]string) {
 	for name, keys := range byTable {
-		t, ok := s.tableNamed(name)
+		t, ok := f.tableNamed(name)
 		if !ok {
 			continue
 		}
 		select {
-		case s.unknown <- unknownKeys{table: t, keys: keys}:
+		case f.queue <- unknownKeys{table: t, keys: keys}:
 		default:
-			s.cfg.Logger.Error("target rows lack values the source left out as unchanged TOAST, and too many wait to be filled: run pgconverge verify --repair --table "+name,
+			f.logger.Error("target rows lack values the source left out as unchanged TOAST, and too many wait to be filled: run pgconverge verify --repair --table "+name,
 				"table", name, "rows", len(keys))
 		}
 	}
 }
 
-// tableNamed returns the session's description of the table whose String is name.
-func (s *session) tableNamed(name string) (changebatch.Table, bool) {
-	for _, t := range s.tables {
+// tableNamed returns the description of the streamed table whose String is name.
+func (f *unknownFiller) tableNamed(name string) (changebatch.Table, bool) {
+	for _, t := range f.tables {
 		if t.String() == name {
 			return t, true
 		}
@@ -51,31 +75,30 @@ func (s *session) tableNamed(name string) (changebatch.Table, bool) {
 	return changebatch.Table{}, false
 }
 
-// fillUnknown fills, while the session streams, the values the stream could not know: for each
-// batch of keys it reads those rows from a fresh exact snapshot S' of the source (through the
-// table's row filter) and writes them through the apply step at (S', 0), or a tombstone where S'
-// has no row, in one target transaction. S' follows the commit that left them unknown, so the
-// snapshot's rows are newer; a change streamed after S' still wins by the version rule. A failure
-// is logged at ERROR with the fix (verify --repair) and never ends the session. It returns nil
-// when ctx ends.
-func (s *session) fillUnknown(ctx context.Context) error {
+// Run fills the keys noted: for each batch of keys it reads those rows from a fresh exact
+// snapshot S' of the source (through the table's row filter) and writes them through the apply
+// step at (S', 0), or a tombstone where S' has no row, in one target transaction. S' follows the
+// commit that left them unknown, so the snapshot's rows are newer; a change streamed after S'
+// still wins by the version rule. A failure is logged at ERROR with the fix (verify --repair) and
+// never ends the session. It returns nil when ctx ends.
+func (f *unknownFiller) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case u := <-s.unknown:
-			for _, u := range drainUnknown(u, s.unknown) {
-				s.filling.Add(1) // before the fill's snapshot: pruneRound waits for it (pruneTombstones)
-				filled, at, err := fillKeys(ctx, s.cfg.Source, s.cfg.Target, s.cfg.copyOnly, u)
-				s.filling.Add(-1)
+		case u := <-f.queue:
+			for _, u := range drainUnknown(u, f.queue) {
+				f.gate.begin() // before the fill's snapshot: the pruner's round waits for it (tombstonePruner)
+				filled, at, err := fillKeys(ctx, f.source, f.target, f.copyOnly, u)
+				f.gate.end()
 				switch {
 				case ctx.Err() != nil:
 					return nil
 				case err != nil:
-					s.cfg.Logger.Error("could not fill target values the source left out as unchanged TOAST: run pgconverge verify --repair --table "+u.table.String(),
+					f.logger.Error("could not fill target values the source left out as unchanged TOAST: run pgconverge verify --repair --table "+u.table.String(),
 						"table", u.table.String(), "rows", len(u.keys), "err", err)
 				default:
-					s.cfg.Logger.Info("filled target values the source left out as unchanged TOAST, from a fresh snapshot",
+					f.logger.Info("filled target values the source left out as unchanged TOAST, from a fresh snapshot",
 						"table", u.table.String(), "rows", filled, "snapshot_lsn", at)
 				}
 			}

@@ -62,6 +62,26 @@ func (s *session) syncMemberships(ctx context.Context, names []changebatch.Table
 	return nil
 }
 
+// catalogWatcher is the session member that owns the session's source connection while the
+// stream runs (Run, on its own goroutine): it stores the source's WAL position in walEnd, which
+// the streamer reads (cdc.StreamConfig.SourceWALEnd), checks the catalog against the session's
+// start, raises the confirm limit it owns (confirmLimit) after each check that found nothing
+// changed, and samples the slot's health. The state of its checks and of the slot warning is its
+// own; it reads the session's start (tables, names, memberships, patterns, enums, the source
+// connection) and changes nothing in it.
+type catalogWatcher struct {
+	s      *session
+	walEnd *atomic.Uint64
+	limit  *confirmLimit
+	// lastCheck is the source position read before the previous check that found nothing
+	// changed, 0 before the first.
+	lastCheck pglogrepl.LSN
+	// slotWarned is set while the slot's health warns, logged last at slotWarnedAt
+	// (sampleSlotHealth).
+	slotWarned   bool
+	slotWarnedAt time.Time
+}
+
 // checkMemberships returns errMembershipChanged when a table's publication membership differs
 // from the one recorded at the session's start, or, with the default selection (no --tables),
 // when a table joined the publication; a *cdc.SchemaChangeError when a table's columns differ
@@ -69,9 +89,11 @@ func (s *session) syncMemberships(ctx context.Context, names []changebatch.Table
 // errEnumChanged when an enum the tables use changed its labels (a renamed label changes rows with
 // no change pgoutput sends). Otherwise every table was published, as at the start, up to the
 // source position read before the previous check (a commit before it was visible to this check,
-// however late its commit record was written); that position goes to the stream, which records it
-// in the ledger with its next transaction (coverage.ConfirmSpans). Other errors are the source's.
-func (s *session) checkMemberships(ctx context.Context) error {
+// however late its commit record was written); that position becomes the confirm limit
+// (confirmLimit), which the stream records
+// in the ledger with its next transaction (spanConfirmer). Other errors are the source's.
+func (w *catalogWatcher) checkMemberships(ctx context.Context) error {
+	s := w.s
 	before, err := cdc.CurrentLSN(ctx, s.src)
 	if err != nil {
 		return err
@@ -126,10 +148,10 @@ func (s *session) checkMemberships(ctx context.Context) error {
 			}
 		}
 	}
-	if s.lastCheck != 0 {
-		s.confirmed.Store(uint64(s.lastCheck))
+	if w.lastCheck != 0 {
+		w.limit.set(w.lastCheck)
 	}
-	s.lastCheck = before
+	w.lastCheck = before
 	return nil
 }
 
@@ -159,7 +181,8 @@ const slotWarnEvery = 5 * time.Minute
 // of losing WAL, unreserved or lost; coverage.SlotHealth.Assess) at WARN when it appears, every
 // slotWarnEvery while it lasts, and at INFO when it clears. A failed read is logged at WARN and the
 // stream goes on (the next sample tries again).
-func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
+func (w *catalogWatcher) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
+	s := w.s
 	h, err := ReadSlotHealth(ctx, s.src, s.cfg.Slot, now)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -169,15 +192,15 @@ func (s *session) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
 	}
 	s.mon.SlotHealth(h)
 	switch {
-	case h.Warning != "" && (!s.slotWarned || time.Since(s.slotWarnedAt) >= slotWarnEvery):
-		s.slotWarned, s.slotWarnedAt = true, time.Now()
+	case h.Warning != "" && (!w.slotWarned || time.Since(w.slotWarnedAt) >= slotWarnEvery):
+		w.slotWarned, w.slotWarnedAt = true, time.Now()
 		attrs := []any{"slot", s.cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes}
 		if h.SafeWALSizeBytes != nil {
 			attrs = append(attrs, "safe_wal_size_bytes", *h.SafeWALSizeBytes)
 		}
 		s.cfg.Logger.Warn(h.Warning, attrs...)
-	case h.Warning == "" && s.slotWarned:
-		s.slotWarned = false
+	case h.Warning == "" && w.slotWarned:
+		w.slotWarned = false
 		s.cfg.Logger.Info("slot no longer at risk of losing WAL", "slot", s.cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes)
 	}
 }
@@ -192,14 +215,14 @@ func (s *session) readWALEnd(ctx context.Context, lsn *atomic.Uint64) error {
 	return nil
 }
 
-// watch owns the session's source connection while the stream runs: every second it stores the
-// source's current WAL position in lsn (the stream's lag), every 5 s it checks the tables'
+// Run watches the source until ctx ends or a check fails: every second it stores the source's
+// current WAL position in walEnd (the stream's lag), every 5 s it checks the tables'
 // publication membership, columns and enums (checkMemberships) and samples the slot's health
 // (sampleSlotHealth, for metrics only). It returns the first change that ends the session (errMembershipChanged, errEnumChanged,
 // *cdc.SchemaChangeError), a failed read of the source as a watchError, or ctx's error when ctx
 // ends.
-func (s *session) watch(ctx context.Context, lsn *atomic.Uint64) error {
-	err := s.watchLoop(ctx, lsn)
+func (w *catalogWatcher) Run(ctx context.Context) error {
+	err := w.loop(ctx)
 	if err == nil || ctx.Err() != nil || decide(err) == restart {
 		return err
 	}
@@ -222,8 +245,8 @@ func (e watchError) Error() string { return "watch the source: " + e.err.Error()
 // Unwrap returns the failed read's error.
 func (e watchError) Unwrap() error { return e.err }
 
-// watchLoop is watch's loop.
-func (s *session) watchLoop(ctx context.Context, lsn *atomic.Uint64) error {
+// loop is Run's loop.
+func (w *catalogWatcher) loop(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for n := 1; ; n++ {
@@ -232,16 +255,16 @@ func (s *session) watchLoop(ctx context.Context, lsn *atomic.Uint64) error {
 			return ctx.Err()
 		case <-tick.C:
 		}
-		if err := s.readWALEnd(ctx, lsn); err != nil {
+		if err := w.s.readWALEnd(ctx, w.walEnd); err != nil {
 			return err
 		}
 		if n%5 != 0 {
 			continue
 		}
-		if err := s.checkMemberships(ctx); err != nil {
+		if err := w.checkMemberships(ctx); err != nil {
 			return err
 		}
-		s.sampleSlotHealth(ctx, pglogrepl.LSN(lsn.Load()))
+		w.sampleSlotHealth(ctx, pglogrepl.LSN(w.walEnd.Load()))
 	}
 }
 
