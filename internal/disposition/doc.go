@@ -11,6 +11,9 @@
 // error at the place that knows what it means (a refusal only an operator can lift). The idea is
 // that of CockroachDB's changefeeds, which mark a terminal error at its origin instead of
 // recognising it where it is handled, so a new failure mode is decided where it is written.
-// Errors of the server are not marked: the daemon decides them by their SQLSTATE (PostgreSQL
-// docs, Appendix A, https://www.postgresql.org/docs/current/errcodes-appendix.html).
+// Errors of the server are not marked: they are decided by their SQLSTATE (ServerMark, PostgreSQL
+// docs, Appendix A, https://www.postgresql.org/docs/current/errcodes-appendix.html). Decide,
+// ReasonOf and Hint apply these rules to the error a daemon's session ended with: a marked error
+// follows its mark, a server error its SQLSTATE, a failed connection backs off, anything else
+// stops.
 package disposition

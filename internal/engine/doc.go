@@ -8,7 +8,7 @@
 // apply.Tx → target commit (data, progress LSN and ledger rows together) → only then the slot is
 // told the position (docs/design.md, "Exactly-once effect"; docs/architecture.md shows the path).
 // A session's goroutines run under one errgroup and return typed errors; what the daemon does
-// after a failure (stop, back off, restart at once) is decided in one place (decide, retry.go)
-// from the marks errors carry from where they are born (internal/disposition) and SQLSTATE
-// codes, never from message text.
+// after a failure (stop, back off, restart at once) is decided in one place
+// (disposition.Decide) from the marks errors carry from where they are born and SQLSTATE codes,
+// never from message text.
 package engine
