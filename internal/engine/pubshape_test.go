@@ -221,6 +221,10 @@ func TestToastedRowMovedIntoFilterIsFilled(t *testing.T) {
   and big = repeat(md5((id - 1000)::text), 400) and _cdc_unknown is null`)
 		return n == 2, fmt.Sprint(n)
 	})
+	// The filler logs after its transaction commits, so the rows can be seen a moment before.
+	pgtest.Eventually(t, 10*time.Second, "the fill logged", func() (bool, string) {
+		return strings.Contains(logs.String(), "filled target values"), "not yet"
+	})
 	l := logs.String()
 	for _, w := range []string{"without some TOASTed values", "table=public.k rows=2", "filled target values"} {
 		if !strings.Contains(l, w) {
