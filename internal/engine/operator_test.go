@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -115,9 +116,17 @@ func TestDatabaseDefaultsDoNotStopTheDaemon(t *testing.T) {
 	pgtest.WaitConverged(t, env, "big", "id")
 
 	// An operator holds the target table for 3 s while the source writes.
-	op := pgtest.Connect(t, env.TargetURL)
-	// The operator's own session is spared the database's 1 ms statement_timeout.
-	pgtest.Exec(t, op, `set statement_timeout = 0`, `begin`, `lock table public.big in access exclusive mode`)
+	// The operator's own session is spared the database's 1 ms statement_timeout from its start: a
+	// SET after connecting runs under it, and a loaded machine can take longer than 1 ms for it.
+	u, err := url.Parse(env.TargetURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("statement_timeout", "0")
+	u.RawQuery = q.Encode()
+	op := pgtest.Connect(t, u.String())
+	pgtest.Exec(t, op, `begin`, `lock table public.big in access exclusive mode`)
 	pgtest.Exec(t, env.Source, `update big set v = 'locked out' where id <= 100`)
 	time.Sleep(3 * time.Second) // the lock is held on purpose for a while, not a synchronisation
 	pgtest.Exec(t, op, `commit`)
