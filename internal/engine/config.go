@@ -115,8 +115,6 @@ type Knobs struct {
 	// OverlapGrace, when set, replaces overlapGrace; OverlapPoll replaces overlapPoll.
 	OverlapGrace time.Duration
 	OverlapPoll  time.Duration
-	// TakeSlotGrace, when set, replaces takeSlotGrace.
-	TakeSlotGrace time.Duration
 	// BeforeFenced runs right before a change the leader makes only while it holds its epoch
 	// (fence.go), naming it: "schema" (a session start's target tables, types and live views),
 	// "key " and the table (a bulk load's key deferral), "publication" (adding tables to it),

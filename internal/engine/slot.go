@@ -31,10 +31,9 @@ const (
 // wal_sender_timeout), logged at WARN. It returns the slot as read last.
 func (s *session) takeSlot(ctx context.Context, info cdc.SlotInfo) (cdc.SlotInfo, error) {
 	cfg := s.cfg
-	grace := knobOr(cfg.Knobs.TakeSlotGrace, takeSlotGrace)
 	cfg.Logger.Info("waiting for another session to release the slot this daemon leads", "slot", cfg.Slot,
-		"source_pid", info.ActivePID, "wait", grace.String())
-	deadline := time.Now().Add(grace)
+		"source_pid", info.ActivePID, "wait", takeSlotGrace.String())
+	deadline := time.Now().Add(takeSlotGrace)
 	for info.ActivePID != 0 && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
@@ -55,7 +54,7 @@ func (s *session) takeSlot(ctx context.Context, info cdc.SlotInfo) (cdc.SlotInfo
 	}
 	if pid != 0 {
 		cfg.Logger.Warn("ended the walsender that kept streaming the slot this daemon leads (a daemon that lost its leadership, or another client of the slot)",
-			"slot", cfg.Slot, "source_pid", pid, "epoch", s.epoch, "waited", grace.String())
+			"slot", cfg.Slot, "source_pid", pid, "epoch", s.epoch, "waited", takeSlotGrace.String())
 	}
 	return cdc.ReadSlot(ctx, s.src, cfg.Slot)
 }
