@@ -2,27 +2,27 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/pgconverge/pgconverge/internal/verify"
-
-	. "github.com/pgconverge/pgconverge/internal/engine"
-
 	"github.com/pgconverge/pgconverge/coverage"
+	. "github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
+	"github.com/pgconverge/pgconverge/internal/verify"
 )
 
-// verifyConfig is the Verify configuration of the test's databases.
+// verifyConfig is the verify.Run configuration of the test's databases.
 func verifyConfig(t *testing.T, env *pgtest.Env, repair bool, tables ...string) verify.Config {
 	return verify.Config{Source: env.SourceURL, Target: env.TargetURL, Tables: tables, Repair: repair, Wait: 60 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo}))}
 }
 
-// verifyOnce runs Verify and fails the test on an error.
+// verifyOnce runs verify.Run and fails the test on an error.
 func verifyOnce(t *testing.T, cfg verify.Config) verify.Report {
 	t.Helper()
 	rep, err := verify.Run(t.Context(), cfg)
@@ -309,5 +309,23 @@ func TestScheduledVerifyRepairs(t *testing.T) {
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.discrepancies d join pgconverge.verify_runs r on r.id = d.first_run
 where r.trigger = 'schedule' and d.remediation = 'repaired'`); n != 2 {
 		t.Errorf("%d discrepancies found and repaired by scheduled runs, want 2", n)
+	}
+}
+
+// A verify that could not compare a table it was asked for (a name that does not exist) fails,
+// and its run is recorded failed with why, so status does not show it as a completed run.
+func TestVerifyOfAMissingTableIsRecordedFailed(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`)
+	startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitConverged(t, env, "a", "id")
+	if _, err := verify.Run(t.Context(), verifyConfig(t, env, false, "public.nosuch")); !errors.Is(err, verify.ErrNotVerified) {
+		t.Fatalf("verify of public.nosuch: %v, want ErrNotVerified", err)
+	}
+	got := pgtest.Scalar[string](t, env.Target, `select status || ': ' || coalesce(error, '') from pgconverge.verify_runs order by id desc limit 1`)
+	if !strings.HasPrefix(got, "failed: ") || !strings.Contains(got, "public.nosuch") {
+		t.Errorf("the last verify run is recorded %q, want failed naming public.nosuch", got)
 	}
 }

@@ -150,6 +150,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	rep, err := v.run(ctx)
+	if err == nil && len(cfg.Tables) > 0 {
+		// A run that could not compare a table it was asked for is recorded failed, with why.
+		err = notVerified(rep)
+	}
 	end := coverage.VerifyRunEnd{Snapshot: v.snap.LSN, Repair: v.repairLSN, HashMode: v.mode.String(), Tables: len(v.tables),
 		Found: rep.Found, Repaired: rep.Repaired, Open: rep.Open, Err: err}
 	if endErr := coverage.EndVerifyRun(context.WithoutCancel(ctx), v.led, v.runID, end); err == nil {
@@ -158,13 +162,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if _, perr := coverage.PruneSuppressedReplays(ctx, v.led, cfg.AuditRetention); err == nil {
 		err = perr
 	}
-	if err == nil && len(cfg.Tables) > 0 {
-		err = notVerified(rep)
-	}
 	return rep, err
 }
 
-// ErrNotVerified is wrapped by Verify's error when a table named in Config.Tables was
+// ErrNotVerified is wrapped by Run's error when a table named in Config.Tables was
 // skipped or failed.
 var ErrNotVerified = errors.New("not every table was verified")
 
