@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/internal/disposition"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // SlotInfo is what the source says of a replication slot (pg_replication_slots).
@@ -87,12 +87,6 @@ var ErrSlotMissing = disposition.New("replication slot missing", disposition.Mar
 // publication does not exist at the position it decodes: it was dropped (and maybe created again)
 // while the slot still needed it, and PostgreSQL cannot decode past that point.
 var ErrPublicationMissing = errors.New("publication missing")
-
-// isCode reports whether err wraps a *pgconn.PgError with SQLSTATE code.
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
-}
 
 // ErrSlotBusy is returned by Busy when another session holds the slot or is still creating it;
 // waiting and retrying is the remedy (the daemon backs off, reason "slot-busy").
@@ -193,7 +187,7 @@ func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
 // inactive.
 func DropSlot(ctx context.Context, conn *pgx.Conn, name string) error {
 	if _, err := conn.Exec(ctx, `select pg_drop_replication_slot($1)`, name); err != nil {
-		if isCode(err, pgerrcode.UndefinedObject) {
+		if pgsession.IsCode(err, pgerrcode.UndefinedObject) {
 			return fmt.Errorf("drop replication slot %q: %w: %w", name, ErrSlotMissing, err)
 		}
 		return fmt.Errorf("drop replication slot %q: %w", name, err)
@@ -220,7 +214,7 @@ func PendingTransactions(ctx context.Context, conn *pgx.Conn, slot, publication 
   'proto_version', '1', 'publication_names', $2) c
 where get_byte(c.data, 0) = 66 and ('x' || encode(substring(c.data from 2 for 8), 'hex'))::bit(64)::bigint > $3`,
 		slot, publication, int64(after)).Scan(&n)
-	if isCode(err, pgerrcode.ObjectInUse) {
+	if pgsession.IsCode(err, pgerrcode.ObjectInUse) {
 		return 0, fmt.Errorf("peek at slot %q: %w: %w", slot, ErrSlotBusy, err)
 	}
 	if err != nil {

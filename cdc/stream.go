@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/internal/disposition"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // ApplyFunc writes batches to the target and records end as the position up to which the target
@@ -232,7 +233,7 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	})
 	answered()
 	if err != nil {
-		if isCode(err, pgerrcode.UndefinedObject) {
+		if pgsession.IsCode(err, pgerrcode.UndefinedObject) {
 			// The one object START_REPLICATION names that can be missing is the slot.
 			return fmt.Errorf("start replication on slot %q at %s: %w: %w", cfg.Slot, cfg.Start, ErrSlotMissing, err)
 		}

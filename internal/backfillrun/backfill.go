@@ -221,7 +221,7 @@ func Run(ctx context.Context, job Job) (rep Report, err error) {
 	err = runTables(leased, ctrl, job, *snap, tables, &rep, log)
 	if cause := context.Cause(leased); err != nil && ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
-	} else if isCode(err, pgerrcode.AdminShutdown) {
+	} else if pgsession.IsCode(err, pgerrcode.AdminShutdown) {
 		err = fmt.Errorf("%w (a target session of this run was ended: %s; the next run of its tables resumes it)", err, endedBy)
 	}
 	return rep, err

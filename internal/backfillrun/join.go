@@ -255,7 +255,7 @@ func (j *joiner) chunkFailed(ctx context.Context, w *backfillWorker, c *coverage
 
 // sessionEnded reports whether err, from worker w, comes of w's target session having been ended.
 func sessionEnded(w *backfillWorker, err error) bool {
-	return isCode(err, pgerrcode.AdminShutdown) || w.tgt.IsClosed()
+	return pgsession.IsCode(err, pgerrcode.AdminShutdown) || w.tgt.IsClosed()
 }
 
 // explainEnded returns err, from worker w, saying why when w's target session was ended

@@ -1,9 +1,6 @@
 package backfillrun
 
 import (
-	"errors"
-
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply"
 )
 
@@ -31,9 +28,3 @@ type nopMonitor struct{}
 
 func (nopMonitor) BackfillChunk(string, int64, RowCounts) {}
 func (nopMonitor) BackfillConflict(string)                {}
-
-// isCode reports whether err wraps a *pgconn.PgError with SQLSTATE code.
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
-}

@@ -9,10 +9,8 @@ import (
 	"github.com/pgconverge/pgconverge/internal/disposition"
 )
 
-// This file decides, in one place, what the daemon does after a session ended with an error:
-// from the marks errors carry from where they are born (internal/disposition) and from SQLSTATE
-// codes (PostgreSQL docs Appendix A), never from message text, which changes with the server's
-// lc_messages.
+// The daemon's names for the retry rules of internal/disposition (Decide, ReasonOf, Hint), which
+// decide what it does after a session ended with an error, and the marks it puts on refusals.
 
 // decision is what the daemon does after a session failed.
 type decision = disposition.Action
@@ -75,10 +73,4 @@ func lostLeadership(err error) bool {
 	return slices.ContainsFunc(disposition.Marks(err), func(m disposition.Mark) bool {
 		return m.Reason == disposition.ReasonLeadership
 	})
-}
-
-// isCode reports whether err wraps a *pgconn.PgError with SQLSTATE code.
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
 }

@@ -116,7 +116,7 @@ func runSession(parent context.Context, cfg Config) (connected bool, err error) 
 		}
 	}
 	connected = s.src != nil && s.tgt != nil
-	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && isCode(err, pgerrcode.InvalidTextRepresentation) {
+	if err != nil && ctx.Err() == nil && len(s.enums) > 0 && pgsession.IsCode(err, pgerrcode.InvalidTextRepresentation) {
 		changed, cerr := s.enumChange(s.bounded(ctx))
 		switch {
 		case changed != nil:

@@ -8,6 +8,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // ensureLiveViews creates or replaces the live view of each table (apply.EnsureLiveView) when
@@ -20,7 +21,7 @@ func (s *session) ensureLiveViews(ctx context.Context, tables []changebatch.Tabl
 	}
 	for _, t := range tables {
 		err := apply.EnsureLiveView(ctx, s.tgt, t, s.cfg.LiveSuffix)
-		if isCode(err, pgerrcode.DependentObjectsStillExist) {
+		if pgsession.IsCode(err, pgerrcode.DependentObjectsStillExist) {
 			s.cfg.Logger.Error("live view not changed", "table", t.String(), "view", apply.LiveViewName(t.TableName, s.cfg.LiveSuffix).String(), "err", err)
 			continue
 		}

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
@@ -153,13 +151,7 @@ func (l *Worker) End(ctx context.Context, conn *pgx.Conn, log *slog.Logger) {
 		return
 	}
 	err := coverage.ForgetWorkers(context.WithoutCancel(ctx), conn, l.registered())
-	if err != nil && !isAdminShutdown(err) && !conn.IsClosed() {
+	if err != nil && !pgsession.IsCode(err, pgerrcode.AdminShutdown) && !conn.IsClosed() {
 		log.Warn("could not remove this process's backfill sessions from the ledger", "err", err)
 	}
-}
-
-// isAdminShutdown reports whether err is the server ending the session (SQLSTATE 57P01).
-func isAdminShutdown(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.AdminShutdown
 }

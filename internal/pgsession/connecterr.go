@@ -78,3 +78,10 @@ func connectFix(code string) string {
 	}
 	return ""
 }
+
+// IsCode reports whether err wraps a server error (*pgconn.PgError) with SQLSTATE code
+// (PostgreSQL docs, Appendix A).
+func IsCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
