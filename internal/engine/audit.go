@@ -12,10 +12,14 @@ import (
 // retention.
 const auditPruneEvery = time.Hour
 
-// pruneAudit deletes the suppressed-replay audit rows older than Config.AuditRetention when the
-// session starts and then every auditPruneEvery, on a connection of its own. A failure is logged
-// and tried again at the next tick, never ending the session. It returns nil when ctx ends.
-func (s *session) pruneAudit(ctx context.Context) error {
+// auditPruner is the stream's member that deletes the suppressed-replay audit rows older than
+// cfg.AuditRetention.
+type auditPruner struct{ cfg Config }
+
+// Run deletes the audit rows past their retention when the session starts and then every
+// auditPruneEvery, on a connection of its own. A failure is logged and tried again at the next
+// tick, never ending the session. It returns nil when ctx ends.
+func (s auditPruner) Run(ctx context.Context) error {
 	if s.cfg.AuditRetention <= 0 {
 		return nil
 	}

@@ -22,7 +22,7 @@ import (
 func leaderSession(t *testing.T, env *pgtest.Env, cfg Config) (*session, []changebatch.TableName) {
 	t.Helper()
 	ctx := context.Background()
-	s := &session{cfg: cfg, mon: cfg.monitor()}
+	s := &session{sessionStart: sessionStart{cfg: cfg}, mon: cfg.monitor()}
 	t.Cleanup(s.close)
 	if err := s.connect(ctx); err != nil {
 		t.Fatal(err)

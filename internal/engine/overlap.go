@@ -223,7 +223,7 @@ func (s *session) leave(ctx context.Context, names []changebatch.TableName, runn
 }
 
 // waitsFor reports whether table n is one the session leaves to a daemon of another slot.
-func (s *session) waitsFor(n changebatch.TableName) bool { return followed(s.waiting, n) }
+func (s sessionStart) waitsFor(n changebatch.TableName) bool { return followed(s.waiting, n) }
 
 // watchWaiting runs with the stream while the session leaves tables to daemons of other slots
 // (s.waiting): over a target connection of its own it counts retry reason "overlap" at once, then

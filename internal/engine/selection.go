@@ -25,7 +25,7 @@ func (s *session) selectTables(ctx context.Context) ([]changebatch.TableName, er
 		if names, s.patterns, err = changebatch.ParseTableSelection(s.cfg.Tables); err != nil {
 			return nil, permanent(fmt.Errorf("--tables: %w", err))
 		}
-		if names, err = s.withMatches(ctx, names, true); err != nil {
+		if names, err = s.withMatches(ctx, s.src, names, true); err != nil {
 			return nil, err
 		}
 	} else {
@@ -210,24 +210,24 @@ func (s *session) warnUnselected(ctx context.Context, selected []changebatch.Tab
 // withMatches returns names followed by the tables the session's patterns match that names lacks
 // (cdc.CandidateTables, in name order): tables pgconverge can carry, streamed or kept by
 // snapshots; with logSkips, each matching table it cannot carry is logged at WARN with the reason
-// and the fix, and a pattern that matches nothing at WARN too.
-func (s *session) withMatches(ctx context.Context, names []changebatch.TableName, logSkips bool) ([]changebatch.TableName, error) {
+// and the fix, and a pattern that matches nothing at WARN too. It reads the source on src.
+func (s sessionStart) withMatches(ctx context.Context, src *pgx.Conn, names []changebatch.TableName, logSkips bool) ([]changebatch.TableName, error) {
 	if len(s.patterns) == 0 {
 		return names, nil
 	}
-	candidates, skipped, err := cdc.CandidateTables(ctx, s.src)
+	candidates, skipped, err := cdc.CandidateTables(ctx, src)
 	if err != nil {
 		return nil, err
 	}
 	// A partitioned table that an existing publication publishes under its partitions' names
 	// cannot be followed as one table: it is skipped, not a reason to stop following the others.
 	var viaRoot, pubExists bool
-	err = s.src.QueryRow(ctx, `select pubviaroot from pg_publication where pubname = $1`, s.cfg.Publication).Scan(&viaRoot)
+	err = src.QueryRow(ctx, `select pubviaroot from pg_publication where pubname = $1`, s.cfg.Publication).Scan(&viaRoot)
 	if pubExists = err == nil; err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("look up publication %q: %w", s.cfg.Publication, err)
 	}
 	if pubExists && !viaRoot {
-		parted, err := cdc.PartitionedTables(ctx, s.src)
+		parted, err := cdc.PartitionedTables(ctx, src)
 		if err != nil {
 			return nil, err
 		}

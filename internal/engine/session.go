@@ -20,22 +20,36 @@ import (
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
 
-// session is one connected attempt of the daemon: checks, preparation, loads, then streaming.
+// session is one connected attempt of the daemon: checks, preparation, loads, then streaming. Its
+// start (run's steps up to the stream) fills the embedded sessionStart; the stream's members get
+// a copy of it (stream) and never change it.
 type session struct {
-	cfg         Config
-	mon         Monitor
-	names       []changebatch.TableName
-	memberships map[changebatch.TableName]string // publication membership of each table at the start
-	src         *pgx.Conn
-	tgt         *pgx.Conn
-	repl        *pgconn.PgConn
-	ap          *apply.Applier
-	// lock holds the slot's leader lock for the session (lead); epoch is the session's leader
-	// epoch, which its stream and backfill transactions check; watching is closed when the
+	sessionStart
+	mon  Monitor
+	src  *pgx.Conn
+	tgt  *pgx.Conn
+	repl *pgconn.PgConn
+	ap   *apply.Applier
+	// lock holds the slot's leader lock for the session (lead); watching is closed when the
 	// goroutine that watches lock has returned.
 	lock     *pgx.Conn
-	epoch    int64
 	watching chan struct{}
+	// deadline bounds each statement of the session's start, catalog checks and ledger
+	// bookkeeping, which run under its contexts (bounded, statementTimeout).
+	deadline *pgsession.Deadline
+}
+
+// sessionStart is what a session's start established, which its stream's members read: the
+// configuration, the selected tables as described and published, and where the stream starts.
+// The start's steps fill it in order; once the stream begins it is passed by value and nothing
+// writes it again (its slices and maps included).
+type sessionStart struct {
+	cfg         Config
+	names       []changebatch.TableName
+	memberships map[changebatch.TableName]string // publication membership of each table at the start
+	// epoch is the session's leader epoch (lead), which its stream and backfill transactions
+	// check.
+	epoch int64
 	// tables are the streamed tables; snapshotOnly those no publication can carry
 	// (changebatch.Table.SnapshotOnly), kept by backfills alone.
 	tables       []changebatch.Table
@@ -54,15 +68,9 @@ type session struct {
 	// memberBefore and memberAfter are source positions read before and after the memberships
 	// were read at the start (syncMemberships).
 	memberBefore, memberAfter pglogrepl.LSN
-	// confirmer records, with the stream's transactions, the confirm limit the catalog watcher
-	// raises (set by stream, before its goroutines start; owned by the apply goroutine).
-	confirmer *spanConfirmer
-	// filler takes the keys the stream's apply goroutine left with unknown values (set by stream,
-	// before its goroutines start).
-	filler *unknownFiller
-	// deadline bounds each statement of the session's start, catalog checks and ledger
-	// bookkeeping, which run under its contexts (bounded, statementTimeout).
-	deadline *pgsession.Deadline
+	// lsn is where the stream starts (prepareSlot) and describedAt a source position read before
+	// the tables were described (describe).
+	lsn, describedAt pglogrepl.LSN
 }
 
 // errSlotMoved ends a session whose slot was moved past the target's progress (or dropped) while
@@ -101,7 +109,7 @@ var errMembershipChanged = disposition.New("publication membership changed", dis
 // session reached both the source and the target.
 func runSession(parent context.Context, cfg Config) (connected bool, err error) {
 	ctx, lost := context.WithCancelCause(parent)
-	s := &session{cfg: cfg, mon: cfg.monitor(), deadline: cfg.newDeadline()}
+	s := &session{sessionStart: sessionStart{cfg: cfg}, mon: cfg.monitor(), deadline: cfg.newDeadline()}
 	defer s.close()
 	defer lost(nil)
 	err = s.run(ctx, lost)
@@ -184,8 +192,9 @@ func (s *session) run(ctx context.Context, lost context.CancelCauseFunc) error {
 	if err := s.loadSnapshotOnly(ctx); err != nil {
 		return err
 	}
+	s.lsn, s.describedAt = startLSN, describedAt
 	s.step("stream")
-	return s.stream(ctx, startLSN, describedAt)
+	return s.stream(ctx)
 }
 
 // describe returns a source position read before the tables are described (a Relation message of

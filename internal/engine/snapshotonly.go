@@ -52,12 +52,13 @@ func (s *session) loadSnapshotOnly(ctx context.Context) error {
 // and a *cdc.SchemaChangeError when one's columns changed (the next session describes it again,
 // which its next backfill needs). A rewrite is no concern of a table that is read whole each
 // time (an UNLOGGED staging table truncated at every batch of its ETL ends nothing). A table it
-// cannot describe is left to the next session's start; at is a source position read before.
-func (s *session) checkStreamable(ctx context.Context, at pglogrepl.LSN) error {
+// cannot describe is left to the next session's start; at is a source position read before on
+// src, the source connection it reads on.
+func (s sessionStart) checkStreamable(ctx context.Context, src *pgx.Conn, at pglogrepl.LSN) error {
 	if len(s.snapshotOnly) == 0 {
 		return nil
 	}
-	if err := s.snapshotOnlyGone(ctx); err != nil {
+	if err := s.snapshotOnlyGone(ctx, src); err != nil {
 		return err
 	}
 	columnsOnly := make([]changebatch.Table, len(s.snapshotOnly))
@@ -65,14 +66,14 @@ func (s *session) checkStreamable(ctx context.Context, at pglogrepl.LSN) error {
 		t.Filenode = 0
 		columnsOnly[i] = t
 	}
-	if changed, err := cdc.ChangedColumns(ctx, s.src, columnsOnly, at); changed != nil || err != nil {
+	if changed, err := cdc.ChangedColumns(ctx, src, columnsOnly, at); changed != nil || err != nil {
 		if changed != nil {
 			return changed
 		}
 		return err
 	}
 	for _, t := range s.snapshotOnly {
-		now, err := cdc.DescribeTable(ctx, s.src, t.Schema, t.Name)
+		now, err := cdc.DescribeTable(ctx, src, t.Schema, t.Name)
 		if err != nil || now.SnapshotOnly != "" {
 			continue
 		}
@@ -85,13 +86,13 @@ func (s *session) checkStreamable(ctx context.Context, at pglogrepl.LSN) error {
 // snapshotOnlyGone returns errMembershipChanged when a table the session keeps by snapshots no
 // longer names the relation it named at the session's start (dropped, renamed, or dropped and
 // created again): its refreshes would fail, and with them those of the other tables of their
-// run, until a session selects the tables again.
-func (s *session) snapshotOnlyGone(ctx context.Context) error {
+// run, until a session selects the tables again. It reads on src.
+func (s sessionStart) snapshotOnlyGone(ctx context.Context, src *pgx.Conn) error {
 	schemas, names, oids := make([]string, len(s.snapshotOnly)), make([]string, len(s.snapshotOnly)), make([]uint32, len(s.snapshotOnly))
 	for i, t := range s.snapshotOnly {
 		schemas[i], names[i], oids[i] = t.Schema, t.Name, t.SourceOID
 	}
-	rows, err := s.src.Query(ctx, `select k.schema_name, k.table_name from unnest($1::text[], $2::text[], $3::oid[]) k(schema_name, table_name, oid)
+	rows, err := src.Query(ctx, `select k.schema_name, k.table_name from unnest($1::text[], $2::text[], $3::oid[]) k(schema_name, table_name, oid)
 where not exists (select 1 from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = k.schema_name and c.relname = k.table_name and c.oid = k.oid)`,
 		schemas, names, oids)
 	if err != nil {

@@ -67,10 +67,11 @@ func (s *session) syncMemberships(ctx context.Context, names []changebatch.Table
 // the streamer reads (cdc.StreamConfig.SourceWALEnd), checks the catalog against the session's
 // start, raises the confirm limit it owns (confirmLimit) after each check that found nothing
 // changed, and samples the slot's health. The state of its checks and of the slot warning is its
-// own; it reads the session's start (tables, names, memberships, patterns, enums, the source
-// connection) and changes nothing in it.
+// own; it reads the session's start (tables, names, memberships, patterns, enums), a copy.
 type catalogWatcher struct {
-	s      *session
+	st     sessionStart
+	mon    Monitor
+	src    *pgx.Conn // the session's source connection, the watcher's alone while the stream runs
 	walEnd *atomic.Uint64
 	limit  *confirmLimit
 	// lastCheck is the source position read before the previous check that found nothing
@@ -93,26 +94,26 @@ type catalogWatcher struct {
 // (confirmLimit), which the stream records
 // in the ledger with its next transaction (spanConfirmer). Other errors are the source's.
 func (w *catalogWatcher) checkMemberships(ctx context.Context) error {
-	s := w.s
-	before, err := cdc.CurrentLSN(ctx, s.src)
+	s, src := w.st, w.src
+	before, err := cdc.CurrentLSN(ctx, src)
 	if err != nil {
 		return err
 	}
-	tokens, err := cdc.Memberships(ctx, s.src, s.cfg.Publication, s.names)
+	tokens, err := cdc.Memberships(ctx, src, s.cfg.Publication, s.names)
 	if err != nil {
 		return err
 	}
-	changed, err := cdc.ChangedColumns(ctx, s.src, s.tables, before)
+	changed, err := cdc.ChangedColumns(ctx, src, s.tables, before)
 	if err != nil {
 		return err
 	}
 	if changed != nil {
 		return changed
 	}
-	if changed, err := s.labelsChanged(ctx, s.src); changed != nil || err != nil {
+	if changed, err := s.labelsChanged(ctx, src); changed != nil || err != nil {
 		return errors.Join(changed, err)
 	}
-	if err := s.checkStreamable(ctx, before); err != nil {
+	if err := s.checkStreamable(ctx, src, before); err != nil {
 		return err
 	}
 	for n, tok := range s.memberships {
@@ -123,7 +124,7 @@ func (w *catalogWatcher) checkMemberships(ctx context.Context) error {
 	}
 	if len(s.patterns) > 0 {
 		// A table created, renamed or given a key that a pattern matches is selected now.
-		names, err := s.withMatches(ctx, nil, false)
+		names, err := s.withMatches(ctx, src, nil, false)
 		if err != nil {
 			return err
 		}
@@ -137,7 +138,7 @@ func (w *catalogWatcher) checkMemberships(ctx context.Context) error {
 	if len(s.cfg.Tables) == 0 {
 		// The default selection is the publication's tables and those no publication can carry:
 		// one added to them is selected now.
-		names, _, err := cdc.DefaultTables(ctx, s.src, s.cfg.Publication)
+		names, _, err := cdc.DefaultTables(ctx, src, s.cfg.Publication)
 		if err != nil {
 			return err
 		}
@@ -157,7 +158,7 @@ func (w *catalogWatcher) checkMemberships(ctx context.Context) error {
 
 // labelsChanged returns an error wrapping errEnumChanged when an enum the tables use has other
 // labels on the source (read over conn) than at the session's start.
-func (s *session) labelsChanged(ctx context.Context, conn *pgx.Conn) (changed, err error) {
+func (s sessionStart) labelsChanged(ctx context.Context, conn *pgx.Conn) (changed, err error) {
 	if len(s.enums) == 0 {
 		return nil, nil
 	}
@@ -182,32 +183,32 @@ const slotWarnEvery = 5 * time.Minute
 // slotWarnEvery while it lasts, and at INFO when it clears. A failed read is logged at WARN and the
 // stream goes on (the next sample tries again).
 func (w *catalogWatcher) sampleSlotHealth(ctx context.Context, now pglogrepl.LSN) {
-	s := w.s
-	h, err := ReadSlotHealth(ctx, s.src, s.cfg.Slot, now)
+	cfg := w.st.cfg
+	h, err := ReadSlotHealth(ctx, w.src, cfg.Slot, now)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.cfg.Logger.Warn("slot health not sampled: its metrics keep their last values", "slot", s.cfg.Slot, "err", err)
+			cfg.Logger.Warn("slot health not sampled: its metrics keep their last values", "slot", cfg.Slot, "err", err)
 		}
 		return
 	}
-	s.mon.SlotHealth(h)
+	w.mon.SlotHealth(h)
 	switch {
 	case h.Warning != "" && (!w.slotWarned || time.Since(w.slotWarnedAt) >= slotWarnEvery):
 		w.slotWarned, w.slotWarnedAt = true, time.Now()
-		attrs := []any{"slot", s.cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes}
+		attrs := []any{"slot", cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes}
 		if h.SafeWALSizeBytes != nil {
 			attrs = append(attrs, "safe_wal_size_bytes", *h.SafeWALSizeBytes)
 		}
-		s.cfg.Logger.Warn(h.Warning, attrs...)
+		cfg.Logger.Warn(h.Warning, attrs...)
 	case h.Warning == "" && w.slotWarned:
 		w.slotWarned = false
-		s.cfg.Logger.Info("slot no longer at risk of losing WAL", "slot", s.cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes)
+		cfg.Logger.Info("slot no longer at risk of losing WAL", "slot", cfg.Slot, "wal_status", h.WALStatus, "holds_bytes", h.RestartLagBytes)
 	}
 }
 
-// readWALEnd stores the source's current WAL position (cdc.CurrentLSN) in lsn.
-func (s *session) readWALEnd(ctx context.Context, lsn *atomic.Uint64) error {
-	l, err := cdc.CurrentLSN(ctx, s.src)
+// readWALEnd stores the source's current WAL position (cdc.CurrentLSN, read on src) in lsn.
+func readWALEnd(ctx context.Context, src *pgx.Conn, lsn *atomic.Uint64) error {
+	l, err := cdc.CurrentLSN(ctx, src)
 	if err != nil {
 		return err
 	}
@@ -255,7 +256,7 @@ func (w *catalogWatcher) loop(ctx context.Context) error {
 			return ctx.Err()
 		case <-tick.C:
 		}
-		if err := w.s.readWALEnd(ctx, w.walEnd); err != nil {
+		if err := readWALEnd(ctx, w.src, w.walEnd); err != nil {
 			return err
 		}
 		if n%5 != 0 {
@@ -271,6 +272,6 @@ func (w *catalogWatcher) loop(ctx context.Context) error {
 // keptBySnapshots reports whether table n is one of the session's tables kept by snapshots only
 // (changebatch.Table.SnapshotOnly): it is selected, not streamed; checkStreamable notices when it
 // becomes streamable.
-func (s *session) keptBySnapshots(n changebatch.TableName) bool {
+func (s sessionStart) keptBySnapshots(n changebatch.TableName) bool {
 	return slices.ContainsFunc(s.snapshotOnly, func(t changebatch.Table) bool { return t.TableName == n })
 }
