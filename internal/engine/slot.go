@@ -14,6 +14,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/sequences"
 )
 
 // takeSlotGrace is how long a leader waits for another session to release its slot before it
@@ -195,8 +196,8 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 	job := s.backfillJob(tables, trigger, what)
 	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, backfillrun.BusyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
 	rep, err := backfillrun.Run(ctx, job)
-	if err == nil {
-		logSequenceSync(ctx, cfg, tables, rep)
+	if err == nil && cfg.SyncSequences {
+		sequences.SyncAfterBackfill(ctx, cfg.Source, cfg.Target, rep.Completed(tables), rep.RunID, cfg.Logger)
 	}
 	return err
 }

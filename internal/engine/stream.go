@@ -69,8 +69,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g, gctx := errgroup.WithContext(ctx)
 	watcher := &catalogWatcher{s: s, walEnd: &walEnd, limit: &limit}
 	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
-	g.Go(func() error { return s.runSchedule(gctx, start) })
-	g.Go(func() error { return s.runVerifySchedule(gctx) })
+	g.Go(func() error { return backfillSchedules(cfg, s.tables, s.snapshotOnly, start, s.backfillJob).Run(gctx) })
+	g.Go(func() error { return verifySchedule(cfg, s.tables, s.mon).Run(gctx) })
 	g.Go(func() error { return s.watchWaiting(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
 	// The filler tells the pruner, through gate, when a fill's snapshot may need a tombstone.
