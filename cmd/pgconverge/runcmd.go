@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/schedule"
 	"github.com/spf13/cobra"
 )
 
@@ -39,15 +40,15 @@ such a table is loaded again when it is selected.`,
 				return err
 			}
 			cfg.Logger = logger
-			sched, schedErr := engine.ParseSchedule(scheduleSpec)
+			sched, schedErr := schedule.Parse(scheduleSpec)
 			if schedErr != nil {
 				schedErr = fmt.Errorf("--backfill-schedule: %w", schedErr)
 			}
-			vsched, vschedErr := engine.ParseSchedule(verifySpec)
+			vsched, vschedErr := schedule.Parse(verifySpec)
 			if vschedErr != nil {
 				vschedErr = fmt.Errorf("--verify-schedule: %w", vschedErr)
 			}
-			ssched, sschedErr := engine.ParseSchedule(snapshotSpec)
+			ssched, sschedErr := schedule.Parse(snapshotSpec)
 			if sschedErr != nil {
 				sschedErr = fmt.Errorf("--snapshot-schedule: %w", sschedErr)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/schedule"
 	"github.com/pgconverge/pgconverge/internal/verify"
 	"github.com/robfig/cron/v3"
 )
@@ -31,7 +32,7 @@ type Config struct {
 	// SnapshotWarn is how long a backfill may hold its snapshot before it warns; 0 never warns.
 	SnapshotWarn time.Duration
 	// BackfillSchedule, when set, backfills every selected table again at its ticks while
-	// streaming (ParseSchedule).
+	// streaming (schedule.Parse, schedule.Backfills).
 	BackfillSchedule cron.Schedule
 	// SnapshotSchedule, when set, backfills the tables kept by snapshots only
 	// (changebatch.Table.SnapshotOnly) again at its ticks, each read whole at one snapshot;
@@ -66,7 +67,7 @@ type Config struct {
 	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
 	OnGap string
 	// SyncSequences syncs the sequences of each table after each completed backfill run of it
-	// (initial load, gap and scheduled backfills; logSequenceSync).
+	// (initial load, gap and scheduled backfills; sequences.SyncAfterBackfill).
 	SyncSequences bool
 	// Logger receives the daemon's log lines; Monitor its counters and gauges (nil: none, and the
 	// daemon then skips the source reads that only feed metrics).
@@ -90,11 +91,12 @@ type Knobs struct {
 	// AfterLoadChunk runs after each committed chunk of an initial load, with the table's rows
 	// loaded so far.
 	AfterLoadChunk func(table string, rows int64)
-	// Schedule runs at each event of a scheduled backfill tick; AfterScheduledChunk after each
-	// committed chunk of a scheduled backfill.
-	Schedule            func(ScheduleEvent)
+	// Schedule runs at each event of a scheduled backfill tick (schedule.Backfills.OnEvent);
+	// AfterScheduledChunk after each committed chunk of a scheduled backfill.
+	Schedule            func(schedule.Event)
 	AfterScheduledChunk func(table string, rows int64)
-	// Verified runs after each scheduled verify with its report and error.
+	// Verified runs after each scheduled verify with its report and error
+	// (schedule.Verifies.Verified).
 	Verified func(verify.Report, error)
 	// TombstonePruneEvery, when set, replaces tombstonePruneEvery.
 	TombstonePruneEvery time.Duration

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/schedule"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -121,8 +122,8 @@ func crashChild(point string) int {
 	if os.Getenv(envSoakChild) != "" {
 		// The soak's daemon: scheduled backfills and verifies with repair, until it is killed.
 		limit = 24 * time.Hour
-		cfg.BackfillSchedule, _ = ParseSchedule("@every 7s")
-		cfg.VerifySchedule, _ = ParseSchedule("@every 11s")
+		cfg.BackfillSchedule, _ = schedule.Parse("@every 7s")
+		cfg.VerifySchedule, _ = schedule.Parse("@every 11s")
 		cfg.VerifyRepair = true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)

@@ -5,23 +5,9 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/pgconverge/pgconverge/internal/engine"
-
 	"github.com/pgconverge/pgconverge/internal/pgtest"
+	"github.com/pgconverge/pgconverge/internal/schedule"
 )
-
-func TestParseSchedule(t *testing.T) {
-	for _, spec := range []string{"0 3 * * *", "*/5 * * * * *", "@daily", "@every 6h", "CRON_TZ=UTC 30 2 * * 1-5"} {
-		if s, err := ParseSchedule(spec); err != nil || s == nil {
-			t.Errorf("ParseSchedule(%q) = %v, %v", spec, s, err)
-		}
-	}
-	for _, spec := range []string{"bogus", "61 * * * *", "@fortnightly"} {
-		if _, err := ParseSchedule(spec); err == nil {
-			t.Errorf("ParseSchedule(%q) accepted", spec)
-		}
-	}
-}
 
 // The schedule fires while the daemon streams; a tick while the previous scheduled backfill is
 // still running is skipped; the held backfill then completes and the table stays equal.
@@ -31,11 +17,11 @@ func TestScheduledBackfill(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table s (id int primary key, v int)`, `insert into s select g, g from generate_series(1, 3000) g`)
 	cfg := testConfig(t, env)
 	var err error
-	if cfg.BackfillSchedule, err = ParseSchedule("@every 1s"); err != nil {
+	if cfg.BackfillSchedule, err = schedule.Parse("@every 1s"); err != nil {
 		t.Fatal(err)
 	}
-	events := make(chan ScheduleEvent, 100)
-	cfg.Knobs.Schedule = func(ev ScheduleEvent) {
+	events := make(chan schedule.Event, 100)
+	cfg.Knobs.Schedule = func(ev schedule.Event) {
 		select {
 		case events <- ev:
 		default: // the test stopped listening
@@ -45,7 +31,7 @@ func TestScheduledBackfill(t *testing.T) {
 	var once sync.Once
 	cfg.Knobs.AfterScheduledChunk = func(string, int64) { once.Do(func() { <-release }) }
 	startDaemon(t, cfg)
-	waitFor := func(want ScheduleEvent) {
+	waitFor := func(want schedule.Event) {
 		t.Helper()
 		timeout := time.After(30 * time.Second)
 		for {
@@ -54,7 +40,7 @@ func TestScheduledBackfill(t *testing.T) {
 				if ev == want {
 					return
 				}
-				if ev == ScheduleFailed {
+				if ev == schedule.Failed {
 					t.Fatalf("scheduled backfill failed while waiting for %q", want)
 				}
 			case <-timeout:
@@ -62,11 +48,11 @@ func TestScheduledBackfill(t *testing.T) {
 			}
 		}
 	}
-	waitFor(ScheduleStarted)
+	waitFor(schedule.Started)
 	pgtest.Exec(t, env.Source, `update s set v = -v where id % 7 = 0`, `delete from s where id % 11 = 0`)
-	waitFor(ScheduleSkipped) // the first one is held after its first chunk
+	waitFor(schedule.Skipped) // the first one is held after its first chunk
 	close(release)
-	waitFor(ScheduleCompleted)
+	waitFor(schedule.Completed)
 	pgtest.WaitConverged(t, env, "s", "id")
 	got := pgtest.Rows(t, env.Target, `select distinct trigger || ' ' || status from pgconverge.backfill_runs where status <> 'running' order by 1`)
 	if d := pgtest.Diff([]string{"initial completed", "schedule completed"}, got); d != "" {

@@ -14,6 +14,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/sequences"
 )
 
 // takeSlotGrace is how long a leader waits for another session to release its slot before it
@@ -192,26 +193,27 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 	if trigger == coverage.TriggerGap {
 		what = "gap backfill"
 	}
-	job := s.backfillJob(tables, trigger, what)
+	job := s.backfillJob(s.mon, tables, trigger, what)
 	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, backfillrun.BusyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
 	rep, err := backfillrun.Run(ctx, job)
-	if err == nil {
-		logSequenceSync(ctx, cfg, tables, rep)
+	if err == nil && cfg.SyncSequences {
+		sequences.SyncAfterBackfill(ctx, cfg.Source, cfg.Target, rep.Completed(tables), rep.RunID, cfg.Logger)
 	}
 	return err
 }
 
 // backfillJob returns a backfill of tables by the session's configuration (workers, chunk and
-// batch sizes, logs, progress named what, metrics) with trigger; the caller sets what differs:
-// the slot, a snapshot, resuming, what to do with a busy table, the chunk hook.
-func (s *session) backfillJob(tables []changebatch.Table, trigger, what string) backfillrun.Job {
+// batch sizes, logs, progress named what, metrics counted by mon) under its epoch, with trigger;
+// the caller sets what differs: the slot, a snapshot, resuming, what to do with a busy table, the
+// chunk hook.
+func (s sessionStart) backfillJob(mon Monitor, tables []changebatch.Table, trigger, what string) backfillrun.Job {
 	cfg := s.cfg
 	return backfillrun.Job{
 		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
 		LeaderSlot: cfg.Slot, Epoch: s.epoch, Publication: cfg.Publication,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
-		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: s.mon, CopyOnly: cfg.copyOnly,
-		Progress: s.mon.BackfillProgress(trigger, backfillrun.NewLogProgress(cfg.Logger, what, 10*time.Second)),
+		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: mon, CopyOnly: cfg.copyOnly,
+		Progress: mon.BackfillProgress(trigger, backfillrun.NewLogProgress(cfg.Logger, what, 10*time.Second)),
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 // reads the whole table at one exact snapshot S and, through the apply step, leaves the target holding it as of S (its fence
 // tombstones the rows S does not show). They follow no slot, are never published, and the
 // coverage report calls them snapshot-only, as of S. A session loads those that never completed a
-// load; --snapshot-schedule backfills them again (runSchedule). One that can be streamed now
+// load; --snapshot-schedule backfills them again (schedule.Backfills). One that can be streamed now
 // (SET LOGGED, a key or REPLICA IDENTITY FULL added) ends the session (checkStreamable): the next
 // one publishes it, and the table, marked for loading as it joins the publication, is loaded from
 // a snapshot while the slot keeps its later changes, the seam of any table that joins.
@@ -41,7 +41,7 @@ func (s *session) loadSnapshotOnly(ctx context.Context) error {
 	if len(need) == 0 {
 		return nil
 	}
-	job := s.backfillJob(need, coverage.TriggerInitial, "snapshot-only load")
+	job := s.backfillJob(s.mon, need, coverage.TriggerInitial, "snapshot-only load")
 	job.Busy, job.AfterChunk = backfillrun.BusyWait, s.cfg.Knobs.AfterLoadChunk
 	_, err = backfillrun.Run(ctx, job)
 	return err

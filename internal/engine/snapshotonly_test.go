@@ -6,6 +6,7 @@ import (
 	"time"
 
 	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/schedule"
 
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
@@ -113,7 +114,7 @@ func TestPublishedTableWithoutIdentityIsKeptBySnapshots(t *testing.T) {
 func refreshEverySecond(t *testing.T, cfg *Config) {
 	t.Helper()
 	var err error
-	if cfg.SnapshotSchedule, err = ParseSchedule("@every 1s"); err != nil {
+	if cfg.SnapshotSchedule, err = schedule.Parse("@every 1s"); err != nil {
 		t.Fatal(err)
 	}
 }

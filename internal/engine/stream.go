@@ -70,8 +70,8 @@ func (s *session) stream(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	watcher := &catalogWatcher{st: st, mon: s.mon, src: s.src, walEnd: &walEnd, limit: &limit}
 	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
-	g.Go(func() error { return s.runSchedule(gctx, start) })
-	g.Go(func() error { return s.runVerifySchedule(gctx) })
+	g.Go(func() error { return backfillSchedules(st, s.mon).Run(gctx) })
+	g.Go(func() error { return verifySchedule(cfg, st.tables, s.mon).Run(gctx) })
 	g.Go(func() error { return s.watchWaiting(gctx) })
 	g.Go(func() error { return auditPruner{cfg: cfg}.Run(gctx) })
 	g.Go(func() error { return newTombstonePruner(cfg, st.tables, st.snapshotOnly, &gate).Run(gctx) })

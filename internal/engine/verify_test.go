@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/pgconverge/pgconverge/coverage"
-	. "github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
+	"github.com/pgconverge/pgconverge/internal/schedule"
 	"github.com/pgconverge/pgconverge/internal/verify"
 )
 
@@ -283,7 +283,7 @@ func TestScheduledVerifyRepairs(t *testing.T) {
 		`insert into acct select g, 'n' || g from generate_series(1, 2000) g`)
 	cfg := testConfig(t, env)
 	var err error
-	if cfg.VerifySchedule, err = ParseSchedule("@every 1s"); err != nil {
+	if cfg.VerifySchedule, err = schedule.Parse("@every 1s"); err != nil {
 		t.Fatal(err)
 	}
 	cfg.VerifyRepair = true
