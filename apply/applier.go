@@ -36,6 +36,14 @@ type Result struct {
 	Unknown [][]string
 }
 
+// RowCounts are the rows an apply wrote (inserted, updated or made tombstones) and the changes the
+// version rule turned into no-ops because the target held the same or a newer version: what the
+// metrics count of a Result.
+type RowCounts struct{ Applied, Suppressed int64 }
+
+// Counts returns r's rows written and suppressed.
+func (r Result) Counts() RowCounts { return RowCounts{Applied: r.Applied, Suppressed: r.Suppressed} }
+
 // Add accumulates o into r.
 func (r *Result) Add(o Result) {
 	r.Applied += o.Applied

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/engine"
@@ -186,7 +187,7 @@ func (m *metrics) FollowStream(stats func() engine.StreamStats) {
 }
 
 // StreamApplied counts one committed stream apply of rows per table that took d.
-func (m *metrics) StreamApplied(rows map[string]backfillrun.RowCounts, d time.Duration) {
+func (m *metrics) StreamApplied(rows map[string]apply.RowCounts, d time.Duration) {
 	m.applySeconds.Observe(d.Seconds())
 	for table, r := range rows {
 		m.applied.WithLabelValues(table, "stream").Add(float64(r.Applied))
@@ -204,7 +205,7 @@ func (m *metrics) StreamApplied(rows map[string]backfillrun.RowCounts, d time.Du
 }
 
 // BackfillChunk counts the rows of one applied backfill chunk of table.
-func (m *metrics) BackfillChunk(table string, read int64, r backfillrun.RowCounts) {
+func (m *metrics) BackfillChunk(table string, read int64, r apply.RowCounts) {
 	m.backfillRows.WithLabelValues(table).Add(float64(read))
 	m.applied.WithLabelValues(table, "backfill").Add(float64(r.Applied))
 	m.suppressed.WithLabelValues(table, "backfill").Add(float64(r.Suppressed))

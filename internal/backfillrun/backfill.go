@@ -379,7 +379,7 @@ func tally(ctx context.Context, wk *backfillWorker, mu *sync.Mutex, job Job, cw 
 	rep.Rows += done.rows
 	rep.Joined += done.byOther
 	rep.Result.Add(done.result)
-	job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, Counts(done.result))
+	job.Monitor.BackfillChunk(cw.tr.t.String(), done.rows, done.result.Counts())
 	if done.reread {
 		rep.Reread += done.rows
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
@@ -21,7 +22,7 @@ type Monitor interface {
 	// and with nil when it stops: between streams there is no lag or watermark to report.
 	FollowStream(stats func() StreamStats)
 	// StreamApplied counts one committed stream apply that took d, with rows per table.
-	StreamApplied(rows map[string]backfillrun.RowCounts, d time.Duration)
+	StreamApplied(rows map[string]apply.RowCounts, d time.Duration)
 	// SlotHealth reports the stream's slot as the source describes it (every 5 s while streaming).
 	SlotHealth(h SlotHealth)
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
@@ -59,8 +60,8 @@ func streamStats(st cdc.Stats) StreamStats {
 type NopMonitor struct{}
 
 func (NopMonitor) FollowStream(func() StreamStats)                                        {}
-func (NopMonitor) StreamApplied(map[string]backfillrun.RowCounts, time.Duration)          {}
-func (NopMonitor) BackfillChunk(string, int64, backfillrun.RowCounts)                     {}
+func (NopMonitor) StreamApplied(map[string]apply.RowCounts, time.Duration)                {}
+func (NopMonitor) BackfillChunk(string, int64, apply.RowCounts)                           {}
 func (NopMonitor) BackfillConflict(string)                                                {}
 func (NopMonitor) SlotHealth(SlotHealth)                                                  {}
 func (NopMonitor) CoverageGap(string, uint64)                                             {}

@@ -9,7 +9,6 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/backfillrun"
 )
 
 // streamSink is the stream's member that writes what the streamer hands it (apply, called on the
@@ -39,7 +38,7 @@ func (s *streamSink) apply(ctx context.Context, batches []arrow.RecordBatch, end
 	if err != nil {
 		return err
 	}
-	rows := map[string]backfillrun.RowCounts{}
+	rows := map[string]apply.RowCounts{}
 	var replays []coverage.SuppressedReplay
 	var unknown map[string][][]string // table → keys left with unknown values
 	for i, b := range batches {
