@@ -25,9 +25,9 @@ import (
 // catalog checks every 5 s, on the session's source connection), the backfill and verify
 // schedules, the audit and tombstone pruners (tombstonePruner), the unknown-value filler
 // (unknownFiller), the gap metric's publisher (gapPublisher) and, while the session leaves tables
-// to daemons of other slots, watchWaiting. The first error ends them all and is returned; the
+// to daemons of other slots, overlap.Watch. The first error ends them all and is returned; the
 // watchers' errors are typed (errMembershipChanged, errEnumChanged, *cdc.SchemaChangeError,
-// errFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
+// overlap.ErrFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
 // change that needs a reload is recorded before the session ends.
 func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) error {
 	cfg := s.cfg
@@ -71,7 +71,8 @@ func (s *session) stream(ctx context.Context, start, describedAt pglogrepl.LSN) 
 	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
 	g.Go(func() error { return s.runSchedule(gctx, start) })
 	g.Go(func() error { return s.runVerifySchedule(gctx) })
-	g.Go(func() error { return s.watchWaiting(gctx) })
+	waits := s.overlapWatch()
+	g.Go(func() error { return waits.Run(gctx) })
 	g.Go(func() error { return s.pruneAudit(gctx) })
 	// The filler tells the pruner, through gate, when a fill's snapshot may need a tombstone.
 	var gate fillGate
