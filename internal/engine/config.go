@@ -109,12 +109,12 @@ type Knobs struct {
 	StatementTimeout time.Duration
 	BeforePreflight  func()
 	BeforeStep       func(step string)
-	// PresenceCheckEvery, when set, replaces presenceCheckEvery.
+	// PresenceCheckEvery, when set, replaces overlap.PresenceCheckEvery.
 	PresenceCheckEvery time.Duration
 	// RetryBackoffMax, when set, replaces the 20 s cap of the backoff between a failed session and
 	// the next (Run).
 	RetryBackoffMax time.Duration
-	// OverlapGrace, when set, replaces overlapGrace; OverlapPoll replaces overlapPoll.
+	// OverlapGrace, when set, replaces overlap.Grace; OverlapPoll replaces overlap.Poll.
 	OverlapGrace time.Duration
 	OverlapPoll  time.Duration
 	// BeforeFenced runs right before a change the leader makes only while it holds its epoch

@@ -8,6 +8,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply"
+	"github.com/pgconverge/pgconverge/internal/overlap"
 )
 
 // ErrUnreachable is wrapped by Run's error when the source or the target could not be reached
@@ -22,7 +23,7 @@ var ErrUnreachable = errors.New("not reached before the daemon ever connected")
 // (decide) whether to stop, returning the error, or to start the next session: at once after a
 // restart on purpose, else after an exponential backoff (up to 30 s, reset after a session that
 // lasted a minute), logging the failure at ERROR with a hint. It holds the slot's running lock
-// meanwhile (holdPresence), across sessions. A server that could not be reached
+// meanwhile (overlap.HoldPresence), across sessions. A server that could not be reached
 // before any session connected to both sides stops it with an error wrapping ErrUnreachable. The
 // caller validates cfg.
 func Run(ctx context.Context, cfg Config) error {
@@ -31,7 +32,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// retry together), a wait is at most 30 s.
 	b.MaxInterval = knobOr(cfg.Knobs.RetryBackoffMax, 20*time.Second)
 	cfg.copyOnly = new(apply.CopyOnlyTables) // one for the daemon's life: a later session stages such tables by COPY too
-	running := holdPresence(ctx, cfg)
+	running := overlap.HoldPresence(ctx, cfg.Target, cfg.Slot, cfg.Logger, knobOr(cfg.Knobs.PresenceCheckEvery, overlap.PresenceCheckEvery))
 	defer running.Release()
 	everConnected := false
 	for {

@@ -21,7 +21,7 @@ func testConfig(t *testing.T, env *pgtest.Env) Config {
 }
 
 // quickOverlap shortens the timings of a hand-over between daemons of two slots that share a table
-// (Knobs.OverlapGrace 2 s, OverlapPoll 500 ms; production: overlapGrace, overlapPoll), for tests
+// (Knobs.OverlapGrace 2 s, OverlapPoll 500 ms; production: overlap.Grace, overlap.Poll), for tests
 // whose daemons hand a table over after one stops and that assert no production timing: the
 // grace covers a daemon that lost its target connections and takes its running lock again
 // (TestDaemonsCutFromTheTargetKeepTheirTables keeps the production timings).

@@ -8,6 +8,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/coverage/gaps"
+	"github.com/pgconverge/pgconverge/internal/overlap"
 )
 
 // coverageStart is where a session's stream starts covering, for the ledger.
@@ -27,7 +28,7 @@ type coverageStart struct {
 // applying it (from st.Stream, or for a table that joined the publication since its latest span
 // began, from a position read after the join). Deciding from the spans' own membership tokens, in
 // this one transaction, means a session that dies half-way leaves nothing half-recorded. The
-// transaction first claims the tables (claimTables: none may be followed by a running daemon of
+// transaction first claims the tables (overlap.Claim: none may be followed by a running daemon of
 // another slot) and records the snapshot-only tables this slot keeps.
 func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	cfg := s.cfg
@@ -39,7 +40,7 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	if err := apply.CheckLeaderTx(ctx, tx, cfg.Slot, s.epoch); err != nil {
 		return err
 	}
-	if err := s.claimTables(ctx, tx); err != nil {
+	if err := overlap.Claim(ctx, s.tgt, tx, cfg.Slot, s.names, s.snapshotOnlyNames(), cfg.Logger); err != nil {
 		return err
 	}
 	latest, err := coverage.LatestSpans(ctx, tx, cfg.Slot, s.names)

@@ -30,7 +30,7 @@ type Monitor interface {
 	// SessionRetried counts a session that failed and is started again, by reason (see reason in
 	// retry.go: "constraint", "lock", "connection", "restart", ...); with "overlap" also a
 	// session that waits for a table a daemon of another slot follows, at once and then once a
-	// minute (settleOverlap, watchWaiting).
+	// minute (overlap.Settle, overlap.Watch).
 	SessionRetried(reason string)
 	// BackfillProgress returns the Progress a backfill run of trigger ("initial", "gap",
 	// "schedule") reports to: p, which it may wrap to follow the run too.

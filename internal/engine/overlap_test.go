@@ -160,7 +160,7 @@ where t.table_name = 'b' and t.end_lsn is null and s.end_lsn is null`)
 // first daemon's next session is slow to start (8 s) and its running lock is taken again only after
 // 20 s, so the daemon of another slot that waits for a shared table, cut off too, comes back first
 // and finds the first daemon holding neither lock; it takes nothing before that has lasted
-// overlapGrace, and by then the first leads its slot again.
+// the grace (Knobs.OverlapGrace), and by then the first leads its slot again.
 func TestDaemonsCutFromTheTargetKeepTheirTables(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)

@@ -16,6 +16,7 @@ import (
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/disposition"
+	"github.com/pgconverge/pgconverge/internal/overlap"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -44,11 +45,11 @@ func dispositionCases() []dispositionCase {
 		{"watch without a server error", watchError{io.ErrUnexpectedEOF}},
 		{"enum check", enumCheckError{pg("22P02")}},
 		{"key lost", keyLostError{errors.New("table public.t has no primary key")}},
-		{"overlap", fmt.Errorf("record coverage: %w", followedElsewhereError{})},
+		{"overlap", fmt.Errorf("record coverage: %w", overlap.FollowedElsewhereError{})},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged)},
 		{"slot moved", fmt.Errorf("%w: slot", errSlotMoved)},
 		{"enum changed", fmt.Errorf("%w: %w", fmt.Errorf("%w: type e", errEnumChanged), pg("22P02"))},
-		{"follower stopped", fmt.Errorf("%w: t", errFollowerStopped)},
+		{"follower stopped", fmt.Errorf("%w: t", overlap.ErrFollowerStopped)},
 		{"slot lost", fmt.Errorf("%w: (start replication: %w)", errSlotLost, &pgconn.PgError{Code: "55000"})},
 		{"leadership lost", fmt.Errorf("%w: %w", errLeadershipLost, io.ErrUnexpectedEOF)},
 		{"fenced", fmt.Errorf("write: %w", fenced)},
@@ -82,14 +83,14 @@ func dispositionCases() []dispositionCase {
 		// combinations
 		{"timeout, then permanent", fmt.Errorf("%w (%w)", timeout("target"), permanent(errors.New("check")))},
 		{"permanent over timeout", permanent(fmt.Errorf("check: %w", timeout("target")))},
-		{"timeout, then overlap", fmt.Errorf("%w (%w)", timeout("target"), followedElsewhereError{})},
+		{"timeout, then overlap", fmt.Errorf("%w (%w)", timeout("target"), overlap.FollowedElsewhereError{})},
 		{"timeout, then fenced", fmt.Errorf("%w (%w)", timeout("target"), fenced)},
 		{"fenced over timeout", fmt.Errorf("%w; the session ended with: %w", fenced, fmt.Errorf("%w (%w)", timeout("source"), io.EOF))},
 		{"timeout, then slot moved", fmt.Errorf("%w (%w)", timeout("source"), errSlotMoved)},
 		{"timeout, then enum changed", fmt.Errorf("%w (%w)", timeout("source"), errEnumChanged)},
 		{"timeout, then 23505", fmt.Errorf("%w (%w)", timeout("target"), pg("23505"))},
 		{"timeout, then slot lost", fmt.Errorf("%w (%w)", timeout("source"), errSlotLost)},
-		{"fenced over overlap", fmt.Errorf("%w; the session ended with: %w", fenced, followedElsewhereError{})},
+		{"fenced over overlap", fmt.Errorf("%w; the session ended with: %w", fenced, overlap.FollowedElsewhereError{})},
 		{"fenced over 23505", fmt.Errorf("%w; the session ended with: %w", fenced, pg("23505"))},
 		{"fenced over permanent", fmt.Errorf("%w; the session ended with: %w", fenced, permanent(errors.New("check")))},
 		{"leadership lost over schema change", fmt.Errorf("%w: %w", errLeadershipLost, schema)},
@@ -98,7 +99,7 @@ func dispositionCases() []dispositionCase {
 		{"slot lost over 55P03", fmt.Errorf("%w: (%w)", errSlotLost, pg("55P03"))},
 		{"slot lost over 53100", fmt.Errorf("%w: (%w)", errSlotLost, pg("53100"))},
 		{"slot lost over source silent", fmt.Errorf("%w: (%w)", errSlotLost, cdc.ErrSourceSilent)},
-		{"slot lost over overlap", fmt.Errorf("%w: (%w)", errSlotLost, followedElsewhereError{})},
+		{"slot lost over overlap", fmt.Errorf("%w: (%w)", errSlotLost, overlap.FollowedElsewhereError{})},
 		{"slot moved over 23505", fmt.Errorf("%w: (%w)", errSlotMoved, pg("23505"))},
 		{"slot moved over slot lost", fmt.Errorf("%w: (%w)", errSlotMoved, errSlotLost)},
 		{"slot moved over permanent", fmt.Errorf("%w: (%w)", errSlotMoved, permanent(errors.New("x")))},
@@ -117,7 +118,7 @@ func dispositionCases() []dispositionCase {
 		{"source silent over connect", fmt.Errorf("%w: %w", cdc.ErrSourceSilent, connect)},
 		{"permanent over schema change", permanent(schema)},
 		{"permanent over slot lost", permanent(errSlotLost)},
-		{"membership changed over overlap", fmt.Errorf("%w: %w", errMembershipChanged, followedElsewhereError{})},
+		{"membership changed over overlap", fmt.Errorf("%w: %w", errMembershipChanged, overlap.FollowedElsewhereError{})},
 		{"connect and 28P01", errors.Join(connect, pg("28P01"))},
 		{"joined refusal and EOF", errors.Join(errors.New("table a has no key"), io.ErrUnexpectedEOF)},
 		{"joined 23505 and 55006", errors.Join(pg("23505"), pg("55006"))},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/cdc"
+	"github.com/pgconverge/pgconverge/internal/overlap"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -47,7 +48,7 @@ func TestRetryable(t *testing.T) {
 		{"a replicated table lost its key", keyLostError{errors.New("table public.t has no primary key")}, true},
 		{"slot invalidated while the session used it", fmt.Errorf("%w: (start replication: %w)", errSlotLost, &pgconn.PgError{Code: "55000"}), true},
 		{"membership changed", fmt.Errorf("%w for table public.t", errMembershipChanged), true},
-		{"a table the running daemon of another slot follows", fmt.Errorf("record coverage: %w", followedElsewhereError{}), true},
+		{"a table the running daemon of another slot follows", fmt.Errorf("record coverage: %w", overlap.FollowedElsewhereError{}), true},
 		{"a statement past its deadline", fmt.Errorf("%w (%w)", &pgsession.TimeoutError{Role: "source", Timeout: time.Minute}, io.ErrUnexpectedEOF), true},
 		{"a statement past its deadline, then a refusal on its closed connection", fmt.Errorf("%w (%w)", &pgsession.TimeoutError{Role: "target", Timeout: time.Minute}, permanent(errors.New("check"))), true},
 	}

@@ -199,7 +199,7 @@ func (s *session) warnUnselected(ctx context.Context, selected []changebatch.Tab
 		case snapshotOnly:
 			s.cfg.Logger.Error("published table kept by snapshots only: its changes cannot be streamed, and the source refuses its application's UPDATEs and DELETEs while it is published without a replica identity; the reason says what makes it streamable, and it is streamed from then on",
 				"table", n.String(), "publication", s.cfg.Publication, "reason", why)
-		case !sel[n] && !s.waitsFor(n): // one waited for is logged at ERROR (leave)
+		case !sel[n] && !s.waitsFor(n): // one waited for is logged at ERROR (overlap.Settle)
 			s.cfg.Logger.Warn("published table not selected: its changes are skipped; name it in --tables to replicate it (it is then loaded first)",
 				"table", n.String(), "publication", s.cfg.Publication)
 		}

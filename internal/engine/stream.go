@@ -21,9 +21,9 @@ import (
 // catalog checks every 5 s, on the session's source connection), the backfill and verify
 // schedules, the audit and tombstone pruners (auditPruner, tombstonePruner), the unknown-value filler
 // (unknownFiller), the gap metric's publisher (gapPublisher) and, while the session leaves tables
-// to daemons of other slots, watchWaiting. The first error ends them all and is returned; the
+// to daemons of other slots, overlap.Watch. The first error ends them all and is returned; the
 // watchers' errors are typed (errMembershipChanged, errEnumChanged, *cdc.SchemaChangeError,
-// errFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
+// overlap.ErrFollowerStopped) so that decide can tell a restart on purpose from a failure. A schema
 // change that needs a reload is recorded before the session ends.
 func (s *session) stream(ctx context.Context) error {
 	st := s.sessionStart
@@ -72,7 +72,7 @@ func (s *session) stream(ctx context.Context) error {
 	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
 	g.Go(func() error { return backfillSchedules(st, s.mon).Run(gctx) })
 	g.Go(func() error { return verifySchedule(cfg, st.tables, s.mon).Run(gctx) })
-	g.Go(func() error { return s.watchWaiting(gctx) })
+	g.Go(func() error { return st.overlapWatch(s.mon).Run(gctx) })
 	g.Go(func() error { return auditPruner{cfg: cfg}.Run(gctx) })
 	g.Go(func() error { return newTombstonePruner(cfg, st.tables, st.snapshotOnly, &gate).Run(gctx) })
 	g.Go(func() error { return filler.Run(gctx) })
