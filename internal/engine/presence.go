@@ -62,7 +62,7 @@ func (p *presence) check(ctx context.Context) {
 	defer p.mu.Unlock()
 	var err error
 	if p.conn != nil {
-		cctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
+		cctx, cancel := context.WithTimeout(ctx, p.cfg.Knobs.leaseTimings().CheckTimeout)
 		_, err = p.conn.Exec(cctx, "select 1")
 		cancel()
 		if err == nil {
@@ -82,7 +82,7 @@ func (p *presence) check(ctx context.Context) {
 
 // take connects to the target and takes the running lock.
 func (p *presence) take(ctx context.Context) (*pgx.Conn, error) {
-	cctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.Knobs.leaseTimings().CheckTimeout)
 	defer cancel()
 	conn, err := pgsession.Connect(cctx, p.cfg.Target, "target")
 	if err != nil {
