@@ -69,6 +69,9 @@ type Job struct {
 	BeforeFenced func(change string)
 	// Monitor counts the rows read and applied.
 	Monitor Monitor
+	// Lease is the lease's timings of the run's sessions and of its watch of other processes'
+	// (lease.Timings); unset ones are the production ones. Tests set shorter ones.
+	Lease lease.Timings
 	// CopyOnly is the set of tables staged by COPY only that the run's Appliers share (a daemon's,
 	// Config.copyOnly); nil: Run makes one for the run.
 	CopyOnly *apply.CopyOnlyTables
@@ -200,7 +203,7 @@ func Run(ctx context.Context, job Job) (rep Report, err error) {
 	// The run stops when its lease lapsed (lost): other processes may have ended its sessions.
 	leased, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	if job.lease, err = lease.StartWorker(leased, job.Target, rep.RunID, false, log.With("run", rep.RunID), lost); err != nil {
+	if job.lease, err = lease.StartWorker(leased, job.Target, rep.RunID, false, job.Lease, log.With("run", rep.RunID), lost); err != nil {
 		return rep, err
 	}
 	defer job.lease.End(ctx, ctrl, log)
@@ -300,7 +303,7 @@ func runTables(ctx context.Context, ctrl *pgx.Conn, job Job, snap backfill.Snaps
 		if err := coverage.PublishRun(ctx, ctrl, rep.RunID, snap.Name, snap.LSN, job.Publication, job.LeaderSlot, job.Epoch); err != nil {
 			return err
 		}
-		stopWatch, err := lease.WatchWorkers(ctx, job.Target, log)
+		stopWatch, err := lease.WatchWorkers(ctx, job.Target, job.Lease, log)
 		if err != nil {
 			return err
 		}

@@ -33,6 +33,9 @@ type JoinConfig struct {
 	Logger *slog.Logger
 	// Progress reports rows; nil reports nothing.
 	Progress Progress
+	// Lease is the lease's timings of the process's sessions (lease.Timings); unset ones are the
+	// production ones. Tests set shorter ones, the same as the run's.
+	Lease lease.Timings
 }
 
 // Validate reports every problem of the configuration at once.
@@ -97,7 +100,7 @@ func Join(ctx context.Context, cfg JoinConfig) (JoinReport, error) {
 	j := &joiner{cfg: cfg, run: run, log: log, tables: map[int64]*tableRun{}, copyOnly: new(apply.CopyOnlyTables)}
 	jctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
-	if j.lease, err = lease.StartWorker(jctx, cfg.Target, run.ID, true, log, lose); err != nil {
+	if j.lease, err = lease.StartWorker(jctx, cfg.Target, run.ID, true, cfg.Lease, log, lose); err != nil {
 		return rep, err
 	}
 	defer j.lease.End(ctx, tgt, log)

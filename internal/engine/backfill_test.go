@@ -301,7 +301,7 @@ func backfillCrashChild(point string, at int) int {
 	cfg := operator.BackfillConfig{
 		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Tables: tables,
 		Workers: 1, ChunkRows: 1000, Resume: true, Logger: log, Progress: backfillrun.NewLogProgress(log, "backfill", time.Hour),
-		AfterChunk: func(string, int64) { hit() },
+		AfterChunk: func(string, int64) { hit() }, Lease: childLease(),
 	}
 	if point == "backfill-batch" {
 		cfg.ChunkRows, cfg.AfterChunk, cfg.AfterMergedBatch = 100_000, nil, hit

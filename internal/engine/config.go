@@ -9,6 +9,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/schedule"
 	"github.com/pgconverge/pgconverge/internal/verify"
@@ -122,6 +123,16 @@ type Knobs struct {
 	// "key " and the table (a bulk load's key deferral), "publication" (adding tables to it),
 	// "publication commit" (after that change, before its check and commit).
 	BeforeFenced func(change string)
+	// Lease, when set, replaces the lease's timings (lease.Default): the leader lock's checks, a
+	// standby's and an epoch raise's wait for a silent holder, the backfill processes' lease of
+	// the daemon's runs and its watch of other backfill processes. Each unset duration stays the
+	// production one (lease.Timings.OrDefault).
+	Lease lease.Timings
+}
+
+// leaseTimings returns the lease's timings: Lease's, the production ones where unset.
+func (k Knobs) leaseTimings() lease.Timings {
+	return k.Lease.OrDefault()
 }
 
 // knobOr returns knob when it is set (positive), else the production value def.

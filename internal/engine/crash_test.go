@@ -17,6 +17,7 @@ import (
 	"time"
 
 	. "github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/schedule"
 
 	"github.com/jackc/pglogrepl"
@@ -36,7 +37,27 @@ const (
 	envCrashSlot  = "PGCONVERGE_CRASH_SLOT"
 	// envCrashChunkRows, when set, is the chunk size of the backfill child (backfillCrashChild).
 	envCrashChunkRows = "PGCONVERGE_CRASH_CHUNK_ROWS"
+	// envShortLease, set to 1, gives a child the tests' short lease (shortLease), as its parent
+	// test gives its own daemons and runs: every process of a test runs on the same lease.
+	envShortLease = "PGCONVERGE_TEST_SHORT_LEASE"
 )
+
+// shortLease is the lease of the tests that wait for it to run out (a frozen process is ended, a
+// standby takes over from a frozen leader): a 6 s term instead of 15 s, checked every second. The
+// term stays several checks long, so a heartbeat late on a machine busy with parallel tests does
+// not lose a live process its sessions.
+func shortLease() lease.Timings {
+	return lease.Timings{CheckEvery: time.Second, CheckTimeout: 3 * time.Second, Term: 6 * time.Second}
+}
+
+// childLease returns shortLease in a child started with envShortLease=1, else no timings (the
+// production lease).
+func childLease() lease.Timings {
+	if os.Getenv(envShortLease) == "1" {
+		return shortLease()
+	}
+	return lease.Timings{}
+}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envVerifyKill) != "" {
@@ -113,6 +134,7 @@ func crashChild(point string) int {
 		Slot: os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
 	}
+	cfg.Knobs.Lease = childLease()
 	limit := 60 * time.Second
 	if point == "none" {
 		// The parent kills it (an HA pair's leader, the random kills); the limit only ends an

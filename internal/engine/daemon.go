@@ -32,7 +32,8 @@ func Run(ctx context.Context, cfg Config) error {
 	// retry together), a wait is at most 30 s.
 	b.MaxInterval = knobOr(cfg.Knobs.RetryBackoffMax, 20*time.Second)
 	cfg.copyOnly = new(apply.CopyOnlyTables) // one for the daemon's life: a later session stages such tables by COPY too
-	running := overlap.HoldPresence(ctx, cfg.Target, cfg.Slot, cfg.Logger, knobOr(cfg.Knobs.PresenceCheckEvery, overlap.PresenceCheckEvery))
+	running := overlap.HoldPresence(ctx, cfg.Target, cfg.Slot, cfg.Logger, knobOr(cfg.Knobs.PresenceCheckEvery, overlap.PresenceCheckEvery),
+		cfg.Knobs.leaseTimings().CheckTimeout)
 	defer running.Release()
 	everConnected := false
 	for {

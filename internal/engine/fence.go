@@ -7,7 +7,6 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/lease"
 )
 
 // A leader's writes of rows and progress are single transactions that check its epoch FOR SHARE
@@ -61,6 +60,6 @@ func (s *session) publishHooks(ctx context.Context) cdc.PublishHooks {
 			s.cfg.Knobs.beforeFenced("publication commit")
 			return apply.CheckUnchallenged(ctx, s.tgt, s.cfg.Slot, s.epoch)
 		},
-		CommitWithin: lease.Term / 3,
+		CommitWithin: s.cfg.Knobs.leaseTimings().Term / 3,
 	}
 }

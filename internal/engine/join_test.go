@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
-	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/operator"
 
 	"github.com/pgconverge/pgconverge/coverage"
@@ -193,7 +192,7 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
 	joiner, out := startJoiner(t, env)
 	cfg := testBackfillConfig(t, env, "public.big")
-	cfg.Workers, cfg.ChunkRows = 1, 20000
+	cfg.Workers, cfg.ChunkRows, cfg.Lease = 1, 20000, shortLease()
 	var logs pgtest.SyncBuffer
 	cfg.Logger = newTestLogger(t, &logs)
 	frozen := make(chan time.Time, 1)
@@ -228,8 +227,8 @@ func TestFrozenJoinerIsEndedAfterTheLease(t *testing.T) {
 	if !strings.Contains(logs.String(), "ended the target session of a joined backfill worker silent past the lease") {
 		t.Errorf("no WARN of the frozen joiner's session ended by the run")
 	}
-	if took < lease.Term-lease.CheckEvery {
-		t.Errorf("the run completed %s after the joiner froze, before the lease of %s ran out", took, lease.Term)
+	if term := shortLease().Term; took < term-shortLease().CheckEvery {
+		t.Errorf("the run completed %s after the joiner froze, before the lease of %s ran out", took, term)
 	}
 	t.Logf("the run completed %s after the joiner froze; rows by the joiner %d, by the run %d", took.Round(time.Millisecond), rep.Joined, rep.Rows)
 	if rep.Rows+rep.Joined != 200000 {
@@ -252,6 +251,7 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table big (id int primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 200000) g`, `analyze big`)
 	dcfg := testConfig(t, env)
+	dcfg.Knobs.Lease = shortLease()
 	var dlogs pgtest.SyncBuffer
 	dcfg.Logger = newTestLogger(t, &dlogs)
 	d := startDaemon(t, dcfg)
@@ -261,7 +261,7 @@ func TestFrozenJoinerOfAnEndedRunIsEndedByTheDaemon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cfg := testBackfillConfig(t, env, "public.big")
-	cfg.Workers, cfg.ChunkRows = 1, 20000
+	cfg.Workers, cfg.ChunkRows, cfg.Lease = 1, 20000, shortLease()
 	var once sync.Once
 	var held []int64 // the key range of the chunk the frozen joiner holds
 	var frozenAt time.Time

@@ -26,26 +26,7 @@ func waitSameMultiset(t *testing.T, env *pgtest.Env, table string) {
 	q := func(where string) string {
 		return `select r || ' x' || count(*) from (select row(` + cols + `)::text as r from ` + table + where + `) s group by r order by r collate "C"`
 	}
-	pgtest.Eventually(t, 60*time.Second, "target "+table+" holds the source's multiset of rows", func() (bool, string) {
-		want := pgtest.Rows(t, env.Source, q(""))
-		rows, err := env.Target.Query(context.Background(), q(" where not _cdc_deleted"))
-		if err != nil {
-			return false, err.Error()
-		}
-		var got []string
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				return false, err.Error()
-			}
-			got = append(got, s)
-		}
-		if rows.Err() != nil {
-			return false, rows.Err().Error()
-		}
-		d := multisetDiff(want, got)
-		return d == "", d
-	})
+	pgtest.WaitSameRows(t, env, "target "+table+" holds the source's multiset of rows", q(""), q(" where not _cdc_deleted"), multisetDiff)
 }
 
 // multisetDiff describes up to five lines that only one of want (the source's) and got (the

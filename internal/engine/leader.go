@@ -17,7 +17,7 @@ import (
 )
 
 // standbyPoll is how often a standby tries the slot's leader lock; the lock's checks and its
-// lease run on lease.CheckEvery, lease.CheckTimeout and lease.Term.
+// lease run on the lease's timings (lease.Default, or Knobs.Lease).
 const standbyPoll = 250 * time.Millisecond
 
 // errLeadershipLost ends a session whose lock connection to the target failed: the leader lock
@@ -61,7 +61,7 @@ func (s *session) lead(ctx context.Context, lost context.CancelCauseFunc) (waite
 		}
 		s.mon.Leading(slot, false)
 		s.cfg.Logger.Info("standby: another daemon leads this slot; this one takes over when that one stops, dies, loses its connection to the target or stays silent for the lease",
-			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt, "lease", lease.Term.String())
+			"slot", slot, "leader", current.Holder, "epoch", current.Epoch, "since", current.AcquiredAt, "lease", s.cfg.Knobs.leaseTimings().Term.String())
 		if err := s.waitAsStandby(ctx, lock); err != nil {
 			return true, err
 		}
@@ -87,7 +87,7 @@ func (s *session) explainByTakeover(ctx context.Context, err error) error {
 	l, ok, rerr := apply.ReadLeader(ctx, s.tgt, s.cfg.Slot)
 	if rerr != nil {
 		// The new leader may have ended this session's target connections: look on a new one.
-		rctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.Knobs.leaseTimings().CheckTimeout)
 		defer cancel()
 		conn, cerr := pgsession.Connect(rctx, s.cfg.Target, "target")
 		if cerr != nil {
@@ -139,6 +139,7 @@ func (s *session) checkLike(ctx context.Context, leader apply.Leader) error {
 // has been silent for lease.Term (apply.LeaderLockHolder), it ends that session, logged at WARN.
 func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 	slot := s.cfg.Slot
+	term := s.cfg.Knobs.leaseTimings().Term
 	if err := apply.MarkStandby(ctx, lock, slot, true); err != nil {
 		return err
 	}
@@ -159,9 +160,9 @@ func (s *session) waitAsStandby(ctx context.Context, lock *pgx.Conn) error {
 		if err != nil {
 			return err
 		}
-		if pid != 0 && silent > lease.Term.Seconds() {
+		if pid != 0 && silent > term.Seconds() {
 			s.cfg.Logger.Warn("the leader's lock session has been silent past the lease (a frozen process, or a network that broke without resetting the connection): ending it to take over",
-				"slot", slot, "target_pid", pid, "silent_seconds", int(silent), "lease", lease.Term.String())
+				"slot", slot, "target_pid", pid, "silent_seconds", int(silent), "lease", term.String())
 			if _, err := s.tgt.Exec(ctx, `select pg_terminate_backend($1)`, pid); err != nil {
 				return fmt.Errorf("end the silent leader's session %d on the target (the target role needs to be that session's role or a member of pg_signal_backend): %w", pid, err)
 			}
@@ -181,6 +182,7 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 	done := make(chan struct{})
 	exited := make(chan struct{})
 	pid := lock.PgConn().PID()
+	term := s.cfg.Knobs.leaseTimings().Term
 	go func() {
 		defer close(exited)
 		var waiting time.Time // when the raise was first seen waiting
@@ -197,7 +199,7 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 				}
 				continue
 			}
-			if time.Since(waiting) < lease.Term {
+			if time.Since(waiting) < term {
 				continue
 			}
 			rows, err := s.tgt.Query(ctx, `select b from unnest(pg_blocking_pids($1)) b where pg_terminate_backend(b)`, pid)
@@ -220,7 +222,8 @@ func (s *session) raiseEpoch(ctx context.Context, lock *pgx.Conn) (int64, error)
 // ends the session with errLeadershipLost. It is the lock connection's only user meanwhile.
 func (s *session) watchLock(ctx context.Context, lost context.CancelCauseFunc) {
 	defer close(s.watching)
-	t := time.NewTicker(lease.CheckEvery)
+	timings := s.cfg.Knobs.leaseTimings()
+	t := time.NewTicker(timings.CheckEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -228,7 +231,7 @@ func (s *session) watchLock(ctx context.Context, lost context.CancelCauseFunc) {
 			return
 		case <-t.C:
 		}
-		checkCtx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
+		checkCtx, cancel := context.WithTimeout(ctx, timings.CheckTimeout)
 		_, err := s.lock.Exec(checkCtx, "select 1")
 		cancel()
 		if err != nil {

@@ -34,10 +34,16 @@ func leaderLocks(t *testing.T, env *pgtest.Env) string {
 
 // haPair starts a leader in a child process (the crash child, killed only by the test) under
 // the workload, waits until it streams, then starts a standby in this process and waits until it
-// waits for the leader lock. It returns the leader's process and output.
-func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *pgtest.SyncBuffer) {
+// waits for the leader lock. With short, both run on the tests' short lease (shortLease), else
+// on the production one. It returns the leader's process and output.
+func haPair(t *testing.T, env *pgtest.Env, short bool) (*os.Process, *pgtest.SyncBuffer) {
 	t.Helper()
 	leader := crashChildCmd(env, "none", 0)
+	standby := testConfig(t, env)
+	if short {
+		leader.Env = append(leader.Env, envShortLease+"=1")
+		standby.Knobs.Lease = shortLease()
+	}
 	out := &pgtest.SyncBuffer{}
 	leader.Stdout, leader.Stderr = out, out
 	if err := leader.Start(); err != nil {
@@ -55,7 +61,7 @@ func haPair(t *testing.T, env *pgtest.Env) (*os.Process, *pgtest.SyncBuffer) {
 	if l := pgtest.Scalar[string](t, env.Target, `select epoch || ' ' || holder from pgconverge.leaders where slot = $1`, env.Name); !strings.HasPrefix(l, "1 ") || !strings.HasSuffix(l, holder) {
 		t.Fatalf("leader row %q, want epoch 1 held by the child (%s)", l, holder)
 	}
-	startDaemon(t, testConfig(t, env))
+	startDaemon(t, standby)
 	pgtest.Eventually(t, 30*time.Second, "the second daemon waits as a standby", func() (bool, string) {
 		l := leaderLocks(t, env)
 		return l == "1 1", "leader locks held and waiting: " + l
@@ -90,7 +96,7 @@ func TestStandbyTakesOverFromAKilledLeader(t *testing.T) {
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)
-	leader, out := haPair(t, env)
+	leader, out := haPair(t, env, false)
 	killedAt := time.Now()
 	if err := leader.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -110,7 +116,7 @@ func TestStandbyTakesOverFromALeaderThatLostItsLock(t *testing.T) {
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)
-	leader, out := haPair(t, env)
+	leader, out := haPair(t, env, false)
 	cutAt := time.Now()
 	pid, _, err := apply.LeaderLockHolder(context.Background(), env.Target, env.Name)
 	if err != nil || pid == 0 {
@@ -143,16 +149,17 @@ func TestFrozenLeaderIsFencedAfterATakeover(t *testing.T) {
 	env := pgtest.New(t)
 	setupCrashTables(t, env)
 	stopWorkload := workload(t, env)
-	leader, out := haPair(t, env)
+	leader, out := haPair(t, env, true)
 	oldWalsender := pgtest.Scalar[int32](t, env.Source, `select active_pid from pg_replication_slots where slot_name = $1`, env.Name)
 	if err := leader.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	frozenAt := time.Now()
 	took := waitTakeover(t, env, 2, frozenAt)
-	t.Logf("the standby led %s after the leader froze (lease %s)", took.Round(time.Millisecond), lease.Term)
-	if took < lease.Term-lease.CheckEvery {
-		t.Errorf("the standby led %s after the leader froze, before the lease of %s ran out", took, lease.Term)
+	term := shortLease().Term
+	t.Logf("the standby led %s after the leader froze (lease %s)", took.Round(time.Millisecond), term)
+	if took < term-shortLease().CheckEvery {
+		t.Errorf("the standby led %s after the leader froze, before the lease of %s ran out", took, term)
 	}
 	pgtest.Eventually(t, 60*time.Second, "the new leader ended the frozen leader's walsender and streams", func() (bool, string) {
 		pid := pgtest.Scalar[int32](t, env.Source, `select coalesce(active_pid, 0) from pg_replication_slots where slot_name = $1`, env.Name)

@@ -30,11 +30,12 @@ func TestFrozenBackfillRunIsEndedByTheDaemon(t *testing.T) {
 	var dlogs pgtest.SyncBuffer
 	dcfg := testConfig(t, env)
 	dcfg.Logger = newTestLogger(t, &dlogs)
+	dcfg.Knobs.Lease = shortLease()
 	startDaemon(t, dcfg)
 	pgtest.WaitStreaming(t, env)
 	pgtest.WaitConverged(t, env, "big", "id")
 	child := crashChildCmd(env, "backfill-chunk", 1<<30) // never killed by itself
-	child.Env = append(child.Env, envCrashChunkRows+"=20000")
+	child.Env = append(child.Env, envCrashChunkRows+"=20000", envShortLease+"=1")
 	out := &pgtest.SyncBuffer{}
 	child.Stdout, child.Stderr = out, out
 	if err := child.Start(); err != nil {
@@ -76,8 +77,8 @@ func TestFrozenBackfillRunIsEndedByTheDaemon(t *testing.T) {
 	pgtest.WaitConverged(t, env, "big", "id")
 	took := time.Since(frozenAt)
 	t.Logf("the stream applied the rows the frozen run held %s after the freeze", took.Round(time.Millisecond))
-	if took < lease.Term-lease.CheckEvery {
-		t.Errorf("the stream applied the held rows %s after the freeze, before the lease of %s ran out", took, lease.Term)
+	if term := shortLease().Term; took < term-shortLease().CheckEvery {
+		t.Errorf("the stream applied the held rows %s after the freeze, before the lease of %s ran out", took, term)
 	}
 	if !strings.Contains(dlogs.String(), "ended a target session of a backfill run's process silent past the lease") {
 		t.Errorf("no WARN of the frozen run's sessions ended by the daemon")

@@ -24,7 +24,7 @@ const envSoakJoin = "PGCONVERGE_SOAK_JOIN"
 func soakJoinChild() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("process", "joined")
 	for {
-		_, err := backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Workers: 1, Wait: true, Logger: log})
+		_, err := backfillrun.Join(context.Background(), backfillrun.JoinConfig{Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt), Workers: 1, Wait: true, Logger: log, Lease: childLease()})
 		if err != nil {
 			log.Error("join failed", "err", err)
 			time.Sleep(500 * time.Millisecond)
@@ -48,20 +48,21 @@ func (j *soakJoiner) start() {
 }
 
 // joinerCmd returns the command that runs soakJoinChild against source src and target tgt in a
-// child process of the test binary, its output going to out.
-func joinerCmd(src, tgt string, out *pgtest.SyncBuffer) *exec.Cmd {
+// child process of the test binary, its output going to out, with env added to its environment.
+func joinerCmd(src, tgt string, out *pgtest.SyncBuffer, env ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+src, envCrashTgt+"="+tgt)
+	cmd.Env = append(append(os.Environ(), envSoakJoin+"=1", envCrashSrc+"="+src, envCrashTgt+"="+tgt), env...)
 	cmd.Stdout, cmd.Stderr = out, out
 	return cmd
 }
 
-// startJoiner starts joinerCmd for env's databases; at cleanup it is thawed (it may be stopped)
-// and killed, and its output logged when the test failed.
+// startJoiner starts joinerCmd for env's databases, on the tests' short lease (shortLease: the
+// tests that start it freeze it and wait for its lease to run out); at cleanup it is thawed (it
+// may be stopped) and killed, and its output logged when the test failed.
 func startJoiner(t *testing.T, env *pgtest.Env) (*exec.Cmd, *pgtest.SyncBuffer) {
 	t.Helper()
 	out := &pgtest.SyncBuffer{}
-	cmd := joinerCmd(env.SourceURL, env.TargetURL, out)
+	cmd := joinerCmd(env.SourceURL, env.TargetURL, out, envShortLease+"=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func (s *session) stream(ctx context.Context) error {
 	}
 	// A joined backfill worker that froze holding rows the stream writes is ended after the lease,
 	// also when the run it joined has died.
-	stopWatch, err := lease.WatchWorkers(s.bounded(ctx), cfg.Target, cfg.Logger)
+	stopWatch, err := lease.WatchWorkers(s.bounded(ctx), cfg.Target, cfg.Knobs.Lease, cfg.Logger)
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,34 @@ const (
 	Term         = 15 * time.Second
 )
 
+// Timings are the lease's durations a process runs on: CheckEvery, CheckTimeout and Term, as the
+// constants of the same names describe them. Production uses Default; tests that wait for a
+// lease to run out set shorter ones (engine.Knobs.Lease, backfillrun.Job.Lease and
+// backfillrun.JoinConfig.Lease), the same for every process of the test.
+type Timings struct {
+	CheckEvery, CheckTimeout, Term time.Duration
+}
+
+// Default returns the production timings: CheckEvery, CheckTimeout and Term.
+func Default() Timings {
+	return Timings{CheckEvery: CheckEvery, CheckTimeout: CheckTimeout, Term: Term}
+}
+
+// OrDefault returns t with each unset (zero or negative) duration replaced by Default's.
+func (t Timings) OrDefault() Timings {
+	d := Default()
+	if t.CheckEvery <= 0 {
+		t.CheckEvery = d.CheckEvery
+	}
+	if t.CheckTimeout <= 0 {
+		t.CheckTimeout = d.CheckTimeout
+	}
+	if t.Term <= 0 {
+		t.Term = d.Term
+	}
+	return t
+}
+
 // Holder names this process in pgconverge.leaders, in the backfill processes' heartbeats and in
 // other processes' logs: host and pid, as "host pid 123".
 func Holder() string {

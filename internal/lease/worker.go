@@ -22,35 +22,37 @@ import (
 // nor shows its run as running for ever. The same lease as the leader's (a lease, as in Gray and
 // Cheriton, "Leases", SOSP 1989).
 
-// WatchWorkers ends, every CheckEvery until stop, the target sessions of other
+// WatchWorkers ends, every timings' CheckEvery until stop, the target sessions of other
 // backfill processes (of any run) silent past Term, logging each at WARN, and a session the
 // role may not end once at ERROR with the fix. Every backfill run and every streaming daemon
 // session watches, so a frozen process is ended even when its run has died. A check that comes
 // late (this process was paused or starved itself, as a whole frozen host is) ends nothing: the
 // other processes of a host that froze with it get a heartbeat in first. It uses a connection of
 // its own to target; a failed check is logged and tried again.
-func WatchWorkers(ctx context.Context, target string, log *slog.Logger) (stop func(), err error) {
+// Unset timings are Default's (Timings.OrDefault).
+func WatchWorkers(ctx context.Context, target string, timings Timings, log *slog.Logger) (stop func(), err error) {
+	tm := timings.OrDefault()
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
 	}
 	last := time.Now()
 	refused := map[int32]bool{}
-	stopTicking := Every(ctx, CheckEvery, func(ctx context.Context) {
-		late := time.Since(last) > 2*CheckEvery+CheckTimeout
+	stopTicking := Every(ctx, tm.CheckEvery, func(ctx context.Context) {
+		late := time.Since(last) > 2*tm.CheckEvery+tm.CheckTimeout
 		last = time.Now()
 		if late {
 			log.Info("skipped a check of the backfill processes' lease: this process's own checks were late (was it paused?)")
 			return
 		}
-		cctx, cancel := context.WithTimeout(ctx, CheckTimeout)
+		cctx, cancel := context.WithTimeout(ctx, tm.CheckTimeout)
 		defer cancel()
-		ended, err := coverage.EndSilentWorkers(cctx, conn, Term, Holder())
+		ended, err := coverage.EndSilentWorkers(cctx, conn, tm.Term, Holder())
 		if err != nil && ctx.Err() == nil {
 			log.Warn("could not check the lease of backfill processes; trying again", "err", err)
 		}
 		for _, w := range ended {
-			attrs := []any{"backfill_run", w.RunID, "host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", Term.String()}
+			attrs := []any{"backfill_run", w.RunID, "host", w.Host, "target_pid", w.PID, "silent_seconds", int(w.Silent), "lease", tm.Term.String()}
 			switch {
 			case w.Refused != nil && !refused[w.PID]:
 				refused[w.PID] = true
@@ -68,9 +70,9 @@ func WatchWorkers(ctx context.Context, target string, log *slog.Logger) (stop fu
 }
 
 // Worker is the lease of one backfill process's target sessions in run runID: Add registers
-// a session (coverage.RegisterWorker), and every CheckEvery until End a connection of its own
+// a session (coverage.RegisterWorker), and every timings' CheckEvery until End a connection of its own
 // records them all alive, reconnecting after a failure (each failure logged at WARN). When no
-// record succeeded for Term, other processes may already have ended the sessions: it calls
+// record succeeded for the term, other processes may already have ended the sessions: it calls
 // lost with the error, once, for the process to stop.
 type Worker struct {
 	runID  int64
@@ -81,8 +83,10 @@ type Worker struct {
 }
 
 // StartWorker starts the lease of this process's sessions in run runID on target; joined
-// tells whether the process joined the run rather than runs it.
-func StartWorker(ctx context.Context, target string, runID int64, joined bool, log *slog.Logger, lost func(error)) (*Worker, error) {
+// tells whether the process joined the run rather than runs it. Unset timings are Default's
+// (Timings.OrDefault).
+func StartWorker(ctx context.Context, target string, runID int64, joined bool, timings Timings, log *slog.Logger, lost func(error)) (*Worker, error) {
+	tm := timings.OrDefault()
 	conn, err := pgsession.Connect(ctx, target, "target")
 	if err != nil {
 		return nil, err
@@ -95,15 +99,15 @@ func StartWorker(ctx context.Context, target string, runID int64, joined bool, l
 			return
 		}
 		log.Warn("could not record this process's backfill sessions alive on the target; trying again (other pgconverge processes end them after the lease without)",
-			"silent_seconds", int(time.Since(seen).Seconds()), "lease", Term.String(), "err", err)
-		if time.Since(seen) > Term {
+			"silent_seconds", int(time.Since(seen).Seconds()), "lease", tm.Term.String(), "err", err)
+		if time.Since(seen) > tm.Term {
 			once.Do(func() {
-				lost(fmt.Errorf("this process could not show the other pgconverge processes that its backfill sessions are alive for %s, the lease they end silent sessions after: %w", Term, err))
+				lost(fmt.Errorf("this process could not show the other pgconverge processes that its backfill sessions are alive for %s, the lease they end silent sessions after: %w", tm.Term, err))
 			})
 		}
 	}
-	stopTicking := Every(ctx, CheckEvery, func(ctx context.Context) {
-		cctx, cancel := context.WithTimeout(ctx, CheckTimeout)
+	stopTicking := Every(ctx, tm.CheckEvery, func(ctx context.Context) {
+		cctx, cancel := context.WithTimeout(ctx, tm.CheckTimeout)
 		defer cancel()
 		if conn.IsClosed() {
 			c, err := pgsession.Connect(cctx, target, "target")

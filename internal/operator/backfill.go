@@ -12,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/sequences"
 	"github.com/pgconverge/pgconverge/migrations"
@@ -38,6 +39,9 @@ type BackfillConfig struct {
 	// AfterChunk and AfterMergedBatch are test hooks (backfillrun.Job).
 	AfterChunk       func(table string, rows int64)
 	AfterMergedBatch func()
+	// Lease is the run's lease timings (backfillrun.Job.Lease); unset ones are the production
+	// ones. Tests set shorter ones.
+	Lease lease.Timings
 }
 
 // Validate reports every problem of the configuration at once.
@@ -105,6 +109,7 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, erro
 		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
+		Lease: cfg.Lease,
 	})
 	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
 		return rep, err

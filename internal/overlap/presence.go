@@ -13,8 +13,8 @@ import (
 )
 
 // PresenceCheckEvery is how often the presence connection is checked, and reconnected (the lock
-// taken again) when it failed, in production; lease.CheckTimeout bounds each check and each
-// connection attempt.
+// taken again) when it failed, in production; the lease's check timeout (lease.Timings) bounds
+// each check and each connection attempt.
 const PresenceCheckEvery = 2 * time.Second
 
 // Presence holds a daemon's running lock (apply.MarkRunning) on a target connection of its own for
@@ -24,20 +24,22 @@ const PresenceCheckEvery = 2 * time.Second
 type Presence struct {
 	target, slot string
 	logger       *slog.Logger
-	mu           sync.Mutex // held by check
-	conn         *pgx.Conn  // holds the lock; nil while it could not be taken
-	warned       bool       // the last failure was logged
+	timeout      time.Duration // bounds each check and connection attempt
+	mu           sync.Mutex    // held by check
+	conn         *pgx.Conn     // holds the lock; nil while it could not be taken
+	warned       bool          // the last failure was logged
 	first        sync.WaitGroup
 	stop         func()
 }
 
 // HoldPresence takes the running lock of slot on a new connection to target (a URL) in a
 // goroutine, and keeps it (checking the connection every every, a positive duration:
-// PresenceCheckEvery in production) until Release. A lock it could not hold is logged at WARN on
+// PresenceCheckEvery in production, each check and connection attempt bounded by timeout:
+// lease.CheckTimeout in production) until Release. A lock it could not hold is logged at WARN on
 // logger, once until it holds it again; not at the first try (the target cannot be reached: the
 // sessions report that).
-func HoldPresence(ctx context.Context, target, slot string, logger *slog.Logger, every time.Duration) *Presence {
-	p := &Presence{target: target, slot: slot, logger: logger, warned: true}
+func HoldPresence(ctx context.Context, target, slot string, logger *slog.Logger, every, timeout time.Duration) *Presence {
+	p := &Presence{target: target, slot: slot, logger: logger, timeout: timeout, warned: true}
 	p.first.Add(1)
 	go func() {
 		defer p.first.Done()
@@ -62,7 +64,7 @@ func (p *Presence) check(ctx context.Context) {
 	defer p.mu.Unlock()
 	var err error
 	if p.conn != nil {
-		cctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
+		cctx, cancel := context.WithTimeout(ctx, p.timeout)
 		_, err = p.conn.Exec(cctx, "select 1")
 		cancel()
 		if err == nil {
@@ -82,7 +84,7 @@ func (p *Presence) check(ctx context.Context) {
 
 // take connects to the target and takes the running lock.
 func (p *Presence) take(ctx context.Context) (*pgx.Conn, error) {
-	cctx, cancel := context.WithTimeout(ctx, lease.CheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	conn, err := pgsession.Connect(cctx, p.target, "target")
 	if err != nil {

@@ -37,19 +37,51 @@ func WaitConvergedColumns(t *testing.T, env *Env, table, cols, orderBy string) {
 	t.Helper()
 	src := fmt.Sprintf("select row(%s)::text from %s order by %s", cols, table, orderBy)
 	tgt := fmt.Sprintf("select row(%s)::text from %s where not _cdc_deleted order by %s", cols, table, orderBy)
-	Eventually(t, 60*time.Second, "target "+table+" equals source", func() (bool, string) {
+	WaitSameRows(t, env, "target "+table+" equals source", src, tgt, Diff)
+}
+
+// WaitSameRows polls for 60 s until diff of the rows of src on the source and of tgt on the
+// target (each a query of one text column, as Rows) is "", and fails the test otherwise with
+// what and the last difference. An error of src fails the test at once; one of tgt is a
+// difference.
+//
+// A poll first compares a summary each server computes of the query's rows (their count and the
+// sum of their md5 hashes, the same for the same rows in any order), and fetches the rows only
+// when the summaries are equal: they decide, with diff. A test waiting for a large table thus does
+// not fetch it twice every 50 ms, which on this 2-core machine took the CPU of the tests running
+// beside it. The pause between polls is at least 50 ms and twice what the last poll took.
+func WaitSameRows(t *testing.T, env *Env, what, src, tgt string, diff func(want, got []string) string) {
+	t.Helper()
+	const timeout = 60 * time.Second
+	summary := func(query string) string {
+		return "select count(*)::text || ' ' || coalesce(sum(('x' || substr(md5(r), 1, 16))::bit(64)::bigint::numeric), 0)::text from (" + query + ") q(r)"
+	}
+	srcSum, tgtSum := summary(src), summary(tgt)
+	compare := func() string {
 		want := Rows(t, env.Source, src)
-		var got []string
 		rows, err := env.Target.Query(context.Background(), tgt)
-		if err == nil {
-			got, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
 		if err != nil {
-			return false, err.Error()
+			return err.Error()
 		}
-		d := Diff(want, got)
-		return d == "", d
-	})
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err.Error()
+		}
+		return diff(want, got)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		began := time.Now()
+		want := Scalar[string](t, env.Source, srcSum)
+		var got string
+		if err := env.Target.QueryRow(context.Background(), tgtSum).Scan(&got); err == nil && got == want && compare() == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %s; last seen: %s", what, timeout, compare())
+		}
+		time.Sleep(max(50*time.Millisecond, 2*time.Since(began)))
+	}
 }
 
 // WaitSlotCaughtUp polls until the slot's confirmed_flush_lsn reaches the source's WAL insert
