@@ -26,7 +26,7 @@ const (
 	statusAfterFlushEvery = 200 * time.Millisecond
 	// confirmEvery is how often a position the target committed but the source was not told yet
 	// (held back by StreamConfig.ConfirmLimit) is looked at again.
-	confirmEvery = time.Second
+	confirmEvery = 100 * time.Millisecond
 )
 
 // loop is the state of one Run: the single goroutine that owns the replication connection.

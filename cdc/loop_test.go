@@ -67,19 +67,21 @@ func TestLoopConfirmLimitBoundsFlush(t *testing.T) {
 		})
 		c1, c2 := loopStart+0x100, loopStart+0x200
 		r.srv.send(append(txn(c1, 1, 1), txn(c2, 2, 1)...)...)
-		time.Sleep(5500 * time.Millisecond)
+		// Off the loop's confirmEvery ticks, so that which of two goroutines runs first at one
+		// instant does not decide the outcome.
+		time.Sleep(5550 * time.Millisecond)
 		if st := r.s.Stats(); st.Flushed != txnEnd(c2) || st.Confirmed != loopStart {
 			t.Errorf("flushed %s confirmed %s, want %s %s", st.Flushed, st.Confirmed, txnEnd(c2), loopStart)
 		}
 		n := len(r.srv.sent())
 		limit.Store(uint64(txnEnd(c1)))
-		time.Sleep(2 * time.Second) // at 7.5 s
+		time.Sleep(2 * time.Second) // at 7.55 s
 		limit.Store(uint64(txnEnd(c2) + 0x1000))
-		time.Sleep(2 * time.Second) // at 9.5 s
+		time.Sleep(2 * time.Second) // at 9.55 s
 		sts := r.srv.sent()[n:]
-		if len(sts) != 2 || sts[0].WALFlushPosition != txnEnd(c1) || r.since(sts[0].at) != 6*time.Second ||
-			sts[1].WALFlushPosition != txnEnd(c2) || r.since(sts[1].at) != 8*time.Second {
-			t.Errorf("after raising the limit at 5.5 s and 7.5 s: %+v, want flush %s at 6 s and %s (the committed position) at 8 s",
+		if len(sts) != 2 || sts[0].WALFlushPosition != txnEnd(c1) || r.since(sts[0].at) != 5600*time.Millisecond ||
+			sts[1].WALFlushPosition != txnEnd(c2) || r.since(sts[1].at) != 7600*time.Millisecond {
+			t.Errorf("after raising the limit at 5.55 s and 7.55 s: %+v, want flush %s at 5.6 s and %s (the committed position) at 7.6 s, the next confirmEvery tick",
 				sts, txnEnd(c1), txnEnd(c2))
 		}
 		if err := r.stop(); err != nil {

@@ -168,6 +168,21 @@ func CurrentLSN(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(v)
 }
 
+// CurrentPositions returns the source's current WAL insert position (as CurrentLSN) and its flush
+// position (pg_current_wal_flush_lsn()), read in one statement: every commit before the flush
+// position is durable, and visible unless it still waits for a synchronous standby.
+func CurrentPositions(ctx context.Context, conn *pgx.Conn) (insert, flushed pglogrepl.LSN, err error) {
+	var i, f string
+	if err := conn.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text").Scan(&i, &f); err != nil {
+		return 0, 0, fmt.Errorf("read the source's current WAL positions: %w", err)
+	}
+	if insert, err = pglogrepl.ParseLSN(i); err != nil {
+		return 0, 0, err
+	}
+	flushed, err = pglogrepl.ParseLSN(f)
+	return insert, flushed, err
+}
+
 // SourceID identifies the database conn is connected to across restarts and host names: the
 // cluster's system identifier (pg_control_system()) and the database name, "ID/NAME".
 func SourceID(ctx context.Context, conn *pgx.Conn) (string, error) {

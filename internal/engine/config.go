@@ -118,6 +118,11 @@ type Knobs struct {
 	// OverlapGrace, when set, replaces overlap.Grace; OverlapPoll replaces overlap.Poll.
 	OverlapGrace time.Duration
 	OverlapPoll  time.Duration
+	// FullCheckEvery, when set, replaces fullCheckEvery, how often the catalog watcher checks the
+	// catalog in full; AfterCatalogCheck runs after each of its checks that found nothing
+	// changed, with whether it was a full one.
+	FullCheckEvery    time.Duration
+	AfterCatalogCheck func(full bool)
 	// BeforeFenced runs right before a change the leader makes only while it holds its epoch
 	// (fence.go), naming it: "schema" (a session start's target tables, types and live views),
 	// "key " and the table (a bulk load's key deferral), "publication" (adding tables to it),

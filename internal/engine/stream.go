@@ -68,7 +68,7 @@ func (s *session) stream(ctx context.Context) error {
 	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
 	defer s.mon.FollowStream(nil)
 	g, gctx := errgroup.WithContext(ctx)
-	watcher := &catalogWatcher{st: st, mon: s.mon, src: s.src, walEnd: &walEnd, limit: &limit}
+	watcher := newCatalogWatcher(st, s.mon, s.src, &walEnd, &limit, func() pglogrepl.LSN { return streamer.Stats().Flushed })
 	g.Go(func() error { return watcher.Run(s.bounded(gctx)) })
 	g.Go(func() error { return backfillSchedules(st, s.mon).Run(gctx) })
 	g.Go(func() error { return verifySchedule(cfg, st.tables, s.mon).Run(gctx) })

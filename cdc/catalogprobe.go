@@ -1,0 +1,113 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// CatalogProbe is one cheap look at the source, in one statement and so one snapshot: what the
+// catalog rows a stream's tables depend on look like, which transactions were running, and which
+// commits were waiting for a synchronous standby.
+//
+// A catalog change (a table leaving the publication, a column added) is only seen by catalog
+// reads whose snapshot was taken after its transaction became visible, and PostgreSQL writes a
+// commit record, flushes it, marks the commit log and only then makes the transaction visible
+// (PostgreSQL docs §74.1 "Transactions and Identifiers"). Without synchronous replication the
+// last two steps follow the flush at once; with it (§27.2.8 "Synchronous Replication") the
+// transaction waits between them until the standby confirms, as long as that takes, shown as
+// wait event SyncRep. So a check may vouch for a flushed position P read before an earlier
+// probe, once no transaction that was running at that probe still waits for a standby (see the
+// engine's catalog watcher).
+type CatalogProbe struct {
+	// Fingerprint identifies the versions of the catalog rows that describe the probed tables
+	// and their publication: the publication's row and its table and schema rows, every
+	// permanent table's pg_class row, every schema, every inheritance link, the probed tables'
+	// attributes, indexes and row types, and every enum type and label. Any transactional
+	// change to those rows (ALTER PUBLICATION, ALTER TABLE, TRUNCATE, a rename, ATTACH
+	// PARTITION, ALTER TYPE … ADD VALUE) gives another fingerprint; in-place statistics updates
+	// (ANALYZE, VACUUM) do not. Equal fingerprints mean the catalog reads of a check would find
+	// what they found before.
+	Fingerprint string
+	// Running are the top-level transaction ids (xid8) in progress at the probe's snapshot, or
+	// running in a backend or prepared when the probe read them, in ascending order.
+	Running []uint64
+	// SyncRepWaits are the transaction ids of the backends that wait for a synchronous standby
+	// to confirm their commit (wait event SyncRep), 0 for one without (COMMIT PREPARED), in
+	// ascending order: only those the role may see (WaitsVisible).
+	SyncRepWaits []uint64
+	// SyncStandbys is set when synchronous_standby_names is set, so that commits may wait for a
+	// standby; WaitsVisible when the role sees every backend's wait event (pg_read_all_stats,
+	// PostgreSQL docs §28.2.3).
+	SyncStandbys, WaitsVisible bool
+}
+
+// catalogProbeSQL is ProbeCatalog's statement: $1 the publication, $2 the probed tables' oids.
+// Backends show 32-bit xids; each is widened to the xid8 nearest the snapshot's xmax (a running
+// transaction is within 2^31 of it).
+const catalogProbeSQL = `with snap as (select pg_current_snapshot() as s),
+xm as (select pg_snapshot_xmax(s)::text::bigint as m from snap),
+running as (
+  select x from snap, pg_snapshot_xip(snap.s) as x
+  union
+  select (m + ((b - m % 4294967296 + 6442450944) % 4294967296 - 2147483648))::text::xid8
+  from xm, (select backend_xid::text::bigint as b from pg_stat_activity where backend_xid is not null
+     union select transaction::text::bigint from pg_prepared_xacts) as bx
+)
+select array(select x::text from running),
+  array(select coalesce((m + ((b - m % 4294967296 + 6442450944) % 4294967296 - 2147483648))::text, '0')
+    from xm, (select backend_xid::text::bigint as b from pg_stat_activity where wait_event = 'SyncRep') as w),
+  current_setting('synchronous_standby_names') <> '', pg_has_role('pg_read_all_stats', 'USAGE'),
+  md5(concat_ws('/',
+    (select string_agg(p.oid || ':' || p.xmin, ',') from pg_publication p where p.pubname = $1),
+    (select string_agg(r.oid || ':' || r.xmin, ',' order by r.oid) from pg_publication_rel r
+      join pg_publication p on p.oid = r.prpubid where p.pubname = $1),
+    (select string_agg(r.oid || ':' || r.xmin, ',' order by r.oid) from pg_publication_namespace r
+      join pg_publication p on p.oid = r.pnpubid where p.pubname = $1),
+    (select count(*) || ':' || coalesce(sum(hashtextextended(c.oid || ':' || c.xmin, 0)::numeric), 0)
+      from pg_class c where c.relkind in ('r', 'p') and c.relpersistence <> 't'),
+    (select count(*) || ':' || coalesce(sum(hashtextextended(n.oid || ':' || n.xmin, 0)::numeric), 0) from pg_namespace n),
+    (select count(*) || ':' || coalesce(sum(hashtextextended(i.inhrelid || ':' || i.inhparent || ':' || i.xmin, 0)::numeric), 0)
+      from pg_inherits i),
+    (select string_agg(a.attrelid || '.' || a.attnum || ':' || a.xmin, ',' order by a.attrelid, a.attnum)
+      from pg_attribute a where a.attrelid = any($2) and a.attnum > 0),
+    (select string_agg(i.indexrelid || ':' || i.xmin, ',' order by i.indexrelid) from pg_index i where i.indrelid = any($2)),
+    (select string_agg(t.oid || ':' || t.xmin, ',' order by t.oid) from pg_type t where t.typrelid = any($2) or t.typtype = 'e'),
+    (select count(*) || ':' || coalesce(sum(hashtextextended(e.oid || ':' || e.xmin, 0)::numeric), 0) from pg_enum e)))`
+
+// ProbeCatalog returns a CatalogProbe of the tables oids (source pg_class oids: the streamed
+// tables and those kept by snapshots) and publication, read on conn in one statement. Its
+// snapshot is the statement's, or the transaction's under REPEATABLE READ (a full check that
+// reads the catalogs in the same snapshot runs it first). Errors are the source's.
+func ProbeCatalog(ctx context.Context, conn *pgx.Conn, publication string, oids []uint32) (CatalogProbe, error) {
+	var p CatalogProbe
+	var running, waits []string
+	err := conn.QueryRow(ctx, catalogProbeSQL, publication, oids).Scan(&running, &waits, &p.SyncStandbys, &p.WaitsVisible, &p.Fingerprint)
+	if err != nil {
+		return p, fmt.Errorf("probe the source's catalogs: %w", err)
+	}
+	if p.Running, err = parseXids(running); err != nil {
+		return p, err
+	}
+	if p.SyncRepWaits, err = parseXids(waits); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// parseXids parses xid8 values printed as text, in ascending order.
+func parseXids(texts []string) ([]uint64, error) {
+	out := make([]uint64, len(texts))
+	for i, t := range texts {
+		x, err := strconv.ParseUint(t, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("probe the source's catalogs: transaction id %q: %w", t, err)
+		}
+		out[i] = x
+	}
+	slices.Sort(out)
+	return out, nil
+}
