@@ -85,6 +85,14 @@ echo "== starting PostgreSQL clusters under $ROOT"
 "$PGCLUSTER" start source "$SOURCE_PORT" "$ROOT" logical
 "$PGCLUSTER" start target "$TARGET_PORT" "$ROOT"
 
+# The tests create and drop hundreds of databases, each of which the autovacuum launcher would
+# visit with a worker process of its own; a test that needs a VACUUM runs it.
+for side in source target; do
+	port=$SOURCE_PORT
+	[ "$side" = target ] && port=$TARGET_PORT
+	psql -X -q -d "$("$PGCLUSTER" url "$side" "$port")" -c 'alter system set autovacuum = off' -c 'select pg_reload_conf()' >/dev/null
+done
+
 PGCONVERGE_TEST_SOURCE=$("$PGCLUSTER" url source "$SOURCE_PORT")
 PGCONVERGE_TEST_TARGET=$("$PGCLUSTER" url target "$TARGET_PORT")
 PGCONVERGE_TEST_RESTART_SOURCE=$(printf '%q restart source %q' "$PGCLUSTER" "$ROOT")

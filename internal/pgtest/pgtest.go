@@ -101,7 +101,18 @@ func recreate(t *testing.T, adminURL, name string, source bool) string {
 	if err := drop(admin); err != nil {
 		t.Fatalf("drop old test database %s: %v", name, err)
 	}
-	if _, err := admin.Exec(ctx, "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
+	// FILE_COPY (PostgreSQL 15 and later) writes a few WAL records where the default WAL_LOG
+	// writes the whole template, about 4 MB, which every logical walsender of the cluster then
+	// reads through.
+	create := "create database " + pgx.Identifier{name}.Sanitize()
+	var version int
+	if err := admin.QueryRow(ctx, `select current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatalf("read the server version: %v", err)
+	}
+	if version >= 150000 {
+		create += " strategy = file_copy"
+	}
+	if _, err := admin.Exec(ctx, create); err != nil {
 		t.Fatalf("create test database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
