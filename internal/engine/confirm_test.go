@@ -16,6 +16,24 @@ func slotConfirmedPast(t *testing.T, env *pgtest.Env, lsn string) bool {
 	return pgtest.Scalar[bool](t, env.Source, `select confirmed_flush_lsn >= $2::pg_lsn from pg_replication_slots where slot_name = $1`, env.Name, lsn)
 }
 
+// addColumnBeforeTheSlot adds column d with a default to streamed table t on the source (a change
+// no Relation message shows until t's next change) and waits until the slot is confirmed past
+// it, failing the test if it was while the target table lacked the column.
+func addColumnBeforeTheSlot(t *testing.T, env *pgtest.Env) {
+	t.Helper()
+	pgtest.Exec(t, env.Source, `alter table t add column d int default 7`)
+	at := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Eventually(t, 60*time.Second, "confirmed_flush_lsn past the ADD COLUMN", func() (bool, string) {
+		if !slotConfirmedPast(t, env, at) {
+			return false, "not yet"
+		}
+		if n := pgtest.Scalar[int](t, env.Target, `select count(*)::int from pg_attribute where attrelid = 't'::regclass and attname = 'd'`); n != 1 {
+			t.Fatalf("confirmed_flush_lsn passed the ADD COLUMN at %s while the target table lacks column d", at)
+		}
+		return true, ""
+	})
+}
+
 // The catalog watcher's probes vouch for the slot between its full checks: with full checks an
 // hour apart, the slot is still confirmed past what the target committed, and a column added on
 // the source (which changes the probed catalog rows) is still found before the slot passes it.
@@ -42,17 +60,7 @@ func TestSlotIsConfirmedByProbesBetweenFullChecks(t *testing.T) {
 	if probes.Load() == 0 {
 		t.Fatal("the slot was confirmed without a probe: the test does not test probes")
 	}
-	pgtest.Exec(t, env.Source, `alter table t add column d int default 7`)
-	at = pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
-	pgtest.Eventually(t, 60*time.Second, "confirmed_flush_lsn past the ADD COLUMN", func() (bool, string) {
-		if !slotConfirmedPast(t, env, at) {
-			return false, "not yet"
-		}
-		if n := pgtest.Scalar[int](t, env.Target, `select count(*)::int from pg_attribute where attrelid = 't'::regclass and attname = 'd'`); n != 1 {
-			t.Fatalf("confirmed_flush_lsn passed the ADD COLUMN at %s while the target table lacks column d", at)
-		}
-		return true, ""
-	})
+	addColumnBeforeTheSlot(t, env)
 	pgtest.WaitConverged(t, env, "t", "id")
 	d.RequireRunning(t)
 }
