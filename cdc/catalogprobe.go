@@ -79,9 +79,8 @@ select array(select x::text from running),
     (select count(*) || ':' || coalesce(sum(hashtextextended(e.oid || ':' || e.xmin, 0)::numeric), 0) from pg_enum e)))`
 
 // ProbeCatalog returns a CatalogProbe of the tables oids (source pg_class oids: the streamed
-// tables and those kept by snapshots) and publication, read on conn in one statement. Its
-// snapshot is the statement's, or the transaction's under REPEATABLE READ (a full check that
-// reads the catalogs in the same snapshot runs it first). Errors are the source's.
+// tables and those kept by snapshots) and publication, read on conn in one statement, so in one
+// snapshot. Errors are the source's.
 func ProbeCatalog(ctx context.Context, conn *pgx.Conn, publication string, oids []uint32) (CatalogProbe, error) {
 	var p CatalogProbe
 	var running, waits []string

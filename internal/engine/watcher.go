@@ -31,8 +31,8 @@ type catalogWatcher struct {
 	// oids are the source oids of the session's tables, streamed and kept by snapshots, whose
 	// catalog rows each probe fingerprints (cdc.ProbeCatalog).
 	oids []uint32
-	// checked is the fingerprint a full check last found nothing changed at, in its snapshot: a
-	// probe with the same one vouches as that check would.
+	// checked is the fingerprint of the probe before the last full check that found nothing
+	// changed: a probe with the same one vouches as that check would.
 	checked string
 	voucher voucher
 	// lastFull and lastProbe are when the last full check and the last check of either kind
@@ -71,10 +71,13 @@ const (
 
 // check looks at the source's catalog, in full or by a probe, and raises the confirm limit to
 // what it vouches for. It reads the flushed and insert positions first, then probes the catalog
-// (cdc.ProbeCatalog); when full is set or the fingerprint is not the one a full check last
-// passed at, it checks in full in one REPEATABLE READ snapshot (checkMemberships, the probe
-// again first). A check that found nothing changed vouches through voucher and is added to it.
-// It returns what checkMemberships returns, or the source's error.
+// (cdc.ProbeCatalog); when full is set or the fingerprint is not one a full check passed at, it
+// checks in full (checkMemberships), after the probe: each of that check's reads sees at least
+// what the probe's snapshot saw, so a check that finds nothing changed vouches for the
+// probe's fingerprint too (a change and its undoing leave other row versions, so that
+// fingerprint never comes back with a change in it). A check that found nothing changed vouches
+// through voucher and is added to it. It returns what checkMemberships returns, or the source's
+// error.
 func (w *catalogWatcher) check(ctx context.Context, full bool) error {
 	insert, flushed, err := cdc.CurrentPositions(ctx, w.src)
 	if err != nil {
@@ -85,7 +88,7 @@ func (w *catalogWatcher) check(ctx context.Context, full bool) error {
 		return err
 	}
 	if full || probe.Fingerprint != w.checked {
-		if probe, err = w.fullCheck(ctx, insert); err != nil {
+		if err := w.checkMemberships(ctx, insert); err != nil {
 			return err
 		}
 		w.checked, full = probe.Fingerprint, true
@@ -99,25 +102,6 @@ func (w *catalogWatcher) check(ctx context.Context, full bool) error {
 		k(full)
 	}
 	return nil
-}
-
-// fullCheck probes the catalog and checks it in full (checkMemberships, before being the source
-// position read before) in one read-only REPEATABLE READ transaction, so that the probe's
-// fingerprint is that of the catalog the check found as at the start.
-func (w *catalogWatcher) fullCheck(ctx context.Context, before pglogrepl.LSN) (cdc.CatalogProbe, error) {
-	tx, err := w.src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return cdc.CatalogProbe{}, fmt.Errorf("begin a catalog check: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	probe, err := cdc.ProbeCatalog(ctx, w.src, w.st.cfg.Publication, w.oids)
-	if err != nil {
-		return probe, err
-	}
-	if err := w.checkMemberships(ctx, before); err != nil {
-		return probe, err
-	}
-	return probe, tx.Commit(ctx)
 }
 
 // checkMemberships returns errMembershipChanged when a table's publication membership differs
