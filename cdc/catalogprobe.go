@@ -24,13 +24,15 @@ import (
 // engine's catalog watcher).
 type CatalogProbe struct {
 	// Fingerprint identifies the versions of the catalog rows that describe the probed tables
-	// and their publication: the publication's row and its table and schema rows, every
-	// permanent table's pg_class row, every schema, every inheritance link, the probed tables'
-	// attributes, indexes and row types, and every enum type and label. Any transactional
+	// and their publication: the publication's row and its table and schema rows, the pg_class
+	// rows of the probed tables, their partitions and ancestors, every schema, every inheritance
+	// link, the probed tables' attributes, indexes and row types, and every enum type and label. Any transactional
 	// change to those rows (ALTER PUBLICATION, ALTER TABLE, TRUNCATE, a rename, ATTACH
 	// PARTITION, ALTER TYPE … ADD VALUE) gives another fingerprint; in-place statistics updates
 	// (ANALYZE, VACUUM) do not. Equal fingerprints mean the catalog reads of a check would find
-	// what they found before.
+	// what they found before about the probed tables (not about other tables, which a new
+	// table that a selection would take in is: the full check every few seconds finds those). A
+	// probe reads rows in proportion to the probed tables, not to the database.
 	Fingerprint string
 	// Running are the top-level transaction ids (xid8) in progress at the probe's snapshot, or
 	// running in a backend or prepared when the probe read them, in ascending order.
@@ -67,8 +69,9 @@ select array(select x::text from running),
       join pg_publication p on p.oid = r.prpubid where p.pubname = $1),
     (select string_agg(r.oid || ':' || r.xmin, ',' order by r.oid) from pg_publication_namespace r
       join pg_publication p on p.oid = r.pnpubid where p.pubname = $1),
-    (select count(*) || ':' || coalesce(sum(hashtextextended(c.oid || ':' || c.xmin, 0)::numeric), 0)
-      from pg_class c where c.relkind in ('r', 'p') and c.relpersistence <> 't'),
+    (select string_agg(c.oid || ':' || c.xmin, ',' order by c.oid) from pg_class c
+      where c.oid in (select unnest($2::oid[]) union select t.relid from unnest($2::oid[]) as r(oid), pg_partition_tree(r.oid) as t
+        union select a.relid from unnest($2::oid[]) as r(oid), pg_partition_ancestors(r.oid) as a)),
     (select count(*) || ':' || coalesce(sum(hashtextextended(n.oid || ':' || n.xmin, 0)::numeric), 0) from pg_namespace n),
     (select count(*) || ':' || coalesce(sum(hashtextextended(i.inhrelid || ':' || i.inhparent || ':' || i.xmin, 0)::numeric), 0)
       from pg_inherits i),
