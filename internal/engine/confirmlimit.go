@@ -37,25 +37,35 @@ type spanConfirmer struct {
 	slot  string
 	names []changebatch.TableName // the streamed tables, as at the session's start
 	limit *confirmLimit
-	// recorded is the last position recorded by a committed transaction.
-	recorded pglogrepl.LSN
+	// recorded is the last position recorded by a committed transaction, at recordedAt.
+	recorded   pglogrepl.LSN
+	recordedAt time.Time
 }
 
+// spanRecordEvery is how often at most the confirm limit is recorded in the ledger: the limit
+// moves every few hundred milliseconds under load, and each record updates a row per table.
+const spanRecordEvery = time.Second
+
 // record confirms the streamed tables' open spans up to the limit in tx when the limit passed
-// the position recorded last, and returns the limit it read, which committed takes once tx
-// committed.
+// the position recorded last, at least spanRecordEvery ago, and returns the position it
+// recorded (0 for none), which committed takes once tx committed.
 func (c *spanConfirmer) record(ctx context.Context, tx pgx.Tx) (pglogrepl.LSN, error) {
 	limit := c.limit.get()
-	if limit > c.recorded {
-		if err := coverage.ConfirmSpans(ctx, tx, c.slot, c.names, limit); err != nil {
-			return 0, err
-		}
+	if limit <= c.recorded || time.Since(c.recordedAt) < spanRecordEvery {
+		return 0, nil
+	}
+	if err := coverage.ConfirmSpans(ctx, tx, c.slot, c.names, limit); err != nil {
+		return 0, err
 	}
 	return limit, nil
 }
 
-// committed notes that the transaction in which record returned at committed.
-func (c *spanConfirmer) committed(at pglogrepl.LSN) { c.recorded = max(c.recorded, at) }
+// committed notes that the transaction in which record returned at committed; 0 is nothing.
+func (c *spanConfirmer) committed(at pglogrepl.LSN) {
+	if at > c.recorded {
+		c.recorded, c.recordedAt = at, time.Now()
+	}
+}
 
 // voucher decides how far the catalog watcher's checks vouch for the source: up to which flushed
 // source position every transaction that committed before it was visible to a check that found
