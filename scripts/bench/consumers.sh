@@ -13,7 +13,12 @@
 #           in the same transaction as the applied commit, to that commit's end LSN; the slot's
 #           confirmed_flush_lsn would lag by the subscriber's WAL flush and feedback interval;
 #   conv    pgconverge.progress.applied_lsn of slot pgconverge (written with the data it covers);
-#           the slot's confirmed_flush_lsn is deliberately held back a few seconds behind it.
+#           the slot's confirmed_flush_lsn is held back behind it until a catalog check vouches
+#           for the position (builds before 9a38348: 5–10 s; since: a 200 ms probe or two).
+# Each consumer's slot on the source (SLOT[C]: bench_native, the subscription's default slot name;
+# pgconverge, the daemon's default --slot) is what the source keeps WAL for and what a tool that
+# waits for the slot sees: slot_lsn_sql C is its confirmed_flush_lsn, wait_slot C END waits on it,
+# wait_drained C END T0 times both positions at once.
 # Neither moves on a WAL record that is not a transaction of a published table, so `mark` ends
 # every measured stretch with one: it reads pg_current_wal_insert_lsn() (END) and then commits one
 # row into bench_marker; a consumer has applied up to END when that row's commit is applied.
@@ -26,6 +31,8 @@ declare -A POS=(
 		ON s.external_id = 'pg_' || sub.oid WHERE sub.subname = 'bench_native'), '0/0')"
 	[conv]="coalesce((SELECT applied_lsn FROM pgconverge.progress WHERE slot = 'pgconverge'), '0/0')"
 )
+
+declare -A SLOT=([native]=bench_native [conv]=pgconverge)
 
 csv_tables() { local t s=''; for t in "$@"; do s+="public.$t,"; done; echo "${s%,}"; }
 
@@ -45,6 +52,41 @@ wait_applied() {
 }
 # applied_sql C: SQL for the applied position of C in bytes from 0/0.
 applied_sql() { echo "SELECT ${POS[$1]} - '0/0'::pg_lsn"; }
+
+# slot_lsn_sql C: an expression (read on the source) for C's slot's confirmed_flush_lsn, 0/0 if
+# the slot is missing.
+slot_lsn_sql() {
+	echo "coalesce((SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '${SLOT[$1]}'), '0/0')"
+}
+# wait_slot C END: until C's slot is confirmed (confirmed_flush_lsn) past END, at most 120 s.
+wait_slot() {
+	WATCH_PID=
+	[ "$1" = conv ] && WATCH_PID=$DAEMON_PID
+	wait_true src "SELECT $(slot_lsn_sql "$1") >= '$2'::pg_lsn" 120
+	WATCH_PID=
+}
+# wait_drained C END T0: poll, every BENCH_POLL s and in the same pass, C's applied position
+# (session C, on the target) and its slot's confirmed_flush_lsn (session src) until both reach
+# END (at most 900 s); sets DRAIN_APPLIED and DRAIN_SLOT to the seconds from T0 (an
+# EPOCHREALTIME) to the first poll that saw each there, so neither wait delays the other's time.
+wait_drained() {
+	local c=$1 end=$2 t0=$3 start=$SECONDS ta='' ts='' qa qs
+	qa="SELECT ${POS[$c]} >= '$end'::pg_lsn"
+	qs="SELECT $(slot_lsn_sql "$c") >= '$end'::pg_lsn"
+	WATCH_PID=
+	[ "$c" = conv ] && WATCH_PID=$DAEMON_PID
+	while :; do
+		[ -z "$ta" ] && [ "$(sql_get "$c" "$qa")" = t ] && ta=$EPOCHREALTIME
+		[ -z "$ts" ] && [ "$(sql_get src "$qs")" = t ] && ts=$EPOCHREALTIME
+		[ -n "$ta" ] && [ -n "$ts" ] && break
+		watch_alive "$qa; $qs"
+		((SECONDS - start < 900)) || bench_die "timed out after 900 s waiting for $c to drain: ${ta:-$qa} ${ts:-$qs}"
+		sleep "$POLL"
+	done
+	WATCH_PID=
+	# shellcheck disable=SC2034 # read by the steady phase
+	DRAIN_APPLIED=$(calc "$ta - $t0") DRAIN_SLOT=$(calc "$ts - $t0")
+}
 
 wait_slot_idle() {
 	wait_true src "SELECT coalesce((SELECT NOT active FROM pg_replication_slots WHERE slot_name = '$1'), true)" 120

@@ -6,7 +6,8 @@
 #   sql_get NAME SQL       run SQL (one row, one column) in session NAME and print the answer;
 #   sql_close NAME         end session NAME;
 #   wait_true NAME SQL [S] poll SQL in session NAME every BENCH_POLL s until it returns t (at most
-#                          S seconds, default 900); fails at once if WATCH_PID (a daemon) has died;
+#                          S seconds, default 900); fails at once if WATCH_PID (a daemon) has died
+#                          (watch_alive WHAT);
 #   check_equal DB-URL WHERE TABLE...  fail loudly unless each TABLE on the target (its source
 #                          columns only, rows matching WHERE) has the source's count and md5;
 #   add KEY VALUE, vals KEY, med KEY, ratio A B, num FMT X, pctl FILE Q, out (tee to results.txt).
@@ -57,13 +58,17 @@ sql_close_all() {
 }
 
 WATCH_PID=
+# watch_alive WHAT: fail, with the daemon's last log lines, if WATCH_PID is set and has died.
+watch_alive() {
+	if [ -n "$WATCH_PID" ] && ! kill -0 "$WATCH_PID" 2>/dev/null; then
+		tail -n 20 "$LOGS/daemon.log" >&2
+		bench_die "pgconverge run (pid $WATCH_PID) died while waiting for: $1 (log: $LOGS/daemon.log)"
+	fi
+}
 wait_true() {
 	local start=$SECONDS limit=${3:-900}
 	until [ "$(sql_get "$1" "$2")" = t ]; do
-		if [ -n "$WATCH_PID" ] && ! kill -0 "$WATCH_PID" 2>/dev/null; then
-			tail -n 20 "$LOGS/daemon.log" >&2
-			bench_die "pgconverge run (pid $WATCH_PID) died while waiting for: $2 (log: $LOGS/daemon.log)"
-		fi
+		watch_alive "$2"
 		((SECONDS - start < limit)) || bench_die "timed out after ${limit} s waiting for: $2"
 		sleep "$POLL"
 	done
