@@ -20,8 +20,8 @@ import (
 // last two steps follow the flush at once; with it (§27.2.8 "Synchronous Replication") the
 // transaction waits between them until the standby confirms, as long as that takes, shown as
 // wait event SyncRep. So a check may vouch for a flushed position P read before an earlier
-// probe, once no transaction that was running at that probe still waits for a standby (see the
-// engine's catalog watcher).
+// probe, once no transaction that was running at that probe may have committed unseen by this
+// probe's snapshot (Unseen; see the engine's catalog watcher).
 type CatalogProbe struct {
 	// Fingerprint identifies the versions of the catalog rows that describe the probed tables
 	// and their publication: the publication's row and its table and schema rows, the pg_class
@@ -37,10 +37,14 @@ type CatalogProbe struct {
 	// Running are the top-level transaction ids (xid8) in progress at the probe's snapshot, or
 	// running in a backend or prepared when the probe read them, in ascending order.
 	Running []uint64
-	// SyncRepWaits are the transaction ids of the backends that wait for a synchronous standby
-	// to confirm their commit (wait event SyncRep), 0 for one without (COMMIT PREPARED), in
-	// ascending order: only those the role may see (WaitsVisible).
-	SyncRepWaits []uint64
+	// Unseen are the transactions that may have committed before the probe's snapshot without
+	// being visible to it, in ascending order: those of Running that the commit log shows
+	// committed when the probe read it (they left the process array after the snapshot: a commit
+	// that waited for a standby and was released meanwhile, or one that committed while the
+	// probe ran), and the backends that wait for a synchronous standby to confirm their commit
+	// (wait event SyncRep; 0 for one without a transaction id of its own, a COMMIT PREPARED),
+	// of which only those the role may see (WaitsVisible).
+	Unseen []uint64
 	// SyncStandbys is set when synchronous_standby_names is set, so that commits may wait for a
 	// standby; WaitsVisible when the role sees every backend's wait event (pg_read_all_stats,
 	// PostgreSQL docs §28.2.3).
@@ -61,7 +65,8 @@ running as (
 )
 select array(select x::text from running),
   array(select coalesce((m + ((b - m % 4294967296 + 6442450944) % 4294967296 - 2147483648))::text, '0')
-    from xm, (select backend_xid::text::bigint as b from pg_stat_activity where wait_event = 'SyncRep') as w),
+      from xm, (select backend_xid::text::bigint as b from pg_stat_activity where wait_event = 'SyncRep') as w
+    union select x::text from running where pg_xact_status(x) = 'committed'),
   current_setting('synchronous_standby_names') <> '', pg_has_role('pg_read_all_stats', 'USAGE'),
   md5(concat_ws('/',
     (select string_agg(p.oid || ':' || p.xmin, ',') from pg_publication p where p.pubname = $1),
@@ -86,15 +91,15 @@ select array(select x::text from running),
 // snapshot. Errors are the source's.
 func ProbeCatalog(ctx context.Context, conn *pgx.Conn, publication string, oids []uint32) (CatalogProbe, error) {
 	var p CatalogProbe
-	var running, waits []string
-	err := conn.QueryRow(ctx, catalogProbeSQL, publication, oids).Scan(&running, &waits, &p.SyncStandbys, &p.WaitsVisible, &p.Fingerprint)
+	var running, unseen []string
+	err := conn.QueryRow(ctx, catalogProbeSQL, publication, oids).Scan(&running, &unseen, &p.SyncStandbys, &p.WaitsVisible, &p.Fingerprint)
 	if err != nil {
 		return p, fmt.Errorf("probe the source's catalogs: %w", err)
 	}
 	if p.Running, err = parseXids(running); err != nil {
 		return p, err
 	}
-	if p.SyncRepWaits, err = parseXids(waits); err != nil {
+	if p.Unseen, err = parseXids(unseen); err != nil {
 		return p, err
 	}
 	return p, nil

@@ -73,12 +73,14 @@ func (c *spanConfirmer) committed(at pglogrepl.LSN) {
 //
 // Each check that found nothing changed adds the flushed position it read before its snapshot
 // (add), with the transactions running at that snapshot. A later such check vouches for the
-// newest added position that is at least minVouchAge old and none of whose running transactions
-// waits for a synchronous standby at the later check (vouch): a commit flushed before the
-// position was then visible to the later check's snapshot, since PostgreSQL makes a flushed
-// commit visible at once unless it waits for a standby (cdc.CatalogProbe). When commits may wait
-// for a standby that the role cannot see waits of (no pg_read_all_stats), a position must be
-// syncRepBlindAge old instead, as long as a standby is let to delay a commit unseen.
+// newest added position that was read at least minVouchAge before the later probe and none of
+// whose running transactions the later probe found committed unseen (cdc.CatalogProbe.Unseen:
+// waiting for a synchronous standby, or committed in the commit log yet invisible to its
+// snapshot): a commit flushed before the position was then visible to the later check's
+// snapshot, since PostgreSQL makes a flushed commit visible at once unless it waits for a
+// standby. When commits may wait for a standby that the role cannot see waits of (no
+// pg_read_all_stats), a position must be syncRepBlindAge old instead, as long as a standby is
+// let to delay a commit unseen.
 type voucher struct {
 	entries []vouchEntry // oldest first
 }
@@ -105,7 +107,8 @@ const (
 )
 
 // add records a check that found nothing changed: at, the flushed position read before its
-// snapshot, read at read, and the transactions running at that snapshot.
+// snapshot, read at read (taken before the position was read), and the transactions running at
+// that snapshot.
 func (v *voucher) add(at pglogrepl.LSN, running []uint64, read time.Time) {
 	v.entries = append(v.entries, vouchEntry{at: at, running: running, read: read})
 	if len(v.entries) > maxVouchEntries {
@@ -114,15 +117,15 @@ func (v *voucher) add(at pglogrepl.LSN, running []uint64, read time.Time) {
 }
 
 // vouch returns the newest recorded position that a check that found nothing changed, with probe
-// p taken at now, vouches for, and forgets it and every older one; ok is false when it vouches
-// for none (none is old enough, or each has a running transaction that now waits for a standby,
-// or a COMMIT PREPARED waits for one).
+// p sent at now, vouches for, and forgets it and every older one; ok is false when it vouches
+// for none (none is old enough, or each has a running transaction that p found committed unseen,
+// or a COMMIT PREPARED waits for a standby).
 func (v *voucher) vouch(p cdc.CatalogProbe, now time.Time) (at pglogrepl.LSN, ok bool) {
 	age := minVouchAge
 	if p.SyncStandbys && !p.WaitsVisible {
 		age = syncRepBlindAge
 	}
-	if slices.Contains(p.SyncRepWaits, 0) {
+	if slices.Contains(p.Unseen, 0) {
 		return 0, false
 	}
 	for i := len(v.entries) - 1; i >= 0; i-- {
@@ -130,7 +133,7 @@ func (v *voucher) vouch(p cdc.CatalogProbe, now time.Time) (at pglogrepl.LSN, ok
 		if now.Sub(e.read) < age {
 			continue
 		}
-		if slices.ContainsFunc(p.SyncRepWaits, func(x uint64) bool { _, found := slices.BinarySearch(e.running, x); return found }) {
+		if slices.ContainsFunc(p.Unseen, func(x uint64) bool { _, found := slices.BinarySearch(e.running, x); return found }) {
 			continue
 		}
 		v.entries = slices.Delete(v.entries, 0, i+1)

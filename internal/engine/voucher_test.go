@@ -34,25 +34,31 @@ func TestVoucherVouchesForTheNewestSettledPosition(t *testing.T) {
 		{
 			name:    "a transaction running at the check waits for a standby now",
 			entries: []vouchEntry{{at: 100, running: []uint64{7}, read: at(0)}, {at: 200, running: []uint64{7, 9}, read: at(200 * time.Millisecond)}},
-			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, SyncRepWaits: []uint64{9}},
+			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, Unseen: []uint64{9}},
 			now:     at(time.Second), want: 100, left: 1,
 		},
 		{
 			name:    "every check had it running",
 			entries: []vouchEntry{{at: 100, running: []uint64{7}, read: at(0)}, {at: 200, running: []uint64{5, 7}, read: at(200 * time.Millisecond)}},
-			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, SyncRepWaits: []uint64{3, 7}},
+			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, Unseen: []uint64{3, 7}},
 			now:     at(time.Second), left: 2,
 		},
 		{
 			name:    "a waiting transaction that started after the check does not matter",
 			entries: []vouchEntry{{at: 100, running: []uint64{7}, read: at(0)}},
-			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, SyncRepWaits: []uint64{8}},
+			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, Unseen: []uint64{8}},
 			now:     at(time.Second), want: 100,
+		},
+		{
+			name:    "one running at the check committed unseen by the later probe (no wait seen)",
+			entries: []vouchEntry{{at: 100, running: []uint64{7}, read: at(0)}},
+			probe:   cdc.CatalogProbe{Unseen: []uint64{7}},
+			now:     at(time.Second), left: 1,
 		},
 		{
 			name:    "a COMMIT PREPARED waits: its transaction is unknown",
 			entries: []vouchEntry{{at: 100, read: at(0)}},
-			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, SyncRepWaits: []uint64{0}},
+			probe:   cdc.CatalogProbe{SyncStandbys: true, WaitsVisible: true, Unseen: []uint64{0}},
 			now:     at(time.Second), left: 1,
 		},
 		{

@@ -79,10 +79,12 @@ const (
 // through voucher and is added to it. It returns what checkMemberships returns, or the source's
 // error.
 func (w *catalogWatcher) check(ctx context.Context, full bool) error {
+	read := time.Now()
 	insert, flushed, err := cdc.CurrentPositions(ctx, w.src)
 	if err != nil {
 		return err
 	}
+	probed := time.Now()
 	probe, err := cdc.ProbeCatalog(ctx, w.src, w.st.cfg.Publication, w.oids)
 	if err != nil {
 		return err
@@ -93,11 +95,10 @@ func (w *catalogWatcher) check(ctx context.Context, full bool) error {
 		}
 		w.checked, full = probe.Fingerprint, true
 	}
-	now := time.Now()
-	if at, ok := w.voucher.vouch(probe, now); ok && at > w.limit.get() {
+	if at, ok := w.voucher.vouch(probe, probed); ok && at > w.limit.get() {
 		w.limit.set(at)
 	}
-	w.voucher.add(flushed, probe.Running, now)
+	w.voucher.add(flushed, probe.Running, read)
 	if k := w.st.cfg.Knobs.AfterCatalogCheck; k != nil {
 		k(full)
 	}
