@@ -303,11 +303,14 @@ func TestKeylessVerifyAfterANewerBackfill(t *testing.T) {
 		rep, err := verify.Run(context.Background(), verifyConfig(t, env, false))
 		done <- outcome{rep, err}
 	}()
-	// Verify has taken S and waits for the stream; a backfill at S' > S lands first.
-	pgtest.Eventually(t, 30*time.Second, "verify's snapshot taken (its temporary slot exists)", func() (bool, string) {
-		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where temporary and database = current_database()`)
+	// Verify has taken S and waits for the stream; a backfill at S' > S lands first. Its slot is
+	// created once verify's is consistent and a record was written after S: two slots created at
+	// once on a busy source can reach the same consistent point, and S' would be S.
+	pgtest.Eventually(t, 30*time.Second, "verify's snapshot taken (its temporary slot is consistent)", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where temporary and database = current_database() and confirmed_flush_lsn is not null`)
 		return n == 1, fmt.Sprint(n)
 	})
+	pgtest.Exec(t, env.Source, `select pg_logical_emit_message(false, 'pgconverge-test', 'after S')`)
 	backfillNow(t, testBackfillConfig(t, env, "public.events"))
 	startDaemon(t, testConfig(t, env))
 	o := <-done
