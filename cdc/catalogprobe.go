@@ -26,13 +26,13 @@ type CatalogProbe struct {
 	// Fingerprint identifies the versions of the catalog rows that describe the probed tables
 	// and their publication: the publication's row and its table and schema rows, the pg_class
 	// rows of the probed tables, their partitions and ancestors, every schema, every inheritance
-	// link, the probed tables' attributes, indexes and row types, and every enum type and label. Any transactional
-	// change to those rows (ALTER PUBLICATION, ALTER TABLE, TRUNCATE, a rename, ATTACH
-	// PARTITION, ALTER TYPE … ADD VALUE) gives another fingerprint; in-place statistics updates
-	// (ANALYZE, VACUUM) do not. Equal fingerprints mean the catalog reads of a check would find
-	// what they found before about the probed tables (not about other tables, which a new
-	// table that a selection would take in is: the full check every few seconds finds those). A
-	// probe reads rows in proportion to the probed tables, not to the database.
+	// link, the probed tables' attributes, indexes and row types, and every enum type and label.
+	// Any transactional change to those rows (ALTER PUBLICATION, ALTER TABLE, TRUNCATE, a
+	// rename, ATTACH PARTITION, ALTER TYPE … ADD VALUE) gives another fingerprint; in-place
+	// statistics updates (ANALYZE, VACUUM) do not. Equal fingerprints mean the catalog reads of
+	// a check would find what they found before about the probed tables. New tables that a
+	// selection would take in are not fingerprinted: the full check every few seconds finds
+	// them. A probe reads rows in proportion to the probed tables, not to the database.
 	Fingerprint string
 	// Running are the top-level transaction ids (xid8) in progress at the probe's snapshot, or
 	// running in a backend or prepared when the probe read them, in ascending order.
@@ -52,20 +52,25 @@ type CatalogProbe struct {
 }
 
 // catalogProbeSQL is ProbeCatalog's statement: $1 the publication, $2 the probed tables' oids.
-// Backends show 32-bit xids; each is widened to the xid8 nearest the snapshot's xmax (a running
-// transaction is within 2^31 of it).
+// Backends and prepared transactions show 32-bit xids; each is widened once (backends) to the
+// xid8 nearest the snapshot's xmax (a running transaction is within 2^31 of it); a SyncRep waiter
+// without an xid of its own (a COMMIT PREPARED) stays null, printed 0.
 const catalogProbeSQL = `with snap as (select pg_current_snapshot() as s),
 xm as (select pg_snapshot_xmax(s)::text::bigint as m from snap),
+raw as (
+  select backend_xid::text::bigint as b, wait_event = 'SyncRep' as waits from pg_stat_activity
+    where backend_xid is not null or wait_event = 'SyncRep'
+  union all select transaction::text::bigint, false from pg_prepared_xacts
+),
+backends as (
+  select (m + ((b - m % 4294967296 + 6442450944) % 4294967296 - 2147483648))::text::xid8 as x, waits from xm, raw
+),
 running as (
   select x from snap, pg_snapshot_xip(snap.s) as x
-  union
-  select (m + ((b - m % 4294967296 + 6442450944) % 4294967296 - 2147483648))::text::xid8
-  from xm, (select backend_xid::text::bigint as b from pg_stat_activity where backend_xid is not null
-     union select transaction::text::bigint from pg_prepared_xacts) as bx
+  union select x from backends where x is not null
 )
 select array(select x::text from running),
-  array(select coalesce((m + ((b - m % 4294967296 + 6442450944) % 4294967296 - 2147483648))::text, '0')
-      from xm, (select backend_xid::text::bigint as b from pg_stat_activity where wait_event = 'SyncRep') as w
+  array(select coalesce(x::text, '0') from backends where waits
     union select x::text from running where pg_xact_status(x) = 'committed'),
   current_setting('synchronous_standby_names') <> '', pg_has_role('pg_read_all_stats', 'USAGE'),
   md5(concat_ws('/',

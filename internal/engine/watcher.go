@@ -35,9 +35,6 @@ type catalogWatcher struct {
 	// changed: a probe with the same one vouches as that check would.
 	checked string
 	voucher voucher
-	// lastFull and lastProbe are when the last full check and the last check of either kind
-	// started.
-	lastFull, lastProbe time.Time
 	// slotWarned is set while the slot's health warns, logged last at slotWarnedAt
 	// (sampleSlotHealth).
 	slotWarned   bool
@@ -238,8 +235,8 @@ func (e watchError) Unwrap() error { return e.err }
 func (w *catalogWatcher) loop(ctx context.Context) error {
 	tick := time.NewTicker(watchTick)
 	defer tick.Stop()
-	var lastWALEnd time.Time
-	w.lastFull = time.Now() // the first full check after fullCheckEvery; probes start at once
+	var lastWALEnd, lastProbe time.Time
+	lastFull := time.Now() // the first full check after fullCheckEvery; probes start at once
 	for {
 		select {
 		case <-ctx.Done():
@@ -254,14 +251,14 @@ func (w *catalogWatcher) loop(ctx context.Context) error {
 			lastWALEnd = now
 		}
 		switch {
-		case now.Sub(w.lastFull) >= knobOr(w.st.cfg.Knobs.FullCheckEvery, fullCheckEvery):
-			w.lastFull, w.lastProbe = now, now
+		case now.Sub(lastFull) >= knobOr(w.st.cfg.Knobs.FullCheckEvery, fullCheckEvery):
+			lastFull, lastProbe = now, now
 			if err := w.check(ctx, true); err != nil {
 				return err
 			}
 			w.sampleSlotHealth(ctx, pglogrepl.LSN(w.walEnd.Load()))
-		case now.Sub(w.lastProbe) >= probeEvery && w.flushed() > w.limit.get():
-			w.lastProbe = now
+		case now.Sub(lastProbe) >= probeEvery && w.flushed() > w.limit.get():
+			lastProbe = now
 			if err := w.check(ctx, false); err != nil {
 				return err
 			}
