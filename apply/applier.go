@@ -91,13 +91,11 @@ type Tx struct {
 	Result Result
 }
 
-// Begin starts a target transaction.
+// Begin starts a target transaction. Its BEGIN goes to the target with its first statement, in
+// the same round trip (deferredTx), so Begin itself sends nothing and returns no error today; a
+// failed BEGIN is the first statement's error.
 func (a *Applier) Begin(ctx context.Context) (*Tx, error) {
-	tx, err := a.conn.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin target transaction: %w", err)
-	}
-	return &Tx{a: a, tx: tx, newStages: map[string]string{}, staged: map[string]stageRows{},
+	return &Tx{a: a, tx: &deferredTx{conn: a.conn}, newStages: map[string]string{}, staged: map[string]stageRows{},
 		fences: map[string]changebatch.Version{}}, nil
 }
 
@@ -127,6 +125,17 @@ func (t *Tx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
 
 // Conn returns the transaction for ledger writes that must commit with the data.
 func (t *Tx) Conn() pgx.Tx { return t.tx }
+
+// pgConn returns the connection's pgconn.PgConn for a statement pgx.Tx does not offer (COPY from
+// a reader) after sending the transaction's BEGIN if it was not sent yet.
+func (t *Tx) pgConn(ctx context.Context) (*pgconn.PgConn, error) {
+	if d, ok := t.tx.(*deferredTx); ok {
+		if err := d.start(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return t.tx.Conn().PgConn(), nil
+}
 
 // copyOnly returns the Applier's CopyOnlyTables as seen from the target database t writes
 // (targetDatabase).
@@ -243,7 +252,11 @@ func (t *Tx) merge(ctx context.Context, v *changebatch.View, from, to int) (Resu
 	if src.records == nil {
 		t.buf.Reset()
 		encodeCopyText(&t.buf, v.Table, rows)
-		if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, src.stage)); err != nil {
+		pc, err := t.pgConn(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		if _, err := pc.CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), copySQL(v.Table, src.stage)); err != nil {
 			return Result{}, fmt.Errorf("stage %d rows of %s: %w", len(rows), v.Table, describeCopyError(v.Table, rows, err))
 		}
 	}

@@ -109,7 +109,11 @@ func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int
 		fmt.Fprintf(&t.buf, "%s\t%d\t%s\t%d\t%d\n", ver.LSN, ver.Seq, deleted, v.Occurrence(i), i-from)
 	}
 	q := pgx.Identifier{"pg_temp", stage}.Sanitize()
-	if _, err := t.tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), keylessCopySQL(v.Table, q)); err != nil {
+	pc, err := t.pgConn(ctx)
+	if err != nil {
+		return "", err
+	}
+	if _, err := pc.CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), keylessCopySQL(v.Table, q)); err != nil {
 		return "", fmt.Errorf("stage %d rows of %s: %w", to-from, v.Table, withCopyContext(err))
 	}
 	if _, err := t.tx.Exec(ctx, keylessHashSQL(v.Table, q)); err != nil {

@@ -37,22 +37,26 @@
 #          Waits poll every BENCH_POLL s through open psql sessions (not a new psql per poll).
 # steady   each consumer alone (native enabled or the daemon started, applied and its slot
 #          confirmed up to the current LSN first, so it starts at the head) while `pgbench -n -c 4
-#          -j 2 -T BENCH_SECONDS` runs; every BENCH_SAMPLE s (default 1) two byte lags, read
-#          through two open sessions, target first: applied lag = source pg_current_wal_lsn() −
-#          applied position (what the target committed, as in catchup), and slot lag = the same
-#          LSN − confirmed_flush_lsn of the consumer's slot (native: bench_native, the
-#          subscription's; pgconverge: its slot `pgconverge`), what the source keeps WAL for and
-#          what a tool waiting for the slot sees; p50/p99/max of each over the samples taken while
-#          pgbench ran. Drain, for each of the two positions = from pgbench's end until it reaches
-#          END (polled together, every BENCH_POLL s). pgconverge/native for both p99s and drains.
-#          The consumer shares the 2 cores with pgbench: pgbench's tps per contender is shown.
+#          -j 2 -T BENCH_SECONDS` runs, unthrottled and then at each rate of BENCH_STEADY_RATES
+#          (`-R`); every BENCH_SAMPLE s (default 0.2), through two open sessions, target first:
+#          applied lag = source pg_current_wal_lsn() − applied position (what the target
+#          committed, as in catchup); slot lag = the same LSN − confirmed_flush_lsn of the
+#          consumer's slot (native: bench_native, the subscription's; pgconverge: its slot
+#          `pgconverge`), what the source keeps WAL for and what a tool waiting for the slot sees;
+#          freshness = the target's clock_timestamp() − mtime of its newest pgbench_history row
+#          (by hid) in ms, how old the newest change a reader of the target sees is, with the same
+#          read on the source as the floor; p50/p99/max of each over the samples taken while
+#          pgbench ran (freshness from 1 s after its start). Drain, for each of the two positions
+#          = from pgbench's end until it reaches END (polled together, every BENCH_POLL s).
+#          pgconverge/native for the p99s, the freshness p50 and the drains. The consumer shares
+#          the 2 cores with pgbench: pgbench's tps per contender is shown.
 # memory   pgconverge streaming and caught up; one source transaction updating 1,000,000 rows of
 #          pgbench_accounts (BENCH_MEM_ROWS; all rows at a smaller scale), then, from a new
 #          daemon, one inserting 100 rows of 1 MiB of md5 text into bench_toast (BENCH_TOAST_MB;
 #          STORAGE EXTERNAL: TOASTed, uncompressed); each waited for, checked, and pgconverge's
 #          VmHWM since its start reported, with the time from the commit until it was applied.
 # The summary compares the figures with the issue's targets (load ≥ 1.2× native; catch-up ≥ 1.0×
-# native and ≥ 0.95× decode-only; steady applied lag p99 and drain ≤ native's; steady slot lag
+# native and ≥ 0.95× decode-only; steady applied lag p99, drain and freshness p50 and p99 ≤ native's; steady slot lag
 # p99 ≤ 2× native's and slot drain ≤ 1.5× native's; peak RSS ≤ 256 MiB in every phase), informational: the exit status is 0 unless something failed or was unequal.
 # The tables and summary are also written to ROOT/results.txt; logs (pgconverge's, pgbench's, the
 # lag samples) are under ROOT/logs; both stay after the run, the clusters' data do not.
@@ -70,8 +74,9 @@
 #
 # Environment: BENCH_QUICK=1 (a smoke run: scale 1, 1 round, 5 s, 100,000 rows, 10 MiB; each of
 # these still yields to its own variable), BENCH_SCALE, BENCH_ROUNDS, BENCH_SECONDS,
-# BENCH_SAMPLE (0.2 is fine), BENCH_STEADY_RATE (pgbench -R in the steady phase, transactions/s;
-# default 0, unthrottled: pgbench's 4 clients then saturate both CPUs), BENCH_PHASES, BENCH_LOAD_EXTRA=0, BENCH_MEM_ROWS, BENCH_TOAST_MB,
+# BENCH_SAMPLE (seconds between steady samples, default 0.2), BENCH_STEADY_RATES (the pgbench
+# rates of the steady phase, transactions/s, comma-separated; default 0,500: unthrottled, where
+# pgbench's 4 clients saturate both CPUs, then pgbench -R 500), BENCH_PHASES, BENCH_LOAD_EXTRA=0, BENCH_MEM_ROWS, BENCH_TOAST_MB,
 # BENCH_POLL (default 0.02), BENCH_PORT (source port, default 54401; the target uses the next),
 # BENCH_ROOT (the clusters, logs and results.txt; default /tmp/pgconverge-bench-all),
 # PGCONVERGE_BIN (use this binary instead of building ./cmd/pgconverge, e.g. one built from an
@@ -93,8 +98,8 @@ ROUNDS=${BENCH_ROUNDS:-$d_rounds}
 PGBENCH_SECS=${BENCH_SECONDS:-$d_secs}
 MEM_ROWS=${BENCH_MEM_ROWS:-$d_rows}
 TOAST_MB=${BENCH_TOAST_MB:-$d_mb}
-SAMPLE=${BENCH_SAMPLE:-1}
-STEADY_RATE=${BENCH_STEADY_RATE:-0}
+SAMPLE=${BENCH_SAMPLE:-0.2}
+STEADY_RATES=${BENCH_STEADY_RATES:-0,500}
 POLL=${BENCH_POLL:-0.02}
 LOAD_EXTRA=${BENCH_LOAD_EXTRA:-1}
 PHASES=${BENCH_PHASES:-load,catchup,steady,memory}
@@ -173,7 +178,7 @@ T_START=$SECONDS
 {
 	echo "pgconverge bench, $(date -Is), $(nproc) CPUs, PostgreSQL $(q "$SRC" "SHOW server_version")"
 	echo "pgconverge: $BUILT"
-	echo "scale $SCALE ($N rows in pgbench_accounts), $ROUNDS round(s), pgbench $PGBENCH_SECS s, lag sampled every $SAMPLE s$([ "$STEADY_RATE" != 0 ] && echo ", steady pgbench -R $STEADY_RATE"), phases $PHASES$([ "$QUICK" = 1 ] && echo ' (BENCH_QUICK=1)')"
+	echo "scale $SCALE ($N rows in pgbench_accounts), $ROUNDS round(s), pgbench $PGBENCH_SECS s, steady sampled every $SAMPLE s at pgbench rates $STEADY_RATES (0: unthrottled), phases $PHASES$([ "$QUICK" = 1 ] && echo ' (BENCH_QUICK=1)')"
 } | out
 echo "== pgbench -i -s $SCALE on the source"
 PGOPTIONS='-c client_min_messages=warning' "$PGBIN/pgbench" -i -s "$SCALE" -q "$SRC" 2>"$LOGS/pgbench-init.log" ||
