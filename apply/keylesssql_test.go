@@ -47,7 +47,6 @@ func keylessStatements(t changebatch.Table) string {
 	add("keylessCopySQL", keylessCopySQL(t, stage))
 	add("keylessHashSQL", keylessHashSQL(t, stage))
 	add("keylessInsertSQL", keylessInsertSQL(t, stage))
-	add("keylessRoundsSQL", keylessRoundsSQL(stage))
 	add("keylessDeleteSQL", keylessDeleteSQL(t, stage))
 	add("keylessSkipNewerSQL", keylessSkipNewerSQL(t, stage))
 	add("keylessSupersedeStagedSQL", keylessSupersedeStagedSQL(t, stage))
