@@ -150,13 +150,17 @@ func keylessHashedSQL(t changebatch.Table, stage string, deleted bool) string {
 		" from " + stage + " as s where " + not + "s." + qDeleted + " offset 0"
 }
 
+// keylessFenced is the condition under which staged change s of a keyless table is at or below
+// the table's fence. The fence is read once per statement (an uncorrelated subquery: PostgreSQL
+// runs it once, as an InitPlan). $1 and $2 are the table's schema and name.
+var keylessFenced = "(s." + qLSN + ", s." + qSeq + ") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2)"
+
 // keylessReplay returns the condition under which staged change s of keyless table t is a
-// replay: at or below the table's fence, or below a snapshot of its value (an entry at (S, 0)),
-// or meets one of the conditions more. The fence is read once per statement (an uncorrelated
-// subquery: PostgreSQL runs it once, as an InitPlan).
-// $1 and $2 are the table's schema and name.
+// replay: at or below the table's fence (keylessFenced), or below a snapshot of its value (an
+// entry at (S, 0)), or meets one of the conditions more. $1 and $2 are the table's schema and
+// name.
 func keylessReplay(t changebatch.Table, more ...string) string {
-	conds := append([]string{"(s." + qLSN + ", s." + qSeq + ") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2)",
+	conds := append([]string{keylessFenced,
 		"exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
 			" and e." + qSeq + " = 0 and (e." + qLSN + ", e." + qSeq + ") > (s." + qLSN + ", s." + qSeq + "))"}, more...)
 	return "(" + strings.Join(conds, " or ") + ")"
@@ -171,13 +175,18 @@ func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int
 	if _, err := t.lockFence(ctx, tab); err != nil {
 		return Result{}, err
 	}
-	inserts, deletes := 0, 0
+	inserts, deletes, dups := 0, 0, false
+	seen := make(map[changebatch.Version]struct{}, to-from)
 	for i := from; i < to; i++ {
 		if v.Op(i) == changebatch.OpDelete {
 			deletes++
-		} else {
-			inserts++
+			continue
 		}
+		inserts++
+		if _, ok := seen[v.Version(i)]; ok {
+			dups = true
+		}
+		seen[v.Version(i)] = struct{}{}
 	}
 	stage, err := t.stageKeyless(ctx, v, from, to, false)
 	if err != nil {
@@ -188,7 +197,7 @@ func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int
 	batch := &pgx.Batch{}
 	batch.Queue(keylessNoJIT)
 	if inserts > 0 {
-		batch.Queue(keylessInsertSQL(tab, stage), tab.Schema, tab.Name)
+		batch.Queue(keylessInsertSQL(tab, stage, dups), tab.Schema, tab.Name)
 	}
 	if deletes > 0 {
 		batch.Queue(del, tab.Schema, tab.Name, 1)
@@ -271,12 +280,22 @@ const (
 
 // keylessInsertSQL returns the statement that adds the staged inserts of keyless table t from
 // stage (quoted) as entries (h, V, 1), but not replays (keylessReplay) nor a second delivery (the
-// entry exists). $1 and $2 are the table's schema and name.
-func keylessInsertSQL(t changebatch.Table, stage string) string {
-	return "insert into " + t.Quoted() + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ")\n" +
+// entry exists). One probe of the primary key answers both, as both look at the value's entries
+// at or above V: an entry from a snapshot newer than V, or the entry (h, V, 1) itself. Writers of
+// a keyless table take turns (the fence row's lock), so nothing else adds an entry meanwhile,
+// and the primary key refuses a second (h, V, 1) anyway; the statement has no ON CONFLICT clause,
+// whose check would probe the primary key once more per row, unless dups is set: some version is
+// staged twice among the inserts, and the statement, which does not see the rows it adds itself,
+// lets ON CONFLICT DO NOTHING skip the second copy. $1 and $2 are the table's schema and name.
+func keylessInsertSQL(t changebatch.Table, stage string, dups bool) string {
+	sql := "insert into " + t.Quoted() + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ")\n" +
 		"select " + dataColumns(t, "s") + ", s." + qRowHash + ", 1, s." + qLSN + ", s." + qSeq + " from (" + keylessHashedSQL(t, stage, false) + ") as s\n" +
-		"where not " + keylessReplay(t) + "\n" +
-		"on conflict do nothing"
+		"where not (" + keylessFenced + " or exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
+		" and (e." + qLSN + ", e." + qSeq + ") >= (s." + qLSN + ", s." + qSeq + ") and (e." + qSeq + " = 0 or (e." + qLSN + ", e." + qSeq + ", e." + qOccurrence + ") = (s." + qLSN + ", s." + qSeq + ", 1))))"
+	if dups {
+		sql += "\non conflict do nothing"
+	}
+	return sql
 }
 
 // keylessDeleteSQL returns the statement that applies round $3 of the staged deletes of keyless

@@ -177,3 +177,19 @@ func TestKeylessDeleteRounds(t *testing.T) {
 		t.Fatalf("%d phantoms of a at 0/C8, want 1 (the third delete found no copy)", n)
 	}
 }
+
+// An insert staged twice in one batch (the same version) adds one entry, as when it is delivered
+// twice in two batches; another insert of the value at another version adds its own.
+func TestKeylessInsertStagedTwice(t *testing.T) {
+	t.Parallel()
+	f := keylessSetup(t)
+	rec := logBatch(t, change{I, 100, 1, "a", 0}, change{I, 100, 1, "a", 0}, change{I, 100, 2, "a", 0})
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Applied: 2, Suppressed: 1}) {
+		t.Fatalf("apply = %+v, want 2 applied, 1 suppressed", got)
+	}
+	requireLive(t, f, "a x2")
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Suppressed: 3}) {
+		t.Fatalf("replay = %+v, want 3 suppressed", got)
+	}
+	requireLive(t, f, "a x2")
+}

@@ -46,7 +46,7 @@ func keylessStatements(t changebatch.Table) string {
 	add("keylessStageSQL", keylessStageSQL(t, stageName))
 	add("keylessCopySQL", keylessCopySQL(t, stage))
 	add("keylessHashSQL", keylessHashSQL(t, stage))
-	add("keylessInsertSQL", keylessInsertSQL(t, stage))
+	add("keylessInsertSQL", keylessInsertSQL(t, stage, false), keylessInsertSQL(t, stage, true))
 	add("keylessDeleteSQL", keylessDeleteSQL(t, stage))
 	add("keylessSkipNewerSQL", keylessSkipNewerSQL(t, stage))
 	add("keylessSupersedeStagedSQL", keylessSupersedeStagedSQL(t, stage))
