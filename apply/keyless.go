@@ -140,14 +140,17 @@ func keylessHashSQL(t changebatch.Table, stage string) string {
 // keylessHashedSQL returns a query over the staged changes of keyless table t in stage (quoted)
 // that are deletes (deleted set) or inserts: their data columns, version, order (_cdc_ord) and
 // row hash (RowHashSQL), computed once per row (OFFSET 0 keeps the query from being merged into
-// the one reading it, which would compute the hash again wherever it is used).
+// the one reading it, which would compute the hash again wherever it is used). Inserts come in
+// row hash order, so that the probes and insertions into the target's indexes, which lead with
+// the row hash, go through each index page once rather than at random (the deletes are sorted
+// by their row hash for their rounds already).
 func keylessHashedSQL(t changebatch.Table, stage string, deleted bool) string {
-	not := "not "
+	not, order := "not ", " order by "+qRowHash
 	if deleted {
-		not = ""
+		not, order = "", ""
 	}
 	return "select " + dataColumns(t, "s") + ", s." + qLSN + ", s." + qSeq + ", s." + qOrd + ", " + RowHashSQL(t, "s") + " as " + qRowHash +
-		" from " + stage + " as s where " + not + "s." + qDeleted + " offset 0"
+		" from " + stage + " as s where " + not + "s." + qDeleted + order + " offset 0"
 }
 
 // keylessFenced is the condition under which staged change s of a keyless table is at or below
