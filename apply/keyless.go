@@ -284,7 +284,8 @@ const (
 // keylessInsertSQL returns the statement that adds the staged inserts of keyless table t from
 // stage (quoted) as entries (h, V, 1), but not replays (keylessReplay) nor a second delivery (the
 // entry exists). One probe of the primary key answers both, as both look at the value's entries
-// at or above V: an entry from a snapshot newer than V, or the entry (h, V, 1) itself. Writers of
+// at or above V: an entry from a snapshot newer than V, or the entry (h, V, 1) itself (a CASE,
+// not an OR, which PostgreSQL would split into two probes of a bitmap scan). Writers of
 // a keyless table take turns (the fence row's lock), so nothing else adds an entry meanwhile,
 // and the primary key refuses a second (h, V, 1) anyway; the statement has no ON CONFLICT clause,
 // whose check would probe the primary key once more per row, unless dups is set: some version is
@@ -294,7 +295,7 @@ func keylessInsertSQL(t changebatch.Table, stage string, dups bool) string {
 	sql := "insert into " + t.Quoted() + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ")\n" +
 		"select " + dataColumns(t, "s") + ", s." + qRowHash + ", 1, s." + qLSN + ", s." + qSeq + " from (" + keylessHashedSQL(t, stage, false) + ") as s\n" +
 		"where not (" + keylessFenced + " or exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
-		" and (e." + qLSN + ", e." + qSeq + ") >= (s." + qLSN + ", s." + qSeq + ") and (e." + qSeq + " = 0 or (e." + qLSN + ", e." + qSeq + ", e." + qOccurrence + ") = (s." + qLSN + ", s." + qSeq + ", 1))))"
+		" and (e." + qLSN + ", e." + qSeq + ") >= (s." + qLSN + ", s." + qSeq + ") and case when e." + qSeq + " = 0 then true else (e." + qLSN + ", e." + qSeq + ", e." + qOccurrence + ") = (s." + qLSN + ", s." + qSeq + ", 1) end))"
 	if dups {
 		sql += "\non conflict do nothing"
 	}

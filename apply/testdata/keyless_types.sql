@@ -22,12 +22,12 @@ update "pg_temp"."pgconverge_stage_1" as s set "_cdc_row_hash" = sha256(convert_
 -- keylessInsertSQL
 insert into "public"."events" ("at", "tags", "bits", "amount", "_cdc_row_hash", "_cdc_occurrence", "_cdc_lsn", "_cdc_seq")
 select s."at", s."tags", s."bits", s."amount", s."_cdc_row_hash", 1, s."_cdc_lsn", s."_cdc_seq" from (select s."at", s."tags", s."bits", s."amount", s."_cdc_lsn", s."_cdc_seq", s."_cdc_ord", sha256(convert_to(row(s."at", s."tags", s."bits", s."amount")::text, 'UTF8')) as "_cdc_row_hash" from "pg_temp"."pgconverge_stage_1" as s where not s."_cdc_deleted" order by "_cdc_row_hash" offset 0) as s
-where not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "public"."events" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and (e."_cdc_lsn", e."_cdc_seq") >= (s."_cdc_lsn", s."_cdc_seq") and (e."_cdc_seq" = 0 or (e."_cdc_lsn", e."_cdc_seq", e."_cdc_occurrence") = (s."_cdc_lsn", s."_cdc_seq", 1))))
+where not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "public"."events" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and (e."_cdc_lsn", e."_cdc_seq") >= (s."_cdc_lsn", s."_cdc_seq") and case when e."_cdc_seq" = 0 then true else (e."_cdc_lsn", e."_cdc_seq", e."_cdc_occurrence") = (s."_cdc_lsn", s."_cdc_seq", 1) end))
 
 -- keylessInsertSQL
 insert into "public"."events" ("at", "tags", "bits", "amount", "_cdc_row_hash", "_cdc_occurrence", "_cdc_lsn", "_cdc_seq")
 select s."at", s."tags", s."bits", s."amount", s."_cdc_row_hash", 1, s."_cdc_lsn", s."_cdc_seq" from (select s."at", s."tags", s."bits", s."amount", s."_cdc_lsn", s."_cdc_seq", s."_cdc_ord", sha256(convert_to(row(s."at", s."tags", s."bits", s."amount")::text, 'UTF8')) as "_cdc_row_hash" from "pg_temp"."pgconverge_stage_1" as s where not s."_cdc_deleted" order by "_cdc_row_hash" offset 0) as s
-where not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "public"."events" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and (e."_cdc_lsn", e."_cdc_seq") >= (s."_cdc_lsn", s."_cdc_seq") and (e."_cdc_seq" = 0 or (e."_cdc_lsn", e."_cdc_seq", e."_cdc_occurrence") = (s."_cdc_lsn", s."_cdc_seq", 1))))
+where not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "public"."events" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and (e."_cdc_lsn", e."_cdc_seq") >= (s."_cdc_lsn", s."_cdc_seq") and case when e."_cdc_seq" = 0 then true else (e."_cdc_lsn", e."_cdc_seq", e."_cdc_occurrence") = (s."_cdc_lsn", s."_cdc_seq", 1) end))
 on conflict do nothing
 
 -- keylessDeleteSQL
