@@ -490,8 +490,7 @@ func (t *Tx) ensureStage(ctx context.Context, tab changebatch.Table) (string, er
 	name := "pgconverge_stage_" + strconv.Itoa(t.a.next)
 	ddl := createStageSQL(tab, name)
 	if tab.Keyless {
-		// Deletes are applied in rounds, each finding its staged rows by _cdc_round.
-		ddl = keylessStageSQL(tab, name) + "; create index on " + pgx.Identifier{"pg_temp", name}.Sanitize() + " (" + qRound + ")"
+		ddl = keylessStageSQL(tab, name)
 	}
 	if _, err := t.tx.Exec(ctx, ddl); err != nil {
 		return "", fmt.Errorf("create staging table for %s: %w", tab, err)

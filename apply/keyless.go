@@ -36,7 +36,6 @@ var (
 	qDeletedLSN = pgx.Identifier{changebatch.ColDeletedLSN}.Sanitize()
 	qDeletedSeq = pgx.Identifier{changebatch.ColDeletedSeq}.Sanitize()
 	qOrd        = pgx.Identifier{"_cdc_ord"}.Sanitize()
-	qRound      = pgx.Identifier{"_cdc_round"}.Sanitize()
 )
 
 // RowHashSQL returns the SQL expression of a keyless table's row hash (bytea, SHA-256) over the
@@ -76,7 +75,7 @@ func keylessStageSQL(t changebatch.Table, stage string) string {
 	}
 	return "create temporary table " + pgx.Identifier{stage}.Sanitize() + " as select " +
 		strings.Join(cols, ", ") + ", " + qLSN + ", " + qSeq + ", " + qDeleted + ", " + qOccurrence + ", " +
-		qRowHash + ", 0::int as " + qOrd + ", 0::int as " + qRound + " from " + t.Quoted() + " with no data"
+		qRowHash + ", 0::int as " + qOrd + " from " + t.Quoted() + " with no data"
 }
 
 // dataColumns returns t's data columns, quoted, joined, each prefixed with rel and a dot when rel is set.
@@ -92,8 +91,12 @@ func dataColumns(t changebatch.Table, rel string) string {
 }
 
 // stageKeyless copies rows [from, to) of v into the table's staging table with their order
-// (_cdc_ord) and computes their row hashes; deletes are staged with _cdc_deleted true.
-func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int) (string, error) {
+// (_cdc_ord); deletes are staged with _cdc_deleted true. With hash set it also computes their row
+// hashes into _cdc_row_hash (the snapshot merge reads them in several statements); the streamed
+// merge computes each row's hash in the one statement that reads the row (keylessInsertSQL,
+// keylessDeleteSQL), so it leaves _cdc_row_hash null and spares a pass that writes every staged
+// row again.
+func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int, hash bool) (string, error) {
 	stage, err := t.stage(ctx, v.Table, to-from)
 	if err != nil {
 		return "", err
@@ -116,6 +119,9 @@ func (t *Tx) stageKeyless(ctx context.Context, v *changebatch.View, from, to int
 	if _, err := pc.CopyFrom(ctx, bytes.NewReader(t.buf.Bytes()), keylessCopySQL(v.Table, q)); err != nil {
 		return "", fmt.Errorf("stage %d rows of %s: %w", to-from, v.Table, withCopyContext(err))
 	}
+	if !hash {
+		return q, nil
+	}
 	if _, err := t.tx.Exec(ctx, keylessHashSQL(v.Table, q)); err != nil {
 		return "", fmt.Errorf("hash the staged rows of %s: %w", v.Table, err)
 	}
@@ -135,87 +141,176 @@ func keylessHashSQL(t changebatch.Table, stage string) string {
 	return "update " + stage + " as s set " + qRowHash + " = " + RowHashSQL(t, "s")
 }
 
+// keylessHashedSQL returns a query over the staged changes of keyless table t in stage (quoted)
+// that are deletes (deleted set) or inserts: their data columns, version, order (_cdc_ord) and
+// row hash (RowHashSQL), computed once per row (OFFSET 0 keeps the query from being merged into
+// the one reading it, which would compute the hash again wherever it is used). Inserts come in
+// row hash order, so that the probes and insertions into the target's indexes, which lead with
+// the row hash, go through each index page once rather than at random (the deletes are sorted
+// by their row hash for their rounds already).
+func keylessHashedSQL(t changebatch.Table, stage string, deleted bool) string {
+	not, order := "not ", " order by "+qRowHash
+	if deleted {
+		not, order = "", ""
+	}
+	return "select " + dataColumns(t, "s") + ", s." + qLSN + ", s." + qSeq + ", s." + qOrd + ", " + RowHashSQL(t, "s") + " as " + qRowHash +
+		" from " + stage + " as s where " + not + "s." + qDeleted + order + " offset 0"
+}
+
+// keylessFenced is the condition under which staged change s of a keyless table is at or below
+// the table's fence. The fence is read once per statement (an uncorrelated subquery: PostgreSQL
+// runs it once, as an InitPlan). $1 and $2 are the table's schema and name.
+var keylessFenced = "(s." + qLSN + ", s." + qSeq + ") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2)"
+
 // keylessReplay returns the condition under which staged change s of keyless table t is a
-// replay: at or below the table's fence, or below a snapshot of its value (an entry at (S, 0)),
-// or meets one of the conditions more.
-// $1 and $2 are the table's schema and name.
+// replay: at or below the table's fence (keylessFenced), or below a snapshot of its value (an
+// entry at (S, 0)), or meets one of the conditions more. $1 and $2 are the table's schema and
+// name.
 func keylessReplay(t changebatch.Table, more ...string) string {
-	conds := append([]string{"exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
-		" and (f.fence_lsn, f.fence_seq) >= (s." + qLSN + ", s." + qSeq + "))",
+	conds := append([]string{keylessFenced,
 		"exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
 			" and e." + qSeq + " = 0 and (e." + qLSN + ", e." + qSeq + ") > (s." + qLSN + ", s." + qSeq + "))"}, more...)
 	return "(" + strings.Join(conds, " or ") + ")"
 }
 
 // mergeKeyless applies the streamed changes [from, to) of v (no truncate among them) to keyless
-// table v.Table: the inserts in one statement, then the deletes in rounds (keylessDeleteSQL),
-// sent together.
+// table v.Table: the inserts in one statement, then the deletes in rounds (keylessDeleteSQL), the
+// first round sent with the inserts, in one round trip. JIT compilation is off for these
+// statements (keylessNoJIT).
 func (t *Tx) mergeKeyless(ctx context.Context, v *changebatch.View, from, to int) (Result, error) {
 	tab := v.Table
 	if _, err := t.lockFence(ctx, tab); err != nil {
 		return Result{}, err
 	}
-	stage, err := t.stageKeyless(ctx, v, from, to)
+	inserts, deletes, dups := 0, 0, false
+	seen := make(map[changebatch.Version]struct{}, to-from)
+	for i := from; i < to; i++ {
+		if v.Op(i) == changebatch.OpDelete {
+			deletes++
+			continue
+		}
+		inserts++
+		if _, ok := seen[v.Version(i)]; ok {
+			dups = true
+		}
+		seen[v.Version(i)] = struct{}{}
+	}
+	stage, err := t.stageKeyless(ctx, v, from, to, false)
 	if err != nil {
 		return Result{}, err
 	}
-	tag, err := t.tx.Exec(ctx, keylessInsertSQL(tab, stage), tab.Schema, tab.Name)
-	if err != nil {
-		return Result{}, fmt.Errorf("insert %d rows into keyless table %s: %w", to-from, tab, describeConstraint(err))
+	var applied int64
+	del := keylessDeleteSQL(tab, stage)
+	batch := &pgx.Batch{}
+	batch.Queue(keylessNoJIT)
+	if inserts > 0 {
+		batch.Queue(keylessInsertSQL(tab, stage, dups), tab.Schema, tab.Name)
 	}
-	applied := tag.RowsAffected()
+	if deletes > 0 {
+		batch.Queue(del, tab.Schema, tab.Name, 1)
+	}
+	batch.Queue(keylessRestoreJIT)
+	br := t.tx.SendBatch(ctx, batch)
+	rounds, n, err := readKeylessBatch(br, tab, to-from, inserts > 0, deletes > 0)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("merge rows into keyless table %s: %w", tab, describeConstraint(cerr))
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	applied += n
 	// Deletes of different values are independent; those of one value go in their order. Round
 	// k holds the k-th delete of each value, so most batches need one statement.
-	var rounds int
-	err = t.tx.QueryRow(ctx, keylessRoundsSQL(stage)).Scan(&rounds)
-	if err != nil {
-		return Result{}, fmt.Errorf("order the deletes of keyless table %s: %w", tab, err)
-	}
-	if rounds > 0 {
-		sql := keylessDeleteSQL(tab, stage)
+	if rounds > 1 {
 		batch := &pgx.Batch{}
-		for r := 1; r <= rounds; r++ {
-			batch.Queue(sql, tab.Schema, tab.Name, r)
+		batch.Queue(keylessNoJIT)
+		for r := int64(2); r <= rounds; r++ {
+			batch.Queue(del, tab.Schema, tab.Name, r)
 		}
+		batch.Queue(keylessRestoreJIT)
 		br := t.tx.SendBatch(ctx, batch)
-		for range rounds {
-			var n int64
-			if err := br.QueryRow().Scan(&n); err != nil {
-				br.Close()
-				return Result{}, fmt.Errorf("delete rows from keyless table %s: %w", tab, describeConstraint(err))
+		_, err := br.Exec()
+		for r := int64(2); err == nil && r <= rounds; r++ {
+			var n, more int64
+			if err = br.QueryRow().Scan(&n, &more); err != nil {
+				err = fmt.Errorf("delete rows from keyless table %s: %w", tab, describeConstraint(err))
 			}
 			applied += n
 		}
-		if err := br.Close(); err != nil {
-			return Result{}, fmt.Errorf("delete rows from keyless table %s: %w", tab, err)
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("delete rows from keyless table %s: %w", tab, cerr)
+		}
+		if err != nil {
+			return Result{}, err
 		}
 	}
 	return Result{Applied: applied, Suppressed: int64(to-from) - applied}, nil
 }
 
+// readKeylessBatch reads the results of mergeKeyless's first batch (keylessNoJIT, the insert
+// statement when inserted, the first round of deletes when deleted, keylessRestoreJIT) of rows
+// staged changes of keyless table tab. It returns the number of delete rounds (0 without deletes)
+// and how many changes the statements applied.
+func readKeylessBatch(br pgx.BatchResults, tab changebatch.Table, rows int, inserted, deleted bool) (rounds, applied int64, err error) {
+	if _, err := br.Exec(); err != nil {
+		return 0, 0, fmt.Errorf("turn JIT off for keyless table %s: %w", tab, err)
+	}
+	if inserted {
+		tag, err := br.Exec()
+		if err != nil {
+			return 0, 0, fmt.Errorf("insert %d rows into keyless table %s: %w", rows, tab, describeConstraint(err))
+		}
+		applied = tag.RowsAffected()
+	}
+	if deleted {
+		var n int64
+		if err := br.QueryRow().Scan(&n, &rounds); err != nil {
+			return 0, 0, fmt.Errorf("delete rows from keyless table %s: %w", tab, describeConstraint(err))
+		}
+		applied += n
+	}
+	if _, err := br.Exec(); err != nil {
+		return 0, 0, fmt.Errorf("turn JIT back on for keyless table %s: %w", tab, err)
+	}
+	return rounds, applied, nil
+}
+
+// keylessNoJIT and keylessRestoreJIT bracket the keyless merge statements: JIT compilation off
+// for them, then jit as the session had it (its reset value: server, role, database or
+// connection setting). The staging table has no statistics, so the planner prices these
+// statements, whose every row runs index probes, far above jit_above_cost, and compiling them
+// took about 0.3 s a statement, more than the statements themselves on 20,000 rows.
+const (
+	keylessNoJIT      = "set local jit = off"
+	keylessRestoreJIT = "set local jit to default"
+)
+
 // keylessInsertSQL returns the statement that adds the staged inserts of keyless table t from
 // stage (quoted) as entries (h, V, 1), but not replays (keylessReplay) nor a second delivery (the
-// entry exists). $1 and $2 are the table's schema and name.
-func keylessInsertSQL(t changebatch.Table, stage string) string {
-	return "insert into " + t.Quoted() + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ")\n" +
-		"select " + dataColumns(t, "s") + ", s." + qRowHash + ", 1, s." + qLSN + ", s." + qSeq + " from " + stage + " as s\n" +
-		"where not s." + qDeleted + " and not " + keylessReplay(t) + "\n" +
-		"on conflict do nothing"
+// entry exists). One probe of the primary key answers both, as both look at the value's entries
+// at or above V: an entry from a snapshot newer than V, or the entry (h, V, 1) itself (a CASE,
+// not an OR, which PostgreSQL would split into two probes of a bitmap scan). Writers of
+// a keyless table take turns (the fence row's lock), so nothing else adds an entry meanwhile,
+// and the primary key refuses a second (h, V, 1) anyway; the statement has no ON CONFLICT clause,
+// whose check would probe the primary key once more per row, unless dups is set: some version is
+// staged twice among the inserts, and the statement, which does not see the rows it adds itself,
+// lets ON CONFLICT DO NOTHING skip the second copy. $1 and $2 are the table's schema and name.
+func keylessInsertSQL(t changebatch.Table, stage string, dups bool) string {
+	sql := "insert into " + t.Quoted() + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ")\n" +
+		"select " + dataColumns(t, "s") + ", s." + qRowHash + ", 1, s." + qLSN + ", s." + qSeq + " from (" + keylessHashedSQL(t, stage, false) + ") as s\n" +
+		"where not (" + keylessFenced + " or exists (select 1 from " + t.Quoted() + " as e where e." + qRowHash + " = s." + qRowHash +
+		" and (e." + qLSN + ", e." + qSeq + ") >= (s." + qLSN + ", s." + qSeq + ") and case when e." + qSeq + " = 0 then true else (e." + qLSN + ", e." + qSeq + ", e." + qOccurrence + ") = (s." + qLSN + ", s." + qSeq + ", 1) end))"
+	if dups {
+		sql += "\non conflict do nothing"
+	}
+	return sql
 }
 
-// keylessRoundsSQL returns the statement that numbers the staged deletes in stage (quoted) by
-// value, in their order (_cdc_round: the k-th delete of a value is in round k), and returns the
-// number of rounds, 0 when no delete is staged.
-func keylessRoundsSQL(stage string) string {
-	return "with r as (select ctid as id, row_number() over (partition by " + qRowHash + " order by " + qOrd + ") as n from " + stage +
-		" where " + qDeleted + "), u as (update " + stage + " as s set " + qRound + " = r.n from r where s.ctid = r.id returning s." + qRound + ")" +
-		" select coalesce(max(" + qRound + "), 0) from u"
-}
-
-// keylessDeleteSQL returns the statement that applies round $3 (_cdc_round) of the staged deletes
-// of keyless table t, at most one per value: each delete that is not a replay and was not applied
-// already marks the newest live entry of its value older than it deleted at its version, or
-// records a phantom entry when there is none. It returns how many deletes it applied.
+// keylessDeleteSQL returns the statement that applies round $3 of the staged deletes of keyless
+// table t, at most one per value: the k-th delete of a value (in _cdc_ord order) is in round k.
+// Each delete of the round that is not a replay and was not applied already marks the newest
+// live entry of its value older than it deleted at its version, or records a phantom entry when
+// there is none. It returns how many deletes it applied and the number of rounds.
 func keylessDeleteSQL(t changebatch.Table, stage string) string {
 	q := t.Quoted()
 	// OFFSET 0 keeps the check of an earlier delivery a subplan run per row by its index: without
@@ -223,16 +318,20 @@ func keylessDeleteSQL(t changebatch.Table, stage string) string {
 	// entry of the table.
 	replay := keylessReplay(t, "exists (select 1 from "+q+" as e where e."+qRowHash+" = s."+qRowHash+
 		" and e."+qDeleted+" and e."+qDeletedLSN+" = s."+qLSN+" and e."+qDeletedSeq+" = s."+qSeq+" offset 0)")
-	return "with d as (select * from " + stage + " as s where s." + qDeleted + " and s." + qRound + " = $3 and not " + replay + "),\n" +
-		"victim as (select d." + qOrd + " as ord, v.ctid as id from d left join lateral (select e.ctid from " + q + " as e where e." + qRowHash + " = d." + qRowHash +
-		" and not e." + qDeleted + " and (e." + qLSN + ", e." + qSeq + ") < (d." + qLSN + ", d." + qSeq + ")" +
-		" order by e." + qLSN + " desc, e." + qSeq + " desc, e." + qOccurrence + " desc limit 1) as v on true),\n" +
-		"killed as (update " + q + " as e set " + qDeleted + " = true, " + qDeletedLSN + " = d." + qLSN + ", " + qDeletedSeq + " = d." + qSeq +
-		" from d join victim as x on x.ord = d." + qOrd + " where e.ctid = x.id returning 1),\n" +
+	// The aliases begin with _cdc_, which no column of a keyless table does
+	// (changebatch.Table.Validate).
+	return "with n as materialized (select h.*, row_number() over (partition by h." + qRowHash + " order by h." + qOrd + ") as _cdc_round from (" +
+		keylessHashedSQL(t, stage, true) + ") as h),\n" +
+		"victim as materialized (select s.*, v.ctid as _cdc_victim from n as s left join lateral (select e.ctid from " + q + " as e where e." + qRowHash + " = s." + qRowHash +
+		" and not e." + qDeleted + " and (e." + qLSN + ", e." + qSeq + ") < (s." + qLSN + ", s." + qSeq + ")" +
+		" order by e." + qLSN + " desc, e." + qSeq + " desc, e." + qOccurrence + " desc limit 1) as v on true\n" +
+		"  where s._cdc_round = $3 and not " + replay + "),\n" +
+		"killed as (update " + q + " as e set " + qDeleted + " = true, " + qDeletedLSN + " = x." + qLSN + ", " + qDeletedSeq + " = x." + qSeq +
+		" from victim as x where e.ctid = x._cdc_victim returning 1),\n" +
 		"phantom as (insert into " + q + " (" + dataColumns(t, "") + ", " + qRowHash + ", " + qOccurrence + ", " + qLSN + ", " + qSeq + ", " +
-		qDeleted + ", " + qDeletedLSN + ", " + qDeletedSeq + ") select " + dataColumns(t, "d") + ", d." + qRowHash + ", 0, d." + qLSN + ", d." + qSeq +
-		", true, d." + qLSN + ", d." + qSeq + " from d join victim as x on x.ord = d." + qOrd + " where x.id is null returning 1)\n" +
-		"select (select count(*) from killed) + (select count(*) from phantom)"
+		qDeleted + ", " + qDeletedLSN + ", " + qDeletedSeq + ") select " + dataColumns(t, "x") + ", x." + qRowHash + ", 0, x." + qLSN + ", x." + qSeq +
+		", true, x." + qLSN + ", x." + qSeq + " from victim as x where x._cdc_victim is null returning 1)\n" +
+		"select (select count(*) from killed) + (select count(*) from phantom), (select coalesce(max(_cdc_round), 0) from n)"
 }
 
 // mergeKeylessSnapshot applies snapshot rows [0, v.Len()) of keyless table v.Table, all at
@@ -243,7 +342,7 @@ func keylessDeleteSQL(t changebatch.Table, stage string) string {
 // (or none) takes one of the new entries instead.
 func (t *Tx) mergeKeylessSnapshot(ctx context.Context, v *changebatch.View, ver changebatch.Version) (Result, error) {
 	tab := v.Table
-	stage, err := t.stageKeyless(ctx, v, 0, v.Len())
+	stage, err := t.stageKeyless(ctx, v, 0, v.Len(), true)
 	if err != nil {
 		return Result{}, err
 	}

@@ -143,3 +143,53 @@ func TestKeylessSnapshotMeetsTheStream(t *testing.T) {
 		t.Errorf("%d phantoms left after the fence, want 0", n)
 	}
 }
+
+// Several deletes of one value in one batch go in rounds, in their order, each taking the newest
+// copy older than it that no earlier one took (never one born after it, even in the same
+// batch); a batch delivered again, or again with more changes, applies only what it did not.
+func TestKeylessDeleteRounds(t *testing.T) {
+	t.Parallel()
+	f := keylessSetup(t)
+	rec := logBatch(t, change{I, 100, 1, "a", 0}, change{I, 100, 2, "a", 0}, change{I, 100, 3, "a", 0}, change{I, 100, 4, "b", 0},
+		change{D, 100, 5, "a", 0}, change{D, 100, 6, "a", 0}, change{D, 100, 7, "b", 0},
+		change{D, 100, 8, "c", 0}, change{D, 100, 9, "c", 0}, change{I, 100, 10, "a", 0})
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Applied: 10}) {
+		t.Fatalf("first apply = %+v, want 10 applied", got)
+	}
+	requireLive(t, f, "a x2")
+	if got := pgtest.Rows(t, f.env.Target, `select _cdc_seq || ':' || coalesce(_cdc_deleted_seq::text, '-') from log where v = 'a' order by _cdc_seq`); !reflect.DeepEqual(got, []string{"1:-", "2:6", "3:5", "10:-"}) {
+		t.Fatalf("entries of a (seq:deleted by) = %q, want the deletes at 5 and 6 to take the copies at 3 and 2", got)
+	}
+	if n := pgtest.Scalar[int64](t, f.env.Target, `select count(*) from log where v = 'c' and _cdc_occurrence = 0 and _cdc_deleted`); n != 2 {
+		t.Fatalf("%d phantoms of c, want 2", n)
+	}
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Suppressed: 10}) {
+		t.Fatalf("replay = %+v, want 10 suppressed", got)
+	}
+	requireLive(t, f, "a x2")
+	f.apply(t, logBatch(t, change{D, 200, 1, "a", 0}))
+	again := logBatch(t, change{D, 200, 1, "a", 0}, change{D, 200, 2, "a", 0}, change{D, 200, 3, "a", 0})
+	if got := f.apply(t, again); !reflect.DeepEqual(got, apply.Result{Applied: 2, Suppressed: 1}) {
+		t.Fatalf("three deletes of a, the first delivered before = %+v, want 2 applied, 1 suppressed", got)
+	}
+	requireLive(t, f)
+	if n := pgtest.Scalar[int64](t, f.env.Target, `select count(*) from log where v = 'a' and _cdc_occurrence = 0 and _cdc_deleted_lsn = '0/C8'`); n != 1 {
+		t.Fatalf("%d phantoms of a at 0/C8, want 1 (the third delete found no copy)", n)
+	}
+}
+
+// An insert staged twice in one batch (the same version) adds one entry, as when it is delivered
+// twice in two batches; another insert of the value at another version adds its own.
+func TestKeylessInsertStagedTwice(t *testing.T) {
+	t.Parallel()
+	f := keylessSetup(t)
+	rec := logBatch(t, change{I, 100, 1, "a", 0}, change{I, 100, 1, "a", 0}, change{I, 100, 2, "a", 0})
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Applied: 2, Suppressed: 1}) {
+		t.Fatalf("apply = %+v, want 2 applied, 1 suppressed", got)
+	}
+	requireLive(t, f, "a x2")
+	if got := f.apply(t, rec); !reflect.DeepEqual(got, apply.Result{Suppressed: 3}) {
+		t.Fatalf("replay = %+v, want 3 suppressed", got)
+	}
+	requireLive(t, f, "a x2")
+}

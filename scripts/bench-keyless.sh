@@ -12,7 +12,10 @@
 # 4. prints the median seconds per phase for both tables and the ratio keyless / keyed, and
 #    checks that both tables equal the source at the end.
 #
-# Environment: BENCH_ROWS (default 200000), PGCONVERGE_KEEP=1 (keep the clusters), PGBIN.
+# Environment: BENCH_ROWS (default 200000), PGCONVERGE_BIN (use this binary instead of building
+# ./cmd/pgconverge, e.g. one built from an older commit for an A/B of two runs), BENCH_LOG_MS (log
+# the target's statements that take at least this many milliseconds, in target.log: where the
+# apply's time goes), PGCONVERGE_KEEP=1 (keep the clusters' folder, logs included), PGBIN.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -37,11 +40,20 @@ timed() {
 
 command -v bc >/dev/null || apt-get install -y bc >/dev/null
 mkdir -p "$ROOT/bin"
-go build -o "$BIN" ./cmd/pgconverge
+if [ -n "${PGCONVERGE_BIN:-}" ]; then
+	BIN=$PGCONVERGE_BIN
+	[ -x "$BIN" ] || { echo "PGCONVERGE_BIN=$BIN is not an executable" >&2; exit 1; }
+else
+	go build -o "$BIN" ./cmd/pgconverge
+fi
 "$PGCLUSTER" start source 54391 "$ROOT" logical
 "$PGCLUSTER" start target 54392 "$ROOT"
 SRC=$("$PGCLUSTER" url source 54391)
 TGT=$("$PGCLUSTER" url target 54392)
+if [ -n "${BENCH_LOG_MS:-}" ]; then
+	q "$TGT" "ALTER SYSTEM SET log_min_duration_statement = ${BENCH_LOG_MS}"
+	q "$TGT" "SELECT pg_reload_conf()" >/dev/null
+fi
 q "$SRC" "CREATE TABLE kd (id int PRIMARY KEY, v int)"
 q "$SRC" "CREATE TABLE kl (id int, v int)"
 q "$SRC" "ALTER TABLE kl REPLICA IDENTITY FULL"

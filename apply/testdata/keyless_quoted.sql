@@ -11,7 +11,7 @@ create index on "My Schema"."we""ird log" ("_cdc_row_hash", "_cdc_lsn", "_cdc_se
 create index on "My Schema"."we""ird log" ("_cdc_row_hash", "_cdc_deleted_lsn", "_cdc_deleted_seq") where "_cdc_deleted"
 
 -- keylessStageSQL
-create temporary table "pgconverge_stage_1" as select "Mixed Case", "a ""b"", (c)", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_occurrence", "_cdc_row_hash", 0::int as "_cdc_ord", 0::int as "_cdc_round" from "My Schema"."we""ird log" with no data
+create temporary table "pgconverge_stage_1" as select "Mixed Case", "a ""b"", (c)", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_occurrence", "_cdc_row_hash", 0::int as "_cdc_ord" from "My Schema"."we""ird log" with no data
 
 -- keylessCopySQL
 copy "pg_temp"."pgconverge_stage_1" ("Mixed Case", "a ""b"", (c)", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_occurrence", "_cdc_ord") from stdin
@@ -21,19 +21,22 @@ update "pg_temp"."pgconverge_stage_1" as s set "_cdc_row_hash" = sha256(convert_
 
 -- keylessInsertSQL
 insert into "My Schema"."we""ird log" ("Mixed Case", "a ""b"", (c)", "_cdc_row_hash", "_cdc_occurrence", "_cdc_lsn", "_cdc_seq")
-select s."Mixed Case", s."a ""b"", (c)", s."_cdc_row_hash", 1, s."_cdc_lsn", s."_cdc_seq" from "pg_temp"."pgconverge_stage_1" as s
-where not s."_cdc_deleted" and not (exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (s."_cdc_lsn", s."_cdc_seq")) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and e."_cdc_seq" = 0 and (e."_cdc_lsn", e."_cdc_seq") > (s."_cdc_lsn", s."_cdc_seq")))
+select s."Mixed Case", s."a ""b"", (c)", s."_cdc_row_hash", 1, s."_cdc_lsn", s."_cdc_seq" from (select s."Mixed Case", s."a ""b"", (c)", s."_cdc_lsn", s."_cdc_seq", s."_cdc_ord", sha256(convert_to(row(s."Mixed Case", s."a ""b"", (c)")::text, 'UTF8')) as "_cdc_row_hash" from "pg_temp"."pgconverge_stage_1" as s where not s."_cdc_deleted" order by "_cdc_row_hash" offset 0) as s
+where not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and (e."_cdc_lsn", e."_cdc_seq") >= (s."_cdc_lsn", s."_cdc_seq") and case when e."_cdc_seq" = 0 then true else (e."_cdc_lsn", e."_cdc_seq", e."_cdc_occurrence") = (s."_cdc_lsn", s."_cdc_seq", 1) end))
+
+-- keylessInsertSQL
+insert into "My Schema"."we""ird log" ("Mixed Case", "a ""b"", (c)", "_cdc_row_hash", "_cdc_occurrence", "_cdc_lsn", "_cdc_seq")
+select s."Mixed Case", s."a ""b"", (c)", s."_cdc_row_hash", 1, s."_cdc_lsn", s."_cdc_seq" from (select s."Mixed Case", s."a ""b"", (c)", s."_cdc_lsn", s."_cdc_seq", s."_cdc_ord", sha256(convert_to(row(s."Mixed Case", s."a ""b"", (c)")::text, 'UTF8')) as "_cdc_row_hash" from "pg_temp"."pgconverge_stage_1" as s where not s."_cdc_deleted" order by "_cdc_row_hash" offset 0) as s
+where not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and (e."_cdc_lsn", e."_cdc_seq") >= (s."_cdc_lsn", s."_cdc_seq") and case when e."_cdc_seq" = 0 then true else (e."_cdc_lsn", e."_cdc_seq", e."_cdc_occurrence") = (s."_cdc_lsn", s."_cdc_seq", 1) end))
 on conflict do nothing
 
--- keylessRoundsSQL
-with r as (select ctid as id, row_number() over (partition by "_cdc_row_hash" order by "_cdc_ord") as n from "pg_temp"."pgconverge_stage_1" where "_cdc_deleted"), u as (update "pg_temp"."pgconverge_stage_1" as s set "_cdc_round" = r.n from r where s.ctid = r.id returning s."_cdc_round") select coalesce(max("_cdc_round"), 0) from u
-
 -- keylessDeleteSQL
-with d as (select * from "pg_temp"."pgconverge_stage_1" as s where s."_cdc_deleted" and s."_cdc_round" = $3 and not (exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2 and (f.fence_lsn, f.fence_seq) >= (s."_cdc_lsn", s."_cdc_seq")) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and e."_cdc_seq" = 0 and (e."_cdc_lsn", e."_cdc_seq") > (s."_cdc_lsn", s."_cdc_seq")) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and e."_cdc_deleted" and e."_cdc_deleted_lsn" = s."_cdc_lsn" and e."_cdc_deleted_seq" = s."_cdc_seq" offset 0))),
-victim as (select d."_cdc_ord" as ord, v.ctid as id from d left join lateral (select e.ctid from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = d."_cdc_row_hash" and not e."_cdc_deleted" and (e."_cdc_lsn", e."_cdc_seq") < (d."_cdc_lsn", d."_cdc_seq") order by e."_cdc_lsn" desc, e."_cdc_seq" desc, e."_cdc_occurrence" desc limit 1) as v on true),
-killed as (update "My Schema"."we""ird log" as e set "_cdc_deleted" = true, "_cdc_deleted_lsn" = d."_cdc_lsn", "_cdc_deleted_seq" = d."_cdc_seq" from d join victim as x on x.ord = d."_cdc_ord" where e.ctid = x.id returning 1),
-phantom as (insert into "My Schema"."we""ird log" ("Mixed Case", "a ""b"", (c)", "_cdc_row_hash", "_cdc_occurrence", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_deleted_lsn", "_cdc_deleted_seq") select d."Mixed Case", d."a ""b"", (c)", d."_cdc_row_hash", 0, d."_cdc_lsn", d."_cdc_seq", true, d."_cdc_lsn", d."_cdc_seq" from d join victim as x on x.ord = d."_cdc_ord" where x.id is null returning 1)
-select (select count(*) from killed) + (select count(*) from phantom)
+with n as materialized (select h.*, row_number() over (partition by h."_cdc_row_hash" order by h."_cdc_ord") as _cdc_round from (select s."Mixed Case", s."a ""b"", (c)", s."_cdc_lsn", s."_cdc_seq", s."_cdc_ord", sha256(convert_to(row(s."Mixed Case", s."a ""b"", (c)")::text, 'UTF8')) as "_cdc_row_hash" from "pg_temp"."pgconverge_stage_1" as s where s."_cdc_deleted" offset 0) as h),
+victim as materialized (select s.*, v.ctid as _cdc_victim from n as s left join lateral (select e.ctid from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and not e."_cdc_deleted" and (e."_cdc_lsn", e."_cdc_seq") < (s."_cdc_lsn", s."_cdc_seq") order by e."_cdc_lsn" desc, e."_cdc_seq" desc, e."_cdc_occurrence" desc limit 1) as v on true
+  where s._cdc_round = $3 and not ((s."_cdc_lsn", s."_cdc_seq") <= (select f.fence_lsn, f.fence_seq from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and e."_cdc_seq" = 0 and (e."_cdc_lsn", e."_cdc_seq") > (s."_cdc_lsn", s."_cdc_seq")) or exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and e."_cdc_deleted" and e."_cdc_deleted_lsn" = s."_cdc_lsn" and e."_cdc_deleted_seq" = s."_cdc_seq" offset 0))),
+killed as (update "My Schema"."we""ird log" as e set "_cdc_deleted" = true, "_cdc_deleted_lsn" = x."_cdc_lsn", "_cdc_deleted_seq" = x."_cdc_seq" from victim as x where e.ctid = x._cdc_victim returning 1),
+phantom as (insert into "My Schema"."we""ird log" ("Mixed Case", "a ""b"", (c)", "_cdc_row_hash", "_cdc_occurrence", "_cdc_lsn", "_cdc_seq", "_cdc_deleted", "_cdc_deleted_lsn", "_cdc_deleted_seq") select x."Mixed Case", x."a ""b"", (c)", x."_cdc_row_hash", 0, x."_cdc_lsn", x."_cdc_seq", true, x."_cdc_lsn", x."_cdc_seq" from victim as x where x._cdc_victim is null returning 1)
+select (select count(*) from killed) + (select count(*) from phantom), (select coalesce(max(_cdc_round), 0) from n)
 
 -- keylessSkipNewerSQL
 delete from "pg_temp"."pgconverge_stage_1" as s where exists (select 1 from "My Schema"."we""ird log" as e where e."_cdc_row_hash" = s."_cdc_row_hash" and e."_cdc_seq" = 0 and (e."_cdc_lsn", e."_cdc_seq") > ($1::pg_lsn, 0))
