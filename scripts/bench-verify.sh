@@ -23,7 +23,7 @@
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-ROOT=/tmp/pgconverge-bench-verify
+ROOT=${BENCH_ROOT:-/tmp/pgconverge-bench-verify}
 BIN=$ROOT/bin/pgconverge
 SCALE=${BENCH_SCALE:-20}
 ROUNDS=${BENCH_ROUNDS:-3}
