@@ -1,0 +1,194 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgtest"
+)
+
+// Incremental comparisons against the test clusters: s.t as kvTable makes it (2000 rows, 8
+// groups), each comparison in a REPEATABLE READ transaction on either side, built on the memo of
+// the one before. Every test changes rows in a way a comparison that skipped too much would miss.
+
+// incCompare compares tab incrementally from prev and returns the differences (ordered by key) and
+// the stats, whose Memo the next comparison builds on.
+func incCompare(t *testing.T, env *pgtest.Env, tab changebatch.Table, prev *Memo) ([]string, Stats) {
+	t.Helper()
+	ctx := t.Context()
+	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
+	stx, err := env.Source.BeginTx(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stx.Rollback(context.WithoutCancel(ctx))
+	ttx, err := env.Target.BeginTx(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ttx.Rollback(context.WithoutCancel(ctx))
+	var diffs []string
+	st, err := Compare(ctx, stx, ttx, Config{Table: tab, Snapshot: pgSnapshot, Mode: TypeHash, LeafRows: 64,
+		Incremental: &Incremental{Previous: prev, Bits: 3},
+		Emit: func(_ context.Context, d []Diff) error {
+			for _, x := range d {
+				diffs = append(diffs, fmt.Sprintf("%s %s", x.Key[0], x.Kind))
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatalf("Compare: %v", err)
+	}
+	if st.Memo == nil {
+		t.Fatal("an incremental comparison returned no memo")
+	}
+	slices.Sort(diffs)
+	return diffs, st
+}
+
+// wantDiffs fails the test unless got are want (each "key kind", in sorted order).
+func wantDiffs(t *testing.T, what string, got []string, st Stats, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: differences %q, want %q (stats %+v)", what, got, want, st)
+	}
+}
+
+// equalTwice compares the equal tables twice: the first comparison hashes every group, the second
+// skips every one; it returns the second's memo.
+func equalTwice(t *testing.T, env *pgtest.Env) *Memo {
+	t.Helper()
+	diffs, st := incCompare(t, env, tabKV, nil)
+	wantDiffs(t, "first", diffs, st)
+	if st.MemoUsed || st.Skipped != 0 || st.Groups != 8 || st.SourceRows != 2000 || len(st.Memo.Groups) != 8 {
+		t.Fatalf("first comparison: stats %+v, want 8 groups hashed", st)
+	}
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "second", diffs, st)
+	if !st.MemoUsed || st.Skipped != 8 || st.SourceRows != 2000 || st.Compared != 2000 {
+		t.Fatalf("second comparison: stats %+v, want every group skipped", st)
+	}
+	return st.Memo
+}
+
+// Changes on the source after a comparison (update, delete, delete and insert of the same count)
+// and hand edits of the target are found by the next, which hashes only the groups they touched
+// (or counts every group's rows, when a delete left no trace but the count).
+func TestIncrementalFindsEveryChange(t *testing.T) {
+	env := pgtest.New(t)
+	kvTable(t, env, 2000)
+	memo := equalTwice(t, env)
+
+	pgtest.Exec(t, env.Source, `update s.t set v = 'changed' where k = 11`)
+	diffs, st := incCompare(t, env, tabKV, memo)
+	wantDiffs(t, "an update on the source", diffs, st, "11 different")
+	if st.Skipped != 7 {
+		t.Errorf("an update on the source: %d groups skipped, want 7 (stats %+v)", st.Skipped, st)
+	}
+	// The group that differs stays out of the memo's equal groups: the next run finds it again.
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "the update, again", diffs, st, "11 different")
+	pgtest.Exec(t, env.Target, `update s.t set v = 'changed' where k = 11`)
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "the update applied", diffs, st)
+	memo = st.Memo
+
+	pgtest.Exec(t, env.Source, `delete from s.t where k = 12`)
+	diffs, st = incCompare(t, env, tabKV, memo)
+	wantDiffs(t, "a delete on the source", diffs, st, "12 extra")
+	pgtest.Exec(t, env.Target, `delete from s.t where k = 12`)
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "the delete applied", diffs, st)
+
+	// As many rows as before: a delete in one group, an insert in another.
+	pgtest.Exec(t, env.Source, `delete from s.t where k = 13`, `insert into s.t values (5000, 'v5000')`)
+	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from s.t`); n != 1999 {
+		t.Fatalf("source rows %d, want 1999", n)
+	}
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "a delete and an insert on the source", diffs, st, "13 extra", "5000 missing")
+	pgtest.Exec(t, env.Target, `delete from s.t where k = 13`, `insert into s.t values (5000, 'v5000', '0/900', 1)`)
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "the delete and insert applied", diffs, st)
+
+	// Hand edits of the target: a value, a tombstone, a row gone.
+	pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k = 21`, `update s.t set _cdc_deleted = true where k = 22`,
+		`delete from s.t where k = 23`)
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "hand edits of the target", diffs, st, "21 different", "22 missing", "23 missing")
+}
+
+// A transaction in progress at a comparison's snapshot, committed after it, is found by the next
+// comparison: its xid is at or after that snapshot's xmin, though below its xmax.
+func TestIncrementalTransactionInProgressAtTheSnapshot(t *testing.T) {
+	env := pgtest.New(t)
+	kvTable(t, env, 2000)
+	memo := equalTwice(t, env)
+	other := pgtest.Connect(t, env.SourceURL)
+	tx, err := other.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(t.Context(), `update s.t set v = 'late' where k = 31`); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction that starts and commits after the one above, so the snapshot's xmax lies
+	// beyond the open one's xid.
+	pgtest.Exec(t, env.Source, `update s.t set v = 'early' where k = 32`)
+	pgtest.Exec(t, env.Target, `update s.t set v = 'early' where k = 32`)
+	diffs, st := incCompare(t, env, tabKV, memo)
+	wantDiffs(t, "with a transaction in progress", diffs, st)
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "once it committed", diffs, st, "31 different")
+}
+
+// VACUUM FREEZE between comparisons changes nothing a comparison sees: unchanged groups are still
+// skipped, and a row changed just before the freeze is still found.
+func TestIncrementalAcrossVacuumFreeze(t *testing.T) {
+	env := pgtest.New(t)
+	kvTable(t, env, 2000)
+	memo := equalTwice(t, env)
+	pgtest.Exec(t, env.Source, `vacuum (freeze) s.t`)
+	pgtest.Exec(t, env.Target, `vacuum (freeze) s.t`)
+	diffs, st := incCompare(t, env, tabKV, memo)
+	wantDiffs(t, "after a freeze", diffs, st)
+	if st.Skipped != 8 {
+		t.Errorf("after a freeze: %d groups skipped, want 8 (stats %+v)", st.Skipped, st)
+	}
+	pgtest.Exec(t, env.Source, `update s.t set v = 'frozen' where k = 41`)
+	pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k = 42`)
+	pgtest.Exec(t, env.Source, `vacuum (freeze) s.t`)
+	pgtest.Exec(t, env.Target, `vacuum (freeze) s.t`)
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "changes frozen before the comparison", diffs, st, "41 different", "42 different")
+	// VACUUM FULL rewrites the table: nothing is missed either.
+	pgtest.Exec(t, env.Target, `update s.t set v = 'full' where k = 43`, `vacuum full s.t`)
+	diffs, st = incCompare(t, env, tabKV, st.Memo)
+	wantDiffs(t, "a change rewritten by VACUUM FULL", diffs, st, "41 different", "42 different", "43 different")
+}
+
+// A new column (added with a default, which rewrites no row and leaves every xmin as it was)
+// changes the hashes compared: the memo of the old shape is not used, and the new column's
+// different values are found.
+func TestIncrementalAfterASchemaChange(t *testing.T) {
+	env := pgtest.New(t)
+	kvTable(t, env, 2000)
+	memo := equalTwice(t, env)
+	pgtest.Exec(t, env.Source, `alter table s.t add column w int default 1`)
+	pgtest.Exec(t, env.Target, `alter table s.t add column w int default 2`)
+	tab := tabKV
+	tab.Columns = append(slices.Clone(tabKV.Columns), changebatch.Column{Name: "w", Type: "integer", TypeOID: oidInt4})
+	diffs, st := incCompare(t, env, tab, memo)
+	if st.MemoUsed || st.Skipped != 0 || len(diffs) != 2000 || !strings.HasSuffix(diffs[0], " different") {
+		t.Errorf("after adding a column: %d differences, stats %+v, want 2000 found without the old memo", len(diffs), st)
+	}
+}
