@@ -11,15 +11,24 @@
 #      count(*)   `SELECT count(*)` on both sides at once (the floor: no value is read);
 #      naive      both sides' rows `COPY (SELECT … ORDER BY aid) TO STDOUT` at once into files,
 #                 then `cmp` (fetch everything, compare on the client);
-#      verify     `pgconverge verify --table public.pgbench_accounts`; its JSON must report 0 found;
+#      verify     `pgconverge verify --full --table public.pgbench_accounts` (every row hashed);
+#                 its JSON must report 0 found;
+#      verify inc `pgconverge verify` again (incremental: the last verify found every group equal
+#                 and no row changed since, so it counts rows and xmins and hashes nothing); it
+#                 must report 0 found and every group skipped;
+#      verify inc, 3 changed
+#                 3 scattered source rows updated (the stream applies them), then `pgconverge
+#                 verify`: it must report 0 found and skip all but the changed rows' groups;
 # 3. 100 differences: 100 scattered target rows changed by hand; `verify` must find exactly 100;
 #    prints its rows fetched as a share of the table's rows; then `verify --repair` and a last
 #    `verify` that must find 0;
 # 4. prints the medians and the ratios. Targets: verify of equal tables ≥ 5× faster than naive and
-#    within 3× of count(*); with 100 differences, rows fetched < 1% of the table.
+#    within 3× of count(*) (issue 31: the incremental verify; the full one is printed beside it);
+#    with 100 differences, rows fetched < 1% of the table.
 #
 # Environment: BENCH_SCALE (default 20), BENCH_ROUNDS (default 3), BENCH_PORT (source port, default
-# 54381; the target uses the next one), PGCONVERGE_KEEP=1 (keep /tmp/pgconverge-bench-verify), PGBIN.
+# 54381; the target uses the next one), BENCH_ROOT (default /tmp/pgconverge-bench-verify),
+# PGCONVERGE_KEEP=1 (keep BENCH_ROOT), PGBIN.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -73,9 +82,9 @@ verify_json() {
 }
 found() { jq '.found' "$ROOT/verify.json"; }
 
-COUNT=() NAIVE=() VERIFY=()
+COUNT=() NAIVE=() VERIFY=() INC=() INC3=()
 for r in $(seq "$ROUNDS"); do
-	echo "== round $r: count(*), naive, verify (equal tables)"
+	echo "== round $r: count(*), naive, verify --full, verify (incremental), verify after 3 changes (equal tables)"
 	t0=$(now)
 	q "$SRC" "SELECT count(*) FROM $TABLE" >"$ROOT/c1" &
 	q "$TGT" "SELECT count(*) FROM $TABLE WHERE NOT _cdc_deleted" >"$ROOT/c2"
@@ -89,10 +98,26 @@ for r in $(seq "$ROUNDS"); do
 	NAIVE+=("$(since "$t0")")
 	rm -f "$ROOT/src.copy" "$ROOT/tgt.copy"
 	t0=$(now)
-	verify_json
+	verify_json --full
 	VERIFY+=("$(since "$t0")")
+	[ "$(found)" = 0 ] || die "verify --full found $(found) discrepancies in equal tables"
+	t0=$(now)
+	verify_json
+	INC+=("$(since "$t0")")
 	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies in equal tables"
-	printf '   count(*) %.2f s, naive %.2f s, verify %.2f s\n' "${COUNT[-1]}" "${NAIVE[-1]}" "${VERIFY[-1]}"
+	[ "$(jq '.tables[0].groups_skipped > 0 and .tables[0].ranges_checked == 1' "$ROOT/verify.json")" = true ] ||
+		die "the incremental verify hashed groups of unchanged tables: $(jq -c '.tables[0]' "$ROOT/verify.json")"
+	q "$SRC" "UPDATE $TABLE SET abalance = abalance + 1 WHERE aid IN ($((N / 4 + r)), $((N / 2 + r)), $((3 * N / 4 + r)))"
+	wait_for "$TGT" "SELECT count(*) FROM $TABLE WHERE aid IN ($((N / 4 + r)), $((N / 2 + r)), $((3 * N / 4 + r))) AND (_cdc_lsn, _cdc_seq) > ('$(jq -r .snapshot_lsn "$ROOT/verify.json")', 0)" 3
+	t0=$(now)
+	verify_json
+	INC3+=("$(since "$t0")")
+	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies after 3 changes the stream applied"
+	SKIPPED=$(jq '.tables[0].groups_skipped' "$ROOT/verify.json")
+	GROUPS=$(jq '.tables[0].groups_skipped + .tables[0].ranges_checked - 1' "$ROOT/verify.json")
+	[ "$SKIPPED" -gt 0 ] && [ "$SKIPPED" -ge $((GROUPS - 3)) ] || die "verify after 3 changes skipped $SKIPPED of $GROUPS groups"
+	printf '   count(*) %.2f s, naive %.2f s, verify --full %.2f s, verify %.2f s, verify after 3 changes %.2f s (%d of %d groups skipped)\n' \
+		"${COUNT[-1]}" "${NAIVE[-1]}" "${VERIFY[-1]}" "${INC[-1]}" "${INC3[-1]}" "$SKIPPED" "$GROUPS"
 done
 
 echo "== 100 scattered differences"
@@ -107,10 +132,12 @@ verify_json --repair
 verify_json
 [ "$(found)" = 0 ] || die "verify found $(found) discrepancies after the repair"
 
-c=$(median "${COUNT[@]}") n=$(median "${NAIVE[@]}") v=$(median "${VERIFY[@]}")
+c=$(median "${COUNT[@]}") n=$(median "${NAIVE[@]}") v=$(median "${VERIFY[@]}") i=$(median "${INC[@]}") i3=$(median "${INC3[@]}")
 echo
 echo "== results (medians of $ROUNDS, $N rows; both sides on this machine)"
 printf '   count(*) both sides  %6.2f s\n' "$c"
 printf '   naive fetch+compare  %6.2f s\n' "$n"
-printf '   verify, equal        %6.2f s   %.2fx faster than naive (target >= 5), %.2fx count(*) (target <= 3)\n' "$v" "$(echo "$n / $v" | bc -l)" "$(echo "$v / $c" | bc -l)"
+printf '   verify --full, equal %6.2f s   %.2fx faster than naive, %.2fx count(*)\n' "$v" "$(echo "$n / $v" | bc -l)" "$(echo "$v / $c" | bc -l)"
+printf '   verify, equal        %6.2f s   %.2fx faster than naive (target >= 5), %.2fx count(*) (target <= 3) (incremental, nothing changed)\n' "$i" "$(echo "$n / $i" | bc -l)" "$(echo "$i / $c" | bc -l)"
+printf '   verify, 3 changed    %6.2f s   %.2fx faster than naive, %.2fx count(*) (incremental, 3 rows changed and applied)\n' "$i3" "$(echo "$n / $i3" | bc -l)" "$(echo "$i3 / $c" | bc -l)"
 printf '   verify, 100 diffs    %6.2f s   rows fetched %d = %.3f%% of the table (target < 1%%)\n' "$DIFF_SECS" "$FETCHED" "$(echo "100 * $FETCHED / $N" | bc -l)"
