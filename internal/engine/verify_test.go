@@ -334,3 +334,61 @@ func TestVerifyOfAMissingTableIsRecordedFailed(t *testing.T) {
 		t.Errorf("the last verify run is recorded %q, want failed naming public.nosuch", got)
 	}
 }
+
+// A verify builds on the last one's memo: unchanged tables are not hashed again, a streamed
+// change has only its group hashed, a hand edit of the target is found, --full hashes every
+// group, a repair drops the memo, and a schema change makes the next verify hash everything.
+func TestVerifyIncremental(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create table acct (id int primary key, name text, bal numeric)`,
+		`insert into acct select g, 'n' || g, g * 1.5 from generate_series(1, 50000) g`, `analyze acct`)
+	startDaemon(t, testConfig(t, env))
+	pgtest.WaitConverged(t, env, "acct", "id")
+	run := func(what string, full, repair bool, found int64) verify.Table {
+		t.Helper()
+		cfg := verifyConfig(t, env, repair)
+		cfg.Full = full
+		rep, err := verify.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatalf("%s: verify: %v", what, err)
+		}
+		if rep.Found != found || rep.Tables[0].State != "compared" {
+			t.Fatalf("%s: found %d, want %d: %+v", what, rep.Found, found, rep.Tables[0])
+		}
+		return rep.Tables[0]
+	}
+	if tab := run("first", false, false, 0); tab.GroupsSkipped != 0 || tab.FullReason == "" || tab.RangesChecked < 4 {
+		t.Fatalf("first verify: %+v, want every group hashed", tab)
+	}
+	tab := run("second", false, false, 0)
+	groups := tab.GroupsSkipped
+	if groups < 4 || tab.RangesChecked != 1 || tab.FullReason != "" || tab.RowsCompared != 50000 {
+		t.Fatalf("second verify of unchanged tables: %+v, want every group skipped", tab)
+	}
+	pgtest.Exec(t, env.Source, `update acct set name = 'streamed' where id = 77`)
+	pgtest.WaitConverged(t, env, "acct", "id")
+	if tab := run("a streamed change", false, false, 0); tab.GroupsSkipped != groups-1 {
+		t.Errorf("after a streamed change: %d of %d groups skipped, want all but one", tab.GroupsSkipped, groups)
+	}
+	pgtest.Exec(t, env.Target, `update acct set bal = -1 where id = 10`)
+	if tab := run("a hand edit", false, false, 1); tab.GroupsSkipped != groups-1 {
+		t.Errorf("after a hand edit of the target: %d of %d groups skipped, want all but one", tab.GroupsSkipped, groups)
+	}
+	if tab := run("--full", true, false, 1); tab.GroupsSkipped != 0 || tab.FullReason != "--full" {
+		t.Errorf("--full: %+v, want every group hashed", tab)
+	}
+	run("repair", false, true, 1)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.verify_memos`); n != 0 {
+		t.Errorf("%d memos left after a repair, want none", n)
+	}
+	if tab := run("after the repair", false, false, 0); tab.GroupsSkipped != 0 || tab.FullReason == "" {
+		t.Errorf("after a repair: %+v, want every group hashed", tab)
+	}
+	pgtest.Exec(t, env.Source, `alter table acct add column note text default 'x'`, `update acct set name = 'after ddl' where id = 5`)
+	pgtest.WaitConvergedColumns(t, env, "acct", "id, name, bal, note", "id")
+	if tab := run("after a schema change", false, false, 0); tab.GroupsSkipped != 0 || tab.FullReason == "" {
+		t.Errorf("after a schema change: %+v, want every group hashed", tab)
+	}
+}
