@@ -174,7 +174,7 @@ func (c *comparison) run(ctx context.Context) error {
 		return nil
 	}
 	level := levelState{bits: 0, ids: []int64{0}, rows: max(srcAll.rows, tgtAll.rows)}
-	return c.narrow(ctx, level, level.rows)
+	return c.narrow(ctx, level, level.rows, false)
 }
 
 // incrementable reports whether t can be compared incrementally: a plain table with a key,
@@ -184,18 +184,21 @@ func incrementable(t changebatch.Table) bool {
 }
 
 // narrow narrows the mismatching groups of level down, level by level, to the rows it then
-// fetches and compares; total is the larger side's rows in the table.
-func (c *comparison) narrow(ctx context.Context, level levelState, total int64) error {
+// fetches and compares; total is the larger side's rows in the table. With split, level is the
+// first level of groups (an incremental comparison's), split at least once before its share of
+// the rows decides.
+func (c *comparison) narrow(ctx context.Context, level levelState, total int64, split bool) error {
 	for {
 		// Fetch the rows once few are left, or when grouping did not narrow them down (the
 		// differences are everywhere): another level would scan as much and fetch as much.
-		if level.rows <= int64(c.cfg.LeafRows) || level.bits >= 62 || (level.bits > 0 && level.rows > total/4) {
+		if level.rows <= int64(c.cfg.LeafRows) || level.bits >= 62 || (level.bits > 0 && !split && level.rows > total/4) {
 			if c.cfg.Table.Keyless {
 				return c.leafKeyless(ctx, level)
 			}
 			return c.leaf(ctx, level)
 		}
 		c.stats.Levels++
+		split = false
 		next, err := c.split(ctx, level)
 		if err != nil {
 			return err

@@ -98,7 +98,9 @@ func readSide(ctx context.Context, q Querier, prev uint64) (side, error) {
 		return s, nil
 	}
 	// age(x) is (now - x) as a 32-bit signed difference from a fixed "now" of the transaction
-	// at or after the snapshot's xmax (INT_MAX for the frozen and bootstrap xids).
+	// at or after the snapshot's xmax (INT_MAX for the frozen and bootstrap xids): the next xid
+	// when the transaction first calls age(), kept for the transaction. age(xid) is parallel
+	// restricted, so a parallel worker (which would read a later "now") never evaluates it.
 	var age int64
 	if err := q.QueryRow(ctx, `select age($1::text::xid)`, strconv.FormatUint(prev%(1<<32), 10)).Scan(&age); err != nil {
 		return s, fmt.Errorf("read the age of the remembered snapshot: %w", err)
@@ -410,7 +412,7 @@ func (c *comparison) groupsCompared(ctx context.Context, next *Memo, srcT, tgtT 
 		return nil
 	}
 	slices.Sort(level.ids)
-	return c.narrow(ctx, level, total)
+	return c.narrow(ctx, level, total, true)
 }
 
 // grouped returns the query of aggs over the rows of inner (a select with the key hash as hk)

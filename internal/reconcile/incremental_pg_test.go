@@ -192,3 +192,18 @@ func TestIncrementalAfterASchemaChange(t *testing.T) {
 		t.Errorf("after adding a column: %d differences, stats %+v, want 2000 found without the old memo", len(diffs), st)
 	}
 }
+
+// Differences scattered over most groups of the first level are narrowed down by key hash before
+// rows are fetched, as a full comparison's are.
+func TestIncrementalNarrowsScatteredDifferences(t *testing.T) {
+	env := pgtest.New(t)
+	kvTable(t, env, 2000)
+	memo := equalTwice(t, env)
+	pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k in (101, 202, 303, 404, 505, 606, 707)`)
+	diffs, st := incCompare(t, env, tabKV, memo)
+	wantDiffs(t, "scattered hand edits", diffs, st, "101 different", "202 different", "303 different", "404 different",
+		"505 different", "606 different", "707 different")
+	if st.Levels == 0 || st.RowsFetched > 400 {
+		t.Errorf("scattered hand edits: %d levels, %d rows fetched, want them narrowed down first", st.Levels, st.RowsFetched)
+	}
+}
