@@ -65,6 +65,10 @@ type Incremental struct {
 	// Bits groups the rows of a comparison without a usable Previous; 0 chooses from the
 	// table's estimated rows (about 8192 rows a group, at most 4096 groups).
 	Bits int
+	// XidList is how many xids a side may have assigned since Previous's snapshot for a row's
+	// xmin to be looked up in their list rather than compared by age() (0: 10,000; negative:
+	// always by age()).
+	XidList int
 }
 
 // xidWindow is how far (in xids) a snapshot may be behind the current one for its xmin to be
@@ -76,16 +80,36 @@ func (c *comparison) shape() string {
 	return c.cfg.Mode.String() + "\n" + c.keyH + "\n" + c.rowH + "\n" + c.cfg.Table.SourceRelation("t") + "\n" + c.cfg.Table.Quoted()
 }
 
-// side is one side's view of the memo's snapshot: its current snapshot's xmin, and the age
-// threshold under which a row's xmin is at or after the memo's (-1: the memo is unusable).
+// side is one side's view of the memo's snapshot: its current snapshot's xmin, the age threshold
+// under which a row's xmin is at or after the memo's (-1: the memo is unusable), and when few
+// xids were assigned since, their list (an SQL array literal of xid, "" otherwise).
 type side struct {
 	xmin   uint64
 	maxAge int64
+	xids   string
+}
+
+// xidListMax is how many xids since the memo's snapshot a side may have assigned, by default,
+// for the test of a row's xmin to be a look-up in their list (parallel safe, and cheaper than
+// age()).
+const xidListMax = 10000
+
+// changed returns the SQL condition, on xmin column col, of a row whose xmin is at or after the
+// memo's snapshot's xmin. Every row visible to the snapshot has an xmin below the snapshot's
+// xmax, so the list of the xids from the memo's xmin to that xmax holds every such xmin; an xid
+// of the list can only match a row older than the memo's snapshot when that row's raw xmin is
+// 2^32 xids older (a row frozen long ago), which makes its group look changed: safe.
+func (s side) changed(col string) string {
+	if s.xids != "" {
+		return col + " = any('" + s.xids + "'::xid[])"
+	}
+	return "age(" + col + ") <= " + strconv.FormatInt(s.maxAge, 10)
 }
 
 // readSide reads q's current snapshot and, for prev (the memo's xmin on that side, 0 for none),
-// the age threshold: age(xmin) <= maxAge selects the rows whose xmin is at or after prev.
-func readSide(ctx context.Context, q Querier, prev uint64) (side, error) {
+// the age threshold: age(xmin) <= maxAge selects the rows whose xmin is at or after prev; and
+// their list when there are at most list (negative: never).
+func readSide(ctx context.Context, q Querier, prev uint64, list int) (side, error) {
 	var xmin64, xmax64 int64
 	var s side
 	err := q.QueryRow(ctx, `select pg_snapshot_xmin(pg_current_snapshot())::text::int8, pg_snapshot_xmax(pg_current_snapshot())::text::int8`).Scan(&xmin64, &xmax64)
@@ -108,6 +132,13 @@ func readSide(ctx context.Context, q Querier, prev uint64) (side, error) {
 	if age >= int64(xmax-prev) && age < xidWindow {
 		s.maxAge = age
 	}
+	if list >= 0 && xmax-prev <= uint64(list) {
+		ids := make([]string, 0, xmax-prev)
+		for x := prev; x < xmax; x++ {
+			ids = append(ids, strconv.FormatUint(x%(1<<32), 10))
+		}
+		s.xids = "{" + strings.Join(ids, ",") + "}"
+	}
 	return s, nil
 }
 
@@ -126,12 +157,16 @@ func (c *comparison) runIncremental(ctx context.Context) error {
 	if prev != nil {
 		ps, pt = prev.SourceXmin, prev.TargetXmin
 	}
+	list := inc.XidList
+	if list == 0 {
+		list = xidListMax
+	}
 	var src, tgt side
 	err := c.both(ctx, func(ctx context.Context) (err error) {
-		src, err = readSide(ctx, c.src, ps)
+		src, err = readSide(ctx, c.src, ps, list)
 		return err
 	}, func(ctx context.Context) (err error) {
-		tgt, err = readSide(ctx, c.tgt, pt)
+		tgt, err = readSide(ctx, c.tgt, pt, list)
 		return err
 	})
 	if err != nil {
@@ -164,7 +199,7 @@ func (c *comparison) runIncremental(ctx context.Context) error {
 		return c.fullGroups(ctx, next)
 	}
 	c.stats.MemoUsed = true
-	return c.incrementalGroups(ctx, prev, next, src.maxAge, tgt.maxAge)
+	return c.incrementalGroups(ctx, prev, next, src, tgt)
 }
 
 // chooseBits picks the grouping bits from the source's estimate of the table's rows.
@@ -205,33 +240,27 @@ func (c *comparison) fullGroups(ctx context.Context, next *Memo) error {
 // first counts the whole table's rows and changed rows (and the groups of the changed ones)
 // without a key hash for the unchanged: nothing changed is the common case, and a few changes
 // need only their groups hashed.
-func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, srcAge, tgtAge int64) error {
+func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, src, tgt side) error {
 	t := c.cfg.Table
 	m := strconv.FormatInt(maskOf(prev.Bits), 10)
 	if prev.complete() {
 		var s, g tally
-		var sIDs, gIDs []int64
 		err := c.both(ctx, func(ctx context.Context) error {
-			return c.scanWhole(ctx, c.src, "select count(*), count(*) filter (where age(t.xmin) <= $1), coalesce(array_agg(distinct "+c.keyH+" & "+m+
-				") filter (where age(t.xmin) <= $1), '{}') from "+t.SourceRelation("t"), &s, &sIDs, srcAge)
+			return c.scanTally(ctx, c.src, "select count(*), count(*) filter (where "+src.changed("t.xmin")+"), 0 from "+t.SourceRelation("t"), &s)
 		}, func(ctx context.Context) error {
-			return c.scanWhole(ctx, c.tgt, "select count(*), count(*) filter (where age(xmin) <= $1), coalesce(array_agg(distinct "+c.keyH+" & "+m+
-				") filter (where age(xmin) <= $1), '{}') from "+t.Quoted(), &g, &gIDs, tgtAge)
+			return c.scanTally(ctx, c.tgt, "select count(*), count(*) filter (where "+tgt.changed("xmin")+"), 0 from "+t.Quoted(), &g)
 		})
 		if err != nil {
 			return err
 		}
 		c.stats.Groups++
 		cand := map[int64]bool{}
-		for _, id := range slices.Concat(sIDs, gIDs) {
-			cand[id] = true
-		}
 		for id, mg := range prev.Groups {
 			if !mg.Equal {
 				cand[id] = true
 			}
 		}
-		if len(cand) == 0 && s.rows == prev.SourceRows && g.rows == prev.TargetTuples {
+		if s.changed == 0 && g.changed == 0 && len(cand) == 0 && s.rows == prev.SourceRows && g.rows == prev.TargetTuples {
 			next.Groups, next.SourceRows, next.TargetTuples = prev.Groups, prev.SourceRows, prev.TargetTuples
 			c.stats.SourceRows, c.stats.Compared = s.rows, s.rows
 			c.stats.Skipped = int64(len(prev.Groups))
@@ -240,6 +269,25 @@ func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, sr
 		if (s.changed+g.changed)*8 > s.rows+g.rows {
 			// Changes everywhere: hashing the groups they touch would hash about all.
 			return c.fullGroups(ctx, next)
+		}
+		// The groups of the changed rows, whose key hashes alone are computed.
+		var sIDs, gIDs []int64
+		err = c.both(ctx, func(ctx context.Context) error {
+			if s.changed == 0 {
+				return nil
+			}
+			return c.scanIDs(ctx, c.src, "select distinct "+c.keyH+" & "+m+" from "+t.SourceRelation("t")+" where "+src.changed("t.xmin"), &sIDs)
+		}, func(ctx context.Context) error {
+			if g.changed == 0 {
+				return nil
+			}
+			return c.scanIDs(ctx, c.tgt, "select distinct "+c.keyH+" & "+m+" from "+t.Quoted()+" where "+tgt.changed("xmin"), &gIDs)
+		})
+		if err != nil {
+			return err
+		}
+		for _, id := range slices.Concat(sIDs, gIDs) {
+			cand[id] = true
 		}
 		done, err := c.candidates(ctx, prev, next, cand, s.rows, g.rows)
 		if done || err != nil {
@@ -250,11 +298,11 @@ func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, sr
 	all := allGroups(prev.Bits)
 	srcT, tgtT := map[int64]tally{}, map[int64]tally{}
 	err := c.both(ctx, func(ctx context.Context) error {
-		q := grouped("count(*), count(*) filter (where ch), 0", "select "+c.keyH+" as hk, age(t.xmin) <= $1 as ch from "+t.SourceRelation("t"), prev.Bits, all)
-		return c.scanTallyGroups(ctx, c.src, q, srcT, srcAge)
+		q := grouped("count(*), count(*) filter (where ch), 0", "select "+c.keyH+" as hk, "+src.changed("t.xmin")+" as ch from "+t.SourceRelation("t"), prev.Bits, all)
+		return c.scanTallyGroups(ctx, c.src, q, srcT)
 	}, func(ctx context.Context) error {
-		q := grouped("count(*), count(*) filter (where ch), count(*) filter (where newer)", "select "+c.keyH+` as hk, age(xmin) <= $1 as ch, ("_cdc_lsn", "_cdc_seq") > ($2::pg_lsn, 0) as newer from `+t.Quoted(), prev.Bits, all)
-		return c.scanTallyGroups(ctx, c.tgt, q, tgtT, tgtAge, c.cfg.Snapshot.String())
+		q := grouped("count(*), count(*) filter (where ch), count(*) filter (where newer)", "select "+c.keyH+" as hk, "+tgt.changed("xmin")+` as ch, ("_cdc_lsn", "_cdc_seq") > ($1::pg_lsn, 0) as newer from `+t.Quoted(), prev.Bits, all)
+		return c.scanTallyGroups(ctx, c.tgt, q, tgtT, c.cfg.Snapshot.String())
 	})
 	if err != nil {
 		return err
@@ -345,13 +393,22 @@ func (c *comparison) candidates(ctx context.Context, prev, next *Memo, cand map[
 	return true, c.groupsCompared(ctx, next, srcT, tgtT, srcG, tgtG, skipped)
 }
 
-// scanWhole reads the one-row result (rows, changed, group ids of the changed) of sql.
-func (c *comparison) scanWhole(ctx context.Context, q Querier, sql string, t *tally, ids *[]int64, args ...any) error {
-	if err := q.QueryRow(ctx, sql, args...).Scan(&t.rows, &t.changed, ids); err != nil {
+// scanIDs reads the group ids sql returns into ids.
+func (c *comparison) scanIDs(ctx context.Context, q Querier, sql string, ids *[]int64) error {
+	rows, err := q.Query(ctx, sql)
+	if err != nil {
 		return err
 	}
-	c.count(0, int64(16+8*len(*ids)))
-	return nil
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		c.count(0, 8)
+		*ids = append(*ids, id)
+	}
+	return rows.Err()
 }
 
 // groupsCompared finishes a first level of groups: srcT and tgtT count every group's rows

@@ -34,7 +34,7 @@ func incCompare(t *testing.T, env *pgtest.Env, tab changebatch.Table, prev *Memo
 	defer ttx.Rollback(context.WithoutCancel(ctx))
 	var diffs []string
 	st, err := Compare(ctx, stx, ttx, Config{Table: tab, Snapshot: pgSnapshot, Mode: TypeHash, LeafRows: 64,
-		Incremental: &Incremental{Previous: prev, Bits: 3},
+		Incremental: &Incremental{Previous: prev, Bits: 3, XidList: xidList(t)},
 		Emit: func(_ context.Context, d []Diff) error {
 			for _, x := range d {
 				diffs = append(diffs, fmt.Sprintf("%s %s", x.Key[0], x.Kind))
@@ -49,6 +49,22 @@ func incCompare(t *testing.T, env *pgtest.Env, tab changebatch.Table, prev *Memo
 	}
 	slices.Sort(diffs)
 	return diffs, st
+}
+
+// xidList is Incremental.XidList for a subtest of eachXidTest: "age" tests rows' xmin by age()
+// only, "list" by the list of the xids since the memo (the default for few xids).
+func xidList(t *testing.T) int {
+	if strings.HasSuffix(t.Name(), "/age") {
+		return -1
+	}
+	return 0
+}
+
+// eachXidTest runs test once with each way of testing a row's xmin (xidList).
+func eachXidTest(t *testing.T, test func(t *testing.T)) {
+	for _, name := range []string{"list", "age"} {
+		t.Run(name, test)
+	}
 }
 
 // wantDiffs fails the test unless got are want (each "key kind", in sorted order).
@@ -81,129 +97,139 @@ func equalTwice(t *testing.T, env *pgtest.Env) *Memo {
 // and hand edits of the target are found by the next, which hashes only the groups they touched
 // (or counts every group's rows, when a delete left no trace but the count).
 func TestIncrementalFindsEveryChange(t *testing.T) {
-	env := pgtest.New(t)
-	kvTable(t, env, 2000)
-	memo := equalTwice(t, env)
+	eachXidTest(t, func(t *testing.T) {
+		env := pgtest.New(t)
+		kvTable(t, env, 2000)
+		memo := equalTwice(t, env)
 
-	pgtest.Exec(t, env.Source, `update s.t set v = 'changed' where k = 11`)
-	diffs, st := incCompare(t, env, tabKV, memo)
-	wantDiffs(t, "an update on the source", diffs, st, "11 different")
-	if st.Skipped != 7 {
-		t.Errorf("an update on the source: %d groups skipped, want 7 (stats %+v)", st.Skipped, st)
-	}
-	// The group that differs stays out of the memo's equal groups: the next run finds it again.
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "the update, again", diffs, st, "11 different")
-	pgtest.Exec(t, env.Target, `update s.t set v = 'changed' where k = 11`)
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "the update applied", diffs, st)
-	memo = st.Memo
+		pgtest.Exec(t, env.Source, `update s.t set v = 'changed' where k = 11`)
+		diffs, st := incCompare(t, env, tabKV, memo)
+		wantDiffs(t, "an update on the source", diffs, st, "11 different")
+		if st.Skipped != 7 {
+			t.Errorf("an update on the source: %d groups skipped, want 7 (stats %+v)", st.Skipped, st)
+		}
+		// The group that differs stays out of the memo's equal groups: the next run finds it again.
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "the update, again", diffs, st, "11 different")
+		pgtest.Exec(t, env.Target, `update s.t set v = 'changed' where k = 11`)
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "the update applied", diffs, st)
+		memo = st.Memo
 
-	pgtest.Exec(t, env.Source, `delete from s.t where k = 12`)
-	diffs, st = incCompare(t, env, tabKV, memo)
-	wantDiffs(t, "a delete on the source", diffs, st, "12 extra")
-	pgtest.Exec(t, env.Target, `delete from s.t where k = 12`)
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "the delete applied", diffs, st)
+		pgtest.Exec(t, env.Source, `delete from s.t where k = 12`)
+		diffs, st = incCompare(t, env, tabKV, memo)
+		wantDiffs(t, "a delete on the source", diffs, st, "12 extra")
+		pgtest.Exec(t, env.Target, `delete from s.t where k = 12`)
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "the delete applied", diffs, st)
 
-	// As many rows as before: a delete in one group, an insert in another.
-	pgtest.Exec(t, env.Source, `delete from s.t where k = 13`, `insert into s.t values (5000, 'v5000')`)
-	if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from s.t`); n != 1999 {
-		t.Fatalf("source rows %d, want 1999", n)
-	}
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "a delete and an insert on the source", diffs, st, "13 extra", "5000 missing")
-	pgtest.Exec(t, env.Target, `delete from s.t where k = 13`, `insert into s.t values (5000, 'v5000', '0/900', 1)`)
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "the delete and insert applied", diffs, st)
+		// As many rows as before: a delete in one group, an insert in another.
+		pgtest.Exec(t, env.Source, `delete from s.t where k = 13`, `insert into s.t values (5000, 'v5000')`)
+		if n := pgtest.Scalar[int64](t, env.Source, `select count(*) from s.t`); n != 1999 {
+			t.Fatalf("source rows %d, want 1999", n)
+		}
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "a delete and an insert on the source", diffs, st, "13 extra", "5000 missing")
+		pgtest.Exec(t, env.Target, `delete from s.t where k = 13`, `insert into s.t values (5000, 'v5000', '0/900', 1)`)
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "the delete and insert applied", diffs, st)
 
-	// Hand edits of the target: a value, a tombstone, a row gone.
-	pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k = 21`, `update s.t set _cdc_deleted = true where k = 22`,
-		`delete from s.t where k = 23`)
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "hand edits of the target", diffs, st, "21 different", "22 missing", "23 missing")
+		// Hand edits of the target: a value, a tombstone, a row gone.
+		pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k = 21`, `update s.t set _cdc_deleted = true where k = 22`,
+			`delete from s.t where k = 23`)
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "hand edits of the target", diffs, st, "21 different", "22 missing", "23 missing")
+	})
 }
 
 // A transaction in progress at a comparison's snapshot, committed after it, is found by the next
 // comparison: its xid is at or after that snapshot's xmin, though below its xmax.
 func TestIncrementalTransactionInProgressAtTheSnapshot(t *testing.T) {
-	env := pgtest.New(t)
-	kvTable(t, env, 2000)
-	memo := equalTwice(t, env)
-	other := pgtest.Connect(t, env.SourceURL)
-	tx, err := other.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(t.Context(), `update s.t set v = 'late' where k = 31`); err != nil {
-		t.Fatal(err)
-	}
-	// A transaction that starts and commits after the one above, so the snapshot's xmax lies
-	// beyond the open one's xid.
-	pgtest.Exec(t, env.Source, `update s.t set v = 'early' where k = 32`)
-	pgtest.Exec(t, env.Target, `update s.t set v = 'early' where k = 32`)
-	diffs, st := incCompare(t, env, tabKV, memo)
-	wantDiffs(t, "with a transaction in progress", diffs, st)
-	if err := tx.Commit(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "once it committed", diffs, st, "31 different")
+	eachXidTest(t, func(t *testing.T) {
+		env := pgtest.New(t)
+		kvTable(t, env, 2000)
+		memo := equalTwice(t, env)
+		other := pgtest.Connect(t, env.SourceURL)
+		tx, err := other.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(t.Context(), `update s.t set v = 'late' where k = 31`); err != nil {
+			t.Fatal(err)
+		}
+		// A transaction that starts and commits after the one above, so the snapshot's xmax lies
+		// beyond the open one's xid.
+		pgtest.Exec(t, env.Source, `update s.t set v = 'early' where k = 32`)
+		pgtest.Exec(t, env.Target, `update s.t set v = 'early' where k = 32`)
+		diffs, st := incCompare(t, env, tabKV, memo)
+		wantDiffs(t, "with a transaction in progress", diffs, st)
+		if err := tx.Commit(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "once it committed", diffs, st, "31 different")
+	})
 }
 
 // VACUUM FREEZE between comparisons changes nothing a comparison sees: unchanged groups are still
 // skipped, and a row changed just before the freeze is still found.
 func TestIncrementalAcrossVacuumFreeze(t *testing.T) {
-	env := pgtest.New(t)
-	kvTable(t, env, 2000)
-	memo := equalTwice(t, env)
-	pgtest.Exec(t, env.Source, `vacuum (freeze) s.t`)
-	pgtest.Exec(t, env.Target, `vacuum (freeze) s.t`)
-	diffs, st := incCompare(t, env, tabKV, memo)
-	wantDiffs(t, "after a freeze", diffs, st)
-	if st.Skipped != 8 {
-		t.Errorf("after a freeze: %d groups skipped, want 8 (stats %+v)", st.Skipped, st)
-	}
-	pgtest.Exec(t, env.Source, `update s.t set v = 'frozen' where k = 41`)
-	pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k = 42`)
-	pgtest.Exec(t, env.Source, `vacuum (freeze) s.t`)
-	pgtest.Exec(t, env.Target, `vacuum (freeze) s.t`)
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "changes frozen before the comparison", diffs, st, "41 different", "42 different")
-	// VACUUM FULL rewrites the table: nothing is missed either.
-	pgtest.Exec(t, env.Target, `update s.t set v = 'full' where k = 43`, `vacuum full s.t`)
-	diffs, st = incCompare(t, env, tabKV, st.Memo)
-	wantDiffs(t, "a change rewritten by VACUUM FULL", diffs, st, "41 different", "42 different", "43 different")
+	eachXidTest(t, func(t *testing.T) {
+		env := pgtest.New(t)
+		kvTable(t, env, 2000)
+		memo := equalTwice(t, env)
+		pgtest.Exec(t, env.Source, `vacuum (freeze) s.t`)
+		pgtest.Exec(t, env.Target, `vacuum (freeze) s.t`)
+		diffs, st := incCompare(t, env, tabKV, memo)
+		wantDiffs(t, "after a freeze", diffs, st)
+		if st.Skipped != 8 {
+			t.Errorf("after a freeze: %d groups skipped, want 8 (stats %+v)", st.Skipped, st)
+		}
+		pgtest.Exec(t, env.Source, `update s.t set v = 'frozen' where k = 41`)
+		pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k = 42`)
+		pgtest.Exec(t, env.Source, `vacuum (freeze) s.t`)
+		pgtest.Exec(t, env.Target, `vacuum (freeze) s.t`)
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "changes frozen before the comparison", diffs, st, "41 different", "42 different")
+		// VACUUM FULL rewrites the table: nothing is missed either.
+		pgtest.Exec(t, env.Target, `update s.t set v = 'full' where k = 43`, `vacuum full s.t`)
+		diffs, st = incCompare(t, env, tabKV, st.Memo)
+		wantDiffs(t, "a change rewritten by VACUUM FULL", diffs, st, "41 different", "42 different", "43 different")
+	})
 }
 
 // A new column (added with a default, which rewrites no row and leaves every xmin as it was)
 // changes the hashes compared: the memo of the old shape is not used, and the new column's
 // different values are found.
 func TestIncrementalAfterASchemaChange(t *testing.T) {
-	env := pgtest.New(t)
-	kvTable(t, env, 2000)
-	memo := equalTwice(t, env)
-	pgtest.Exec(t, env.Source, `alter table s.t add column w int default 1`)
-	pgtest.Exec(t, env.Target, `alter table s.t add column w int default 2`)
-	tab := tabKV
-	tab.Columns = append(slices.Clone(tabKV.Columns), changebatch.Column{Name: "w", Type: "integer", TypeOID: oidInt4})
-	diffs, st := incCompare(t, env, tab, memo)
-	if st.MemoUsed || st.Skipped != 0 || len(diffs) != 2000 || !strings.HasSuffix(diffs[0], " different") {
-		t.Errorf("after adding a column: %d differences, stats %+v, want 2000 found without the old memo", len(diffs), st)
-	}
+	eachXidTest(t, func(t *testing.T) {
+		env := pgtest.New(t)
+		kvTable(t, env, 2000)
+		memo := equalTwice(t, env)
+		pgtest.Exec(t, env.Source, `alter table s.t add column w int default 1`)
+		pgtest.Exec(t, env.Target, `alter table s.t add column w int default 2`)
+		tab := tabKV
+		tab.Columns = append(slices.Clone(tabKV.Columns), changebatch.Column{Name: "w", Type: "integer", TypeOID: oidInt4})
+		diffs, st := incCompare(t, env, tab, memo)
+		if st.MemoUsed || st.Skipped != 0 || len(diffs) != 2000 || !strings.HasSuffix(diffs[0], " different") {
+			t.Errorf("after adding a column: %d differences, stats %+v, want 2000 found without the old memo", len(diffs), st)
+		}
+	})
 }
 
 // Differences scattered over most groups of the first level are narrowed down by key hash before
 // rows are fetched, as a full comparison's are.
 func TestIncrementalNarrowsScatteredDifferences(t *testing.T) {
-	env := pgtest.New(t)
-	kvTable(t, env, 2000)
-	memo := equalTwice(t, env)
-	pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k in (101, 202, 303, 404, 505, 606, 707)`)
-	diffs, st := incCompare(t, env, tabKV, memo)
-	wantDiffs(t, "scattered hand edits", diffs, st, "101 different", "202 different", "303 different", "404 different",
-		"505 different", "606 different", "707 different")
-	if st.Levels == 0 || st.RowsFetched > 400 {
-		t.Errorf("scattered hand edits: %d levels, %d rows fetched, want them narrowed down first", st.Levels, st.RowsFetched)
-	}
+	eachXidTest(t, func(t *testing.T) {
+		env := pgtest.New(t)
+		kvTable(t, env, 2000)
+		memo := equalTwice(t, env)
+		pgtest.Exec(t, env.Target, `update s.t set v = 'by hand' where k in (101, 202, 303, 404, 505, 606, 707)`)
+		diffs, st := incCompare(t, env, tabKV, memo)
+		wantDiffs(t, "scattered hand edits", diffs, st, "101 different", "202 different", "303 different", "404 different",
+			"505 different", "606 different", "707 different")
+		if st.Levels == 0 || st.RowsFetched > 400 {
+			t.Errorf("scattered hand edits: %d levels, %d rows fetched, want them narrowed down first", st.Levels, st.RowsFetched)
+		}
+	})
 }
