@@ -19,7 +19,9 @@ import (
 // row visible now whose xmin precedes that xmin was committed before that snapshot was taken and
 // visible in it (a row it did not see would have been inserted later, with a later xid), so the
 // group's rows now are a subset of those then, and the same count makes them the same rows. A
-// delete leaves no new xmin but lowers the count; an insert or update leaves a new xmin.
+// delete leaves no new xmin but lowers the count; an insert or update leaves a new xmin. A row's
+// xmin is tested against the memo's by a look-up in the list of the xids assigned since (when
+// few were) or by age() (side.changed).
 // docs/verify.md, "Incremental verify", says when it falls back to hashing everything.
 
 // Memo is what an incremental comparison found equal, for the next one (Stats.Memo).
