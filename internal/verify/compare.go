@@ -114,7 +114,7 @@ func (v *verifyRun) incremental(ctx context.Context, stx, ttx pgx.Tx, t *verifyT
 		t.rep.FullReason = "keyless, partitioned or row-filtered tables are always compared in full"
 		return nil, "", nil
 	}
-	id, err := identity(ctx, stx, ttx, t.Table)
+	id, err := identity(ctx, stx, v.led, t.Table)
 	if err != nil {
 		return nil, "", err
 	}

@@ -24,19 +24,20 @@ const identitySQL = `select case when has_function_privilege('pg_control_system(
     from pg_attribute a join pg_type ty on ty.oid = a.atttypid where a.attrelid = $1::regclass and a.attnum > 0 and not a.attisdropped), '')
   end`
 
-// identity returns both sides' identity of table t (identitySQL), "" when a side cannot tell.
-func identity(ctx context.Context, stx, ttx reconcile.Querier, t changebatch.Table) (string, error) {
-	var src, tgt *string
-	if err := stx.QueryRow(ctx, identitySQL, t.Quoted()).Scan(&src); err != nil {
+// identity returns both sides' identity of table t (identitySQL), "" when a side cannot tell;
+// tgt is a target connection outside the comparison's transaction, which an error would abort.
+func identity(ctx context.Context, stx, tgt reconcile.Querier, t changebatch.Table) (string, error) {
+	var srcID, tgtID *string
+	if err := stx.QueryRow(ctx, identitySQL, t.Quoted()).Scan(&srcID); err != nil {
 		return "", fmt.Errorf("read the identity of %s on the source: %w", t, err)
 	}
-	if err := ttx.QueryRow(ctx, identitySQL, t.Quoted()).Scan(&tgt); err != nil {
+	if err := tgt.QueryRow(ctx, identitySQL, t.Quoted()).Scan(&tgtID); err != nil {
 		return "", fmt.Errorf("read the identity of %s on the target: %w", t, err)
 	}
-	if src == nil || tgt == nil {
+	if srcID == nil || tgtID == nil {
 		return "", nil
 	}
-	return "source " + *src + "\ntarget " + *tgt, nil
+	return "source " + *srcID + "\ntarget " + *tgtID, nil
 }
 
 // loadMemo returns table t's memo if it was taken under identity id at a snapshot at or before
