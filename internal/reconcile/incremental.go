@@ -244,13 +244,13 @@ func (c *comparison) fullGroups(ctx context.Context, next *Memo) error {
 // need only their groups hashed.
 func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, src, tgt side) error {
 	t := c.cfg.Table
-	m := strconv.FormatInt(maskOf(prev.Bits), 10)
 	if prev.complete() {
 		var s, g tally
+		var sIDs, gIDs []int64
 		err := c.both(ctx, func(ctx context.Context) error {
-			return c.scanTally(ctx, c.src, "select count(*), count(*) filter (where "+src.changed("t.xmin")+"), 0 from "+t.SourceRelation("t"), &s)
+			return c.scanWhole(ctx, c.src, c.wholeSQL(t.SourceRelation("t"), src.changed("t.xmin"), prev.Bits), &s, &sIDs)
 		}, func(ctx context.Context) error {
-			return c.scanTally(ctx, c.tgt, "select count(*), count(*) filter (where "+tgt.changed("xmin")+"), 0 from "+t.Quoted(), &g)
+			return c.scanWhole(ctx, c.tgt, c.wholeSQL(t.Quoted(), tgt.changed("xmin"), prev.Bits), &g, &gIDs)
 		})
 		if err != nil {
 			return err
@@ -271,22 +271,6 @@ func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, sr
 		if (s.changed+g.changed)*8 > s.rows+g.rows {
 			// Changes everywhere: hashing the groups they touch would hash about all.
 			return c.fullGroups(ctx, next)
-		}
-		// The groups of the changed rows, whose key hashes alone are computed.
-		var sIDs, gIDs []int64
-		err = c.both(ctx, func(ctx context.Context) error {
-			if s.changed == 0 {
-				return nil
-			}
-			return c.scanIDs(ctx, c.src, "select distinct "+c.keyH+" & "+m+" from "+t.SourceRelation("t")+" where "+src.changed("t.xmin"), &sIDs)
-		}, func(ctx context.Context) error {
-			if g.changed == 0 {
-				return nil
-			}
-			return c.scanIDs(ctx, c.tgt, "select distinct "+c.keyH+" & "+m+" from "+t.Quoted()+" where "+tgt.changed("xmin"), &gIDs)
-		})
-		if err != nil {
-			return err
 		}
 		for _, id := range slices.Concat(sIDs, gIDs) {
 			cand[id] = true
@@ -395,22 +379,29 @@ func (c *comparison) candidates(ctx context.Context, prev, next *Memo, cand map[
 	return true, c.groupsCompared(ctx, next, srcT, tgtT, srcG, tgtG, skipped)
 }
 
-// scanIDs reads the group ids sql returns into ids.
-func (c *comparison) scanIDs(ctx context.Context, q Querier, sql string, ids *[]int64) error {
-	rows, err := q.Query(ctx, sql)
-	if err != nil {
+// wholeSQL is the query of a relation's rows, those of them changed (condition ch) and the
+// groups at bits of the latter: a bit string whose bit i (from the left) is set when group i has
+// a changed row. The key hash is computed for the changed rows only, and bit_or, unlike
+// array_agg in PostgreSQL 15, aggregates in parallel.
+func (c *comparison) wholeSQL(rel, ch string, bits int) string {
+	n := strconv.Itoa(1 << bits)
+	return "select count(*), count(*) filter (where " + ch + "), coalesce(bit_or(case when " + ch + " then set_bit(repeat('0', " + n + ")::bit(" + n +
+		"), (" + c.keyH + " & " + strconv.FormatInt(maskOf(bits), 10) + ")::int4, 1) end)::text, '') from " + rel
+}
+
+// scanWhole reads the one-row result of wholeSQL into t and ids.
+func (c *comparison) scanWhole(ctx context.Context, q Querier, sql string, t *tally, ids *[]int64) error {
+	var set string
+	if err := q.QueryRow(ctx, sql).Scan(&t.rows, &t.changed, &set); err != nil {
 		return err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return err
+	c.count(0, int64(16+len(set)))
+	for i, b := range set {
+		if b == '1' {
+			*ids = append(*ids, int64(i))
 		}
-		c.count(0, 8)
-		*ids = append(*ids, id)
 	}
-	return rows.Err()
+	return nil
 }
 
 // groupsCompared finishes a first level of groups: srcT and tgtT count every group's rows
