@@ -64,9 +64,14 @@ type Incremental struct {
 	// then hashes every group (and so when Previous's shape differs, or its snapshots are too far
 	// back in xids to be compared safely).
 	Previous *Memo
-	// Bits groups the rows of a comparison without a usable Previous; 0 chooses from the
-	// table's estimated rows (about 8192 rows a group, at most 4096 groups).
+	// Bits groups the rows of a comparison without a usable Previous (unless Whole), and of one
+	// that refines a one-group memo; 0 chooses from the table's estimated rows (about 8192 rows
+	// a group, at most 4096 groups).
 	Bits int
+	// Whole makes a comparison without a usable Previous compare the whole table as one group,
+	// as fast as a comparison that is not incremental; its memo then has that one group, and the
+	// first comparison that finds a change in it hashes the table by Bits' groups.
+	Whole bool
 	// XidList is how many xids a side may have assigned since Previous's snapshot for a row's
 	// xmin to be looked up in their list rather than compared by age() (0: 10,000; negative:
 	// always by age()).
@@ -187,25 +192,27 @@ func (c *comparison) runIncremental(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b := inc.Bits
-	if prev != nil {
-		b = prev.Bits
-	} else if b <= 0 {
-		if b, err = c.chooseBits(ctx); err != nil {
-			return err
-		}
-	}
-	next := &Memo{Shape: c.shape(), Bits: b, SourceXmin: src.xmin, TargetXmin: tgt.xmin, Groups: map[int64]MemoGroup{}}
+	next := &Memo{Shape: c.shape(), SourceXmin: src.xmin, TargetXmin: tgt.xmin, Groups: map[int64]MemoGroup{}}
 	c.stats.Memo = next
 	if prev == nil {
+		if !inc.Whole {
+			if next.Bits, err = c.groupBits(ctx); err != nil {
+				return err
+			}
+		}
 		return c.fullGroups(ctx, next)
 	}
+	next.Bits = prev.Bits
 	c.stats.MemoUsed = true
 	return c.incrementalGroups(ctx, prev, next, src, tgt)
 }
 
-// chooseBits picks the grouping bits from the source's estimate of the table's rows.
-func (c *comparison) chooseBits(ctx context.Context) (int, error) {
+// groupBits returns Incremental.Bits, or when 0 picks the grouping bits from the source's
+// estimate of the table's rows.
+func (c *comparison) groupBits(ctx context.Context) (int, error) {
+	if b := c.cfg.Incremental.Bits; b > 0 {
+		return min(b, 16), nil
+	}
 	var est float64
 	if err := c.src.QueryRow(ctx, `select greatest(reltuples, 0)::float8 from pg_class where oid = $1::regclass`, c.cfg.Table.Quoted()).Scan(&est); err != nil {
 		return 0, fmt.Errorf("read the estimated rows of %s: %w", c.cfg.Table, err)
@@ -213,18 +220,28 @@ func (c *comparison) chooseBits(ctx context.Context) (int, error) {
 	return min(12, bits.Len64(uint64(est)/8192)), nil
 }
 
-// fullGroups hashes every group at next.Bits on both sides, remembers those found equal in next
-// and narrows the others down.
+// fullGroups hashes every group at next.Bits on both sides, remembers every group in next and
+// narrows the mismatching ones down. At 0 bits, the whole table is one group, and no key is
+// hashed.
 func (c *comparison) fullGroups(ctx context.Context, next *Memo) error {
 	all := allGroups(next.Bits)
 	srcG, tgtG := map[int64]group{}, map[int64]group{}
 	tgtT := map[int64]tally{}
 	err := c.both(ctx, func(ctx context.Context) error {
+		if next.Bits == 0 {
+			q := "select 0::int8, count(*), sum(h)::text from (select " + c.rowH + " as h from " + c.cfg.Table.SourceRelation("t") + ") s having count(*) > 0"
+			return c.scanGroups(ctx, c.src, q, srcG)
+		}
 		q := grouped("count(*), sum(h)::text", "select "+c.keyH+" as hk, "+c.rowH+" as h from "+c.cfg.Table.SourceRelation("t"), next.Bits, all)
 		return c.scanGroups(ctx, c.src, q, srcG)
 	}, func(ctx context.Context) error {
-		q := grouped("count(*) filter (where cur), coalesce(sum(h) filter (where cur), 0)::text, count(*), count(*) filter (where newer)", "select "+
-			c.keyH+" as hk, "+c.rowH+" as h, "+c.current+` as cur, ("_cdc_lsn", "_cdc_seq") > ($1::pg_lsn, 0) as newer from `+c.cfg.Table.Quoted(), next.Bits, all)
+		aggs := "count(*) filter (where cur), coalesce(sum(h) filter (where cur), 0)::text, count(*), count(*) filter (where newer)"
+		inner := "select " + c.keyH + " as hk, " + c.rowH + " as h, " + c.current + ` as cur, ("_cdc_lsn", "_cdc_seq") > ($1::pg_lsn, 0) as newer from ` + c.cfg.Table.Quoted()
+		q := grouped(aggs, inner, next.Bits, all)
+		if next.Bits == 0 {
+			q = "select 0::int8, " + aggs + " from (select " + c.rowH + " as h, " + c.current + ` as cur, ("_cdc_lsn", "_cdc_seq") > ($1::pg_lsn, 0) as newer from ` +
+				c.cfg.Table.Quoted() + ") s having count(*) > 0"
+		}
 		return c.scanTallies(ctx, c.tgt, q, tgtG, tgtT, c.cfg.Snapshot.String())
 	})
 	if err != nil {
@@ -267,6 +284,14 @@ func (c *comparison) incrementalGroups(ctx context.Context, prev, next *Memo, sr
 			c.stats.SourceRows, c.stats.Compared = s.rows, s.rows
 			c.stats.Skipped = int64(len(prev.Groups))
 			return nil
+		}
+		if prev.Bits == 0 {
+			// One group, changed: hash the table by groups, which the next comparison then skips
+			// or hashes one by one.
+			if next.Bits, err = c.groupBits(ctx); err != nil {
+				return err
+			}
+			return c.fullGroups(ctx, next)
 		}
 		if (s.changed+g.changed)*8 > s.rows+g.rows {
 			// Changes everywhere: hashing the groups they touch would hash about all.

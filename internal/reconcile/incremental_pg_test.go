@@ -233,3 +233,59 @@ func TestIncrementalNarrowsScatteredDifferences(t *testing.T) {
 		}
 	})
 }
+
+// With Whole, a comparison without a memo checksums the whole table as one group; the next one
+// skips it while nothing changed, hashes the table by groups at the first change, and only the
+// changed groups after that.
+func TestIncrementalFromTheWholeTable(t *testing.T) {
+	env := pgtest.New(t)
+	kvTable(t, env, 2000)
+	ctx := t.Context()
+	compare := func(what string, prev *Memo, want ...string) Stats {
+		t.Helper()
+		opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
+		stx, err := env.Source.BeginTx(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stx.Rollback(context.WithoutCancel(ctx))
+		ttx, err := env.Target.BeginTx(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ttx.Rollback(context.WithoutCancel(ctx))
+		var diffs []string
+		st, err := Compare(ctx, stx, ttx, Config{Table: tabKV, Snapshot: pgSnapshot, Mode: TypeHash, LeafRows: 64,
+			Incremental: &Incremental{Previous: prev, Bits: 3, Whole: true},
+			Emit: func(_ context.Context, d []Diff) error {
+				for _, x := range d {
+					diffs = append(diffs, fmt.Sprintf("%s %s", x.Key[0], x.Kind))
+				}
+				return nil
+			}})
+		if err != nil {
+			t.Fatalf("%s: Compare: %v", what, err)
+		}
+		slices.Sort(diffs)
+		wantDiffs(t, what, diffs, st, want...)
+		return st
+	}
+	st := compare("first", nil)
+	if st.Groups != 1 || st.Memo.Bits != 0 || len(st.Memo.Groups) != 1 {
+		t.Fatalf("first comparison: stats %+v, memo bits %d, want the whole table as one group", st, st.Memo.Bits)
+	}
+	st = compare("unchanged", st.Memo)
+	if st.Skipped != 1 || st.Groups != 1 {
+		t.Fatalf("unchanged: stats %+v, want the one group skipped", st)
+	}
+	pgtest.Exec(t, env.Source, `update s.t set v = 'changed' where k = 51`)
+	st = compare("the first change", st.Memo, "51 different")
+	if st.Skipped != 0 || st.Memo.Bits != 3 || len(st.Memo.Groups) != 8 {
+		t.Fatalf("the first change: stats %+v, memo bits %d, want the table hashed by 8 groups", st, st.Memo.Bits)
+	}
+	pgtest.Exec(t, env.Target, `update s.t set v = 'changed' where k = 51`, `update s.t set v = 'by hand' where k = 52`)
+	st = compare("a hand edit", st.Memo, "52 different")
+	if st.Skipped < 6 {
+		t.Errorf("a hand edit: %d groups skipped, want all but the changed ones (stats %+v)", st.Skipped, st)
+	}
+}

@@ -118,7 +118,7 @@ func (v *verifyRun) incremental(ctx context.Context, stx, ttx pgx.Tx, t *verifyT
 	if err != nil {
 		return nil, "", err
 	}
-	inc := &reconcile.Incremental{Bits: v.cfg.GroupBits}
+	inc := &reconcile.Incremental{Bits: v.cfg.GroupBits, Whole: true}
 	if v.cfg.Full {
 		t.rep.FullReason = "--full"
 		return inc, id, nil
