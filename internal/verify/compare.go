@@ -24,7 +24,7 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 		return err
 	}
 	keyCols := discrepancyKeyColumns(t.Table)
-	inc, id, err := v.incremental(ctx, stx, ttx, t)
+	inc, id, err := v.incremental(ctx, stx, t)
 	if err != nil {
 		return err
 	}
@@ -107,9 +107,9 @@ func (v *verifyRun) checkTarget(ctx context.Context, ttx pgx.Tx, t *verifyTable)
 }
 
 // incremental returns how t is compared: incrementally from its memo when one applies (nil
-// Previous: every group is hashed, t.rep.FullReason says why), and both sides' identity the new
-// memo is recorded under. A table reconcile cannot compare incrementally gets nil.
-func (v *verifyRun) incremental(ctx context.Context, stx, ttx pgx.Tx, t *verifyTable) (*reconcile.Incremental, string, error) {
+// Previous: the whole table is checksummed, t.rep.FullReason says why), and both sides' identity
+// the new memo is recorded under. A table reconcile cannot compare incrementally gets nil.
+func (v *verifyRun) incremental(ctx context.Context, stx pgx.Tx, t *verifyTable) (*reconcile.Incremental, string, error) {
 	if t.Keyless || t.Partitioned || t.RowFilter != "" {
 		t.rep.FullReason = "keyless, partitioned or row-filtered tables are always compared in full"
 		return nil, "", nil

@@ -37,12 +37,12 @@ type Config struct {
 	Trigger string
 	// LeafRows is reconcile.Config.LeafRows (0: its default).
 	LeafRows int
-	// Full hashes every group of every table, without skipping the groups the last verify found
-	// equal and that have not changed since (`verify --full`); it still records what it finds
-	// equal for the next run.
+	// Full hashes every row of every table, as one whole-table checksum, without skipping what
+	// the last verify found equal and has not changed since (`verify --full`); it still records
+	// what it finds for the next run.
 	Full bool
-	// GroupBits is reconcile.Incremental.Bits for a table compared without a memo (0: chosen
-	// from the table's estimated rows).
+	// GroupBits is reconcile.Incremental.Bits: the key-hash bits a table is grouped by once a
+	// verify finds a change in it (0: chosen from the table's estimated rows).
 	GroupBits int
 	// AuditRetention: at its end the run deletes the suppressed-replay audit rows older than
 	// this (coverage.PruneSuppressedReplays); 0 deletes none.
