@@ -11,19 +11,31 @@
 #      count(*)   `SELECT count(*)` on both sides at once (the floor: no value is read);
 #      naive      both sides' rows `COPY (SELECT … ORDER BY aid) TO STDOUT` at once into files,
 #                 then `cmp` (fetch everything, compare on the client);
-#      verify     `pgconverge verify --table public.pgbench_accounts`; its JSON must report 0 found;
+#      verify     `pgconverge verify --full --table public.pgbench_accounts` (every row hashed,
+#                 the whole table as one checksum, as a first verify does); 0 found;
+#      verify inc `pgconverge verify` again (incremental: the last verify found the table equal and
+#                 no row changed since, so it counts rows and xmins and hashes nothing); 0 found,
+#                 its one group skipped;
+#      first change
+#                 3 scattered source rows updated (the stream applies them), then `pgconverge
+#                 verify`: the table's one group changed, so it hashes the table by key-hash
+#                 groups (which the next verify can skip one by one); 0 found;
+#      3 changed  3 more rows updated and applied, then `pgconverge verify`: 0 found, all but the
+#                 changed rows' groups skipped;
 # 3. 100 differences: 100 scattered target rows changed by hand; `verify` must find exactly 100;
 #    prints its rows fetched as a share of the table's rows; then `verify --repair` and a last
 #    `verify` that must find 0;
 # 4. prints the medians and the ratios. Targets: verify of equal tables ≥ 5× faster than naive and
-#    within 3× of count(*); with 100 differences, rows fetched < 1% of the table.
+#    within 3× of count(*) (issue 31: the incremental verify; the full one is printed beside it);
+#    with 100 differences, rows fetched < 1% of the table.
 #
 # Environment: BENCH_SCALE (default 20), BENCH_ROUNDS (default 3), BENCH_PORT (source port, default
-# 54381; the target uses the next one), PGCONVERGE_KEEP=1 (keep /tmp/pgconverge-bench-verify), PGBIN.
+# 54381; the target uses the next one), BENCH_ROOT (default /tmp/pgconverge-bench-verify),
+# PGCONVERGE_KEEP=1 (keep BENCH_ROOT), PGBIN.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-ROOT=/tmp/pgconverge-bench-verify
+ROOT=${BENCH_ROOT:-/tmp/pgconverge-bench-verify}
 BIN=$ROOT/bin/pgconverge
 SCALE=${BENCH_SCALE:-20}
 ROUNDS=${BENCH_ROUNDS:-3}
@@ -73,9 +85,17 @@ verify_json() {
 }
 found() { jq '.found' "$ROOT/verify.json"; }
 
-COUNT=() NAIVE=() VERIFY=()
+# update3 R: updates 3 scattered source rows (R picks them) and waits until the stream applied them
+# past the last verify's snapshot.
+update3() {
+	local keys="$((N / 4 + $1)), $((N / 2 + $1)), $((3 * N / 4 + $1))"
+	q "$SRC" "UPDATE $TABLE SET abalance = abalance + 1 WHERE aid IN ($keys)"
+	wait_for "$TGT" "SELECT count(*) FROM $TABLE WHERE aid IN ($keys) AND (_cdc_lsn, _cdc_seq) > ('$(jq -r .snapshot_lsn "$ROOT/verify.json")', 0)" 3
+}
+
+COUNT=() NAIVE=() VERIFY=() INC=() FIRST=() INC3=()
 for r in $(seq "$ROUNDS"); do
-	echo "== round $r: count(*), naive, verify (equal tables)"
+	echo "== round $r: count(*), naive, verify --full, verify (incremental, unchanged), after a first change, after 3 more (equal tables)"
 	t0=$(now)
 	q "$SRC" "SELECT count(*) FROM $TABLE" >"$ROOT/c1" &
 	q "$TGT" "SELECT count(*) FROM $TABLE WHERE NOT _cdc_deleted" >"$ROOT/c2"
@@ -89,10 +109,30 @@ for r in $(seq "$ROUNDS"); do
 	NAIVE+=("$(since "$t0")")
 	rm -f "$ROOT/src.copy" "$ROOT/tgt.copy"
 	t0=$(now)
-	verify_json
+	verify_json --full
 	VERIFY+=("$(since "$t0")")
+	[ "$(found)" = 0 ] || die "verify --full found $(found) discrepancies in equal tables"
+	t0=$(now)
+	verify_json
+	INC+=("$(since "$t0")")
 	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies in equal tables"
-	printf '   count(*) %.2f s, naive %.2f s, verify %.2f s\n' "${COUNT[-1]}" "${NAIVE[-1]}" "${VERIFY[-1]}"
+	[ "$(jq '.tables[0].groups_skipped > 0 and .tables[0].ranges_checked == 1' "$ROOT/verify.json")" = true ] ||
+		die "the incremental verify hashed groups of unchanged tables: $(jq -c '.tables[0]' "$ROOT/verify.json")"
+	update3 $((2 * r))
+	t0=$(now)
+	verify_json
+	FIRST+=("$(since "$t0")")
+	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies after a first change the stream applied"
+	update3 $((2 * r + 1))
+	t0=$(now)
+	verify_json
+	INC3+=("$(since "$t0")")
+	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies after 3 changes the stream applied"
+	SKIPPED=$(jq '.tables[0].groups_skipped' "$ROOT/verify.json")
+	NGROUPS=$(jq '.tables[0].groups_skipped + .tables[0].ranges_checked - 1' "$ROOT/verify.json")
+	[ "$SKIPPED" -gt 0 ] && [ "$SKIPPED" -ge $((NGROUPS - 3)) ] || die "verify after 3 changes skipped $SKIPPED of $NGROUPS groups"
+	printf '   count(*) %.2f s, naive %.2f s, verify --full %.2f s, verify %.2f s, after a first change %.2f s, after 3 more %.2f s (%d of %d groups skipped)\n' \
+		"${COUNT[-1]}" "${NAIVE[-1]}" "${VERIFY[-1]}" "${INC[-1]}" "${FIRST[-1]}" "${INC3[-1]}" "$SKIPPED" "$NGROUPS"
 done
 
 echo "== 100 scattered differences"
@@ -107,10 +147,13 @@ verify_json --repair
 verify_json
 [ "$(found)" = 0 ] || die "verify found $(found) discrepancies after the repair"
 
-c=$(median "${COUNT[@]}") n=$(median "${NAIVE[@]}") v=$(median "${VERIFY[@]}")
+c=$(median "${COUNT[@]}") n=$(median "${NAIVE[@]}") v=$(median "${VERIFY[@]}") i=$(median "${INC[@]}") f=$(median "${FIRST[@]}") i3=$(median "${INC3[@]}")
 echo
 echo "== results (medians of $ROUNDS, $N rows; both sides on this machine)"
 printf '   count(*) both sides  %6.2f s\n' "$c"
 printf '   naive fetch+compare  %6.2f s\n' "$n"
-printf '   verify, equal        %6.2f s   %.2fx faster than naive (target >= 5), %.2fx count(*) (target <= 3)\n' "$v" "$(echo "$n / $v" | bc -l)" "$(echo "$v / $c" | bc -l)"
+printf '   verify --full, equal %6.2f s   %.2fx faster than naive, %.2fx count(*)\n' "$v" "$(echo "$n / $v" | bc -l)" "$(echo "$v / $c" | bc -l)"
+printf '   verify, equal        %6.2f s   %.2fx faster than naive (target >= 5), %.2fx count(*) (target <= 3) (incremental, nothing changed)\n' "$i" "$(echo "$n / $i" | bc -l)" "$(echo "$i / $c" | bc -l)"
+printf '   verify, 1st change   %6.2f s   %.2fx faster than naive, %.2fx count(*) (incremental, the table hashed by groups)\n' "$f" "$(echo "$n / $f" | bc -l)" "$(echo "$f / $c" | bc -l)"
+printf '   verify, 3 changed    %6.2f s   %.2fx faster than naive, %.2fx count(*) (incremental, 3 rows changed and applied)\n' "$i3" "$(echo "$n / $i3" | bc -l)" "$(echo "$i3 / $c" | bc -l)"
 printf '   verify, 100 diffs    %6.2f s   rows fetched %d = %.3f%% of the table (target < 1%%)\n' "$DIFF_SECS" "$FETCHED" "$(echo "100 * $FETCHED / $N" | bc -l)"

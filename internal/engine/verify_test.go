@@ -334,3 +334,86 @@ func TestVerifyOfAMissingTableIsRecordedFailed(t *testing.T) {
 		t.Errorf("the last verify run is recorded %q, want failed naming public.nosuch", got)
 	}
 }
+
+// A verify builds on the last one's memo: unchanged tables are not hashed again, a streamed
+// change has only its group hashed, a hand edit of the target is found, --full hashes every
+// group, a repair drops the memo, and a schema change makes the next verify hash everything.
+func TestVerifyIncremental(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source,
+		`create table acct (id int primary key, name text, bal numeric)`,
+		`insert into acct select g, 'n' || g, g * 1.5 from generate_series(1, 50000) g`, `analyze acct`)
+	startDaemon(t, testConfig(t, env))
+	pgtest.WaitConverged(t, env, "acct", "id")
+	run := func(what string, full, repair bool, found int64) verify.Table {
+		t.Helper()
+		cfg := verifyConfig(t, env, repair)
+		cfg.Full = full
+		rep, err := verify.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatalf("%s: verify: %v", what, err)
+		}
+		if rep.Found != found || rep.Tables[0].State != "compared" {
+			t.Fatalf("%s: found %d, want %d: %+v", what, rep.Found, found, rep.Tables[0])
+		}
+		return rep.Tables[0]
+	}
+	// until runs verify until ok accepts its table, each run finding found: a transaction of
+	// another test running when a verify takes its snapshots holds their xmin back, so that the
+	// next verify sees rows committed after that transaction began as changed (safe: their groups
+	// are hashed); the one after sees past it.
+	until := func(what string, found int64, ok func(verify.Table) bool) verify.Table {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			tab := run(what, false, false, found)
+			if ok(tab) {
+				return tab
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v after a minute of verifies", what, tab)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if tab := run("first", false, false, 0); tab.GroupsSkipped != 0 || tab.FullReason == "" || tab.RangesChecked != 1 {
+		t.Fatalf("first verify: %+v, want the whole table hashed as one group", tab)
+	}
+	if tab := until("unchanged", 0, func(tab verify.Table) bool { return tab.GroupsSkipped == 1 }); tab.RangesChecked != 1 || tab.FullReason != "" || tab.RowsCompared != 50000 {
+		t.Fatalf("verify of unchanged tables: %+v, want its one group skipped", tab)
+	}
+	pgtest.Exec(t, env.Source, `update acct set name = 'streamed' where id = 77`)
+	pgtest.WaitConverged(t, env, "acct", "id")
+	tab := run("a first streamed change", false, false, 0)
+	groups := tab.RangesChecked - 1 // and the whole-table count
+	if tab.GroupsSkipped != 0 || groups < 4 {
+		t.Fatalf("after a first streamed change: %+v, want the table hashed by groups", tab)
+	}
+	if tab := until("unchanged, by groups", 0, func(tab verify.Table) bool { return tab.GroupsSkipped == groups }); tab.RangesChecked != 1 {
+		t.Errorf("unchanged, by groups: %+v, want all %d groups skipped", tab, groups)
+	}
+	pgtest.Exec(t, env.Source, `update acct set name = 'streamed' where id = 78`)
+	pgtest.WaitConverged(t, env, "acct", "id")
+	run("a streamed change", false, false, 0)
+	until("a streamed change", 0, func(tab verify.Table) bool { return tab.GroupsSkipped == groups })
+	pgtest.Exec(t, env.Target, `update acct set bal = -1 where id = 10`)
+	run("a hand edit", false, false, 1)
+	// The group that differs is hashed at every verify; the others are skipped.
+	until("a hand edit", 1, func(tab verify.Table) bool { return tab.GroupsSkipped == groups-1 })
+	if tab := run("--full", true, false, 1); tab.GroupsSkipped != 0 || tab.FullReason != "--full" {
+		t.Errorf("--full: %+v, want every group hashed", tab)
+	}
+	run("repair", false, true, 1)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.verify_memos`); n != 0 {
+		t.Errorf("%d memos left after a repair, want none", n)
+	}
+	if tab := run("after the repair", false, false, 0); tab.GroupsSkipped != 0 || tab.FullReason == "" {
+		t.Errorf("after a repair: %+v, want every group hashed", tab)
+	}
+	pgtest.Exec(t, env.Source, `alter table acct add column note text default 'x'`, `update acct set name = 'after ddl' where id = 5`)
+	pgtest.WaitConvergedColumns(t, env, "acct", "id, name, bal, note", "id")
+	if tab := run("after a schema change", false, false, 0); tab.GroupsSkipped != 0 || tab.FullReason == "" {
+		t.Errorf("after a schema change: %+v, want every group hashed", tab)
+	}
+}

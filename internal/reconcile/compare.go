@@ -30,6 +30,11 @@ type Config struct {
 	MaxGroups int
 	// Emit receives the differences as they are found, in batches; the slice is the caller's.
 	Emit func(ctx context.Context, diffs []Diff) error
+	// Incremental, when not nil, makes the comparison group the rows from the first level on,
+	// skip the groups Incremental.Previous proves unchanged on both sides, and return what it
+	// found equal in Stats.Memo (incremental.go). A keyless table, a partitioned one or one
+	// published with a row filter is compared in full, as without it.
+	Incremental *Incremental
 }
 
 // Kind is the kind of a difference.
@@ -73,6 +78,14 @@ type Stats struct {
 	RowsFetched, BytesFetched int64
 	// Found counts the differences by kind.
 	Found map[Kind]int64
+	// Skipped counts the groups an incremental comparison left out as unchanged on both sides
+	// since the memo's snapshots; Memo is what it found equal, for the next one (nil for a
+	// comparison that was not incremental).
+	Skipped int64
+	Memo    *Memo
+	// MemoUsed is true when the comparison built on Incremental.Previous (false: it hashed
+	// every group, Previous being nil, of another shape or too far back in xids).
+	MemoUsed bool
 }
 
 // group is one group's checksum on one side: rows and the sum of their row hashes.
@@ -114,7 +127,11 @@ func Compare(ctx context.Context, src, tgt Querier, cfg Config) (Stats, error) {
 		c.keyH, c.current = valueGroupHash(cfg.Mode, cfg.Table), keylessCurrent
 	}
 	c.stats.Found = map[Kind]int64{}
-	err := c.run(ctx)
+	run := c.run
+	if cfg.Incremental != nil && incrementable(cfg.Table) {
+		run = c.runIncremental
+	}
+	err := run(ctx)
 	c.stats.RowsFetched, c.stats.BytesFetched = c.rows.Load(), c.bytes.Load()
 	return c.stats, err
 }
@@ -157,17 +174,31 @@ func (c *comparison) run(ctx context.Context) error {
 		return nil
 	}
 	level := levelState{bits: 0, ids: []int64{0}, rows: max(srcAll.rows, tgtAll.rows)}
-	total := level.rows
+	return c.narrow(ctx, level, level.rows, false)
+}
+
+// incrementable reports whether t can be compared incrementally: a plain table with a key,
+// published without a row filter (the xmin pass reads the table's own tuples).
+func incrementable(t changebatch.Table) bool {
+	return !t.Keyless && !t.Partitioned && t.RowFilter == ""
+}
+
+// narrow narrows the mismatching groups of level down, level by level, to the rows it then
+// fetches and compares; total is the larger side's rows in the table. With split, level is the
+// first level of groups (an incremental comparison's), split at least once before its share of
+// the rows decides.
+func (c *comparison) narrow(ctx context.Context, level levelState, total int64, split bool) error {
 	for {
 		// Fetch the rows once few are left, or when grouping did not narrow them down (the
 		// differences are everywhere): another level would scan as much and fetch as much.
-		if level.rows <= int64(c.cfg.LeafRows) || level.bits >= 62 || (level.bits > 0 && level.rows > total/4) {
+		if level.rows <= int64(c.cfg.LeafRows) || level.bits >= 62 || (level.bits > 0 && !split && level.rows > total/4) {
 			if c.cfg.Table.Keyless {
 				return c.leafKeyless(ctx, level)
 			}
 			return c.leaf(ctx, level)
 		}
 		c.stats.Levels++
+		split = false
 		next, err := c.split(ctx, level)
 		if err != nil {
 			return err

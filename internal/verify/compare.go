@@ -24,9 +24,13 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 		return err
 	}
 	keyCols := discrepancyKeyColumns(t.Table)
+	inc, id, err := v.incremental(ctx, stx, t)
+	if err != nil {
+		return err
+	}
 	var found []coverage.Discrepancy
 	st, err := reconcile.Compare(ctx, stx, ttx, reconcile.Config{
-		Table: t.Table, Snapshot: v.snap.LSN, Mode: v.mode, LeafRows: v.cfg.LeafRows,
+		Table: t.Table, Snapshot: v.snap.LSN, Mode: v.mode, LeafRows: v.cfg.LeafRows, Incremental: inc,
 		Emit: func(ctx context.Context, diffs []reconcile.Diff) error {
 			batch := make([]coverage.Discrepancy, len(diffs))
 			for i, d := range diffs {
@@ -45,11 +49,18 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 	r := t.rep
 	r.SourceRows, r.RowsCompared, r.MovedOn = st.SourceRows, st.Compared, st.Moved
 	r.RangesChecked, r.RowsFetched, r.BytesFetched = st.Groups, st.RowsFetched, st.BytesFetched
+	r.GroupsSkipped = st.Skipped
+	if inc != nil && inc.Previous != nil && st.Memo != nil && !st.MemoUsed {
+		r.FullReason = "the last verify's memo does not apply (other hashes, or its snapshots are too far back in transaction ids)"
+	}
 	for k, n := range st.Found {
 		r.Found[string(k)] = n
 		v.cfg.Monitor.DiscrepanciesFound(r.Table, string(k), n)
 	}
 	if err != nil {
+		return err
+	}
+	if err := v.saveMemo(ctx, t.Table, id, st.Memo); err != nil {
 		return err
 	}
 	if !v.cfg.NoValues && !t.Keyless { // a keyless table's discrepancy names a value by its hashes
@@ -93,6 +104,31 @@ func (v *verifyRun) checkTarget(ctx context.Context, ttx pgx.Tx, t *verifyTable)
 		return errSkip(fmt.Sprintf("the target table lacks source columns %q: a schema change is not applied yet; verify it once `pgconverge run` has followed it", missing))
 	}
 	return nil
+}
+
+// incremental returns how t is compared: incrementally from its memo when one applies (nil
+// Previous: the whole table is checksummed, t.rep.FullReason says why), and both sides' identity
+// the new memo is recorded under. A table reconcile cannot compare incrementally gets nil.
+func (v *verifyRun) incremental(ctx context.Context, stx pgx.Tx, t *verifyTable) (*reconcile.Incremental, string, error) {
+	if t.Keyless || t.Partitioned || t.RowFilter != "" {
+		t.rep.FullReason = "keyless, partitioned or row-filtered tables are always compared in full"
+		return nil, "", nil
+	}
+	id, err := identity(ctx, stx, v.led, t.Table)
+	if err != nil {
+		return nil, "", err
+	}
+	inc := &reconcile.Incremental{Bits: v.cfg.GroupBits, Whole: true}
+	if v.cfg.Full {
+		t.rep.FullReason = "--full"
+		return inc, id, nil
+	}
+	prev, why, err := v.loadMemo(ctx, t.Table, id, v.snap.LSN)
+	if err != nil {
+		return nil, "", err
+	}
+	inc.Previous, t.rep.FullReason = prev, why
+	return inc, id, nil
 }
 
 // recordValues records the rows' values of the discrepancies found, as both sides had them at

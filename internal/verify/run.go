@@ -37,6 +37,13 @@ type Config struct {
 	Trigger string
 	// LeafRows is reconcile.Config.LeafRows (0: its default).
 	LeafRows int
+	// Full hashes every row of every table, as one whole-table checksum, without skipping what
+	// the last verify found equal and has not changed since (`verify --full`); it still records
+	// what it finds for the next run.
+	Full bool
+	// GroupBits is reconcile.Incremental.Bits: the key-hash bits a table is grouped by once a
+	// verify finds a change in it (0: chosen from the table's estimated rows).
+	GroupBits int
 	// AuditRetention: at its end the run deletes the suppressed-replay audit rows older than
 	// this (coverage.PruneSuppressedReplays); 0 deletes none.
 	AuditRetention time.Duration
@@ -84,7 +91,12 @@ type Table struct {
 	MovedOn      int64 `json:"moved_on"`
 	// RangesChecked counts the key-hash groups whose checksums were compared; RowsFetched and
 	// BytesFetched what was read from both sides.
-	RangesChecked  int64   `json:"ranges_checked"`
+	RangesChecked int64 `json:"ranges_checked"`
+	// GroupsSkipped counts the key-hash groups left out as unchanged on both sides since the
+	// last verify found them equal (docs/verify.md, "Incremental verify"); FullReason says why
+	// no group could be skipped (no earlier verify, --full, a cluster or the table changed…).
+	GroupsSkipped  int64   `json:"groups_skipped"`
+	FullReason     string  `json:"full_reason,omitempty"`
 	RowsFetched    int64   `json:"rows_fetched"`
 	BytesFetched   int64   `json:"bytes_fetched"`
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
