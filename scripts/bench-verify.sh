@@ -11,7 +11,7 @@
 #      count(*)   `SELECT count(*)` on both sides at once (the floor: no value is read);
 #      naive      both sides' rows `COPY (SELECT … ORDER BY aid) TO STDOUT` at once into files,
 #                 then `cmp` (fetch everything, compare on the client);
-#      verify     `pgconverge verify --full --table public.pgbench_accounts` (every row hashed,
+#      verify     `pgconverge verify --table public.pgbench_accounts` (every row hashed,
 #                 the whole table as one checksum, as a first verify does); 0 found;
 #      verify inc `pgconverge verify` again (incremental: the last verify found the table equal and
 #                 no row changed since, so it counts rows and xmins and hashes nothing); 0 found,
@@ -95,7 +95,7 @@ update3() {
 
 COUNT=() NAIVE=() VERIFY=() INC=() FIRST=() INC3=()
 for r in $(seq "$ROUNDS"); do
-	echo "== round $r: count(*), naive, verify --full, verify (incremental, unchanged), after a first change, after 3 more (equal tables)"
+	echo "== round $r: count(*), naive, verify (full), verify --incremental (unchanged), after a first change, after 3 more (equal tables)"
 	t0=$(now)
 	q "$SRC" "SELECT count(*) FROM $TABLE" >"$ROOT/c1" &
 	q "$TGT" "SELECT count(*) FROM $TABLE WHERE NOT _cdc_deleted" >"$ROOT/c2"
@@ -109,29 +109,29 @@ for r in $(seq "$ROUNDS"); do
 	NAIVE+=("$(since "$t0")")
 	rm -f "$ROOT/src.copy" "$ROOT/tgt.copy"
 	t0=$(now)
-	verify_json --full
-	VERIFY+=("$(since "$t0")")
-	[ "$(found)" = 0 ] || die "verify --full found $(found) discrepancies in equal tables"
-	t0=$(now)
 	verify_json
+	VERIFY+=("$(since "$t0")")
+	[ "$(found)" = 0 ] || die "verify (full) found $(found) discrepancies in equal tables"
+	t0=$(now)
+	verify_json --incremental
 	INC+=("$(since "$t0")")
 	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies in equal tables"
 	[ "$(jq '.tables[0].groups_skipped > 0 and .tables[0].ranges_checked == 1' "$ROOT/verify.json")" = true ] ||
 		die "the incremental verify hashed groups of unchanged tables: $(jq -c '.tables[0]' "$ROOT/verify.json")"
 	update3 $((2 * r))
 	t0=$(now)
-	verify_json
+	verify_json --incremental
 	FIRST+=("$(since "$t0")")
 	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies after a first change the stream applied"
 	update3 $((2 * r + 1))
 	t0=$(now)
-	verify_json
+	verify_json --incremental
 	INC3+=("$(since "$t0")")
 	[ "$(found)" = 0 ] || die "verify found $(found) discrepancies after 3 changes the stream applied"
 	SKIPPED=$(jq '.tables[0].groups_skipped' "$ROOT/verify.json")
 	NGROUPS=$(jq '.tables[0].groups_skipped + .tables[0].ranges_checked - 1' "$ROOT/verify.json")
 	[ "$SKIPPED" -gt 0 ] && [ "$SKIPPED" -ge $((NGROUPS - 3)) ] || die "verify after 3 changes skipped $SKIPPED of $NGROUPS groups"
-	printf '   count(*) %.2f s, naive %.2f s, verify --full %.2f s, verify %.2f s, after a first change %.2f s, after 3 more %.2f s (%d of %d groups skipped)\n' \
+	printf '   count(*) %.2f s, naive %.2f s, verify (full) %.2f s, verify %.2f s, after a first change %.2f s, after 3 more %.2f s (%d of %d groups skipped)\n' \
 		"${COUNT[-1]}" "${NAIVE[-1]}" "${VERIFY[-1]}" "${INC[-1]}" "${FIRST[-1]}" "${INC3[-1]}" "$SKIPPED" "$NGROUPS"
 done
 
@@ -152,7 +152,7 @@ echo
 echo "== results (medians of $ROUNDS, $N rows; both sides on this machine)"
 printf '   count(*) both sides  %6.2f s\n' "$c"
 printf '   naive fetch+compare  %6.2f s\n' "$n"
-printf '   verify --full, equal %6.2f s   %.2fx faster than naive, %.2fx count(*)\n' "$v" "$(echo "$n / $v" | bc -l)" "$(echo "$v / $c" | bc -l)"
+printf '   verify (full), equal %6.2f s   %.2fx faster than naive, %.2fx count(*)\n' "$v" "$(echo "$n / $v" | bc -l)" "$(echo "$v / $c" | bc -l)"
 printf '   verify, equal        %6.2f s   %.2fx faster than naive (target >= 5), %.2fx count(*) (target <= 3) (incremental, nothing changed)\n' "$i" "$(echo "$n / $i" | bc -l)" "$(echo "$i / $c" | bc -l)"
 printf '   verify, 1st change   %6.2f s   %.2fx faster than naive, %.2fx count(*) (incremental, the table hashed by groups)\n' "$f" "$(echo "$n / $f" | bc -l)" "$(echo "$f / $c" | bc -l)"
 printf '   verify, 3 changed    %6.2f s   %.2fx faster than naive, %.2fx count(*) (incremental, 3 rows changed and applied)\n' "$i3" "$(echo "$n / $i3" | bc -l)" "$(echo "$i3 / $c" | bc -l)"

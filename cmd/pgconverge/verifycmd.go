@@ -20,7 +20,7 @@ func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := verify.Config{}
 	var logFormat, logLevel, format string
 	cmd := &cobra.Command{
-		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--full] [--format table|json] [--no-values]",
+		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--incremental] [--format table|json] [--no-values]",
 		Short: "Compare the target with an exact snapshot of the source, record each discrepancy once, and repair it",
 		Long: `verify reads the source at an exact snapshot S (a temporary logical slot's exported snapshot),
 waits until the stream has applied the source up to S, and compares each table with the target by
@@ -73,7 +73,7 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to verify, schema.table (repeat it or separate with commas; default: every table replicated into the target)")
 	f.BoolVar(&cfg.Repair, "repair", false, "rewrite every open discrepancy's key from a fresh exact snapshot of the source")
 	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")
-	f.BoolVar(&cfg.Full, "full", false, "hash every row, without skipping the groups unchanged since the last verify found them equal")
+	f.BoolVar(&cfg.Incremental, "incremental", false, "skip the key-hash groups unchanged since the last verify found them equal (pays on tables that mostly stand still; with any change since, slower than the default full verify)")
 	f.StringVar(&format, "format", "table", "output format: table or json")
 	f.DurationVar(&cfg.Wait, "wait", 0, "how long to wait for the stream to apply the source up to the snapshot (default 2m)")
 	addAuditRetentionFlag(f, &cfg.AuditRetention)

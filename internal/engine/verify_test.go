@@ -336,7 +336,7 @@ func TestVerifyOfAMissingTableIsRecordedFailed(t *testing.T) {
 }
 
 // A verify builds on the last one's memo: unchanged tables are not hashed again, a streamed
-// change has only its group hashed, a hand edit of the target is found, --full hashes every
+// change has only its group hashed, a hand edit of the target is found, a verify without --incremental hashes every
 // group, a repair drops the memo, and a schema change makes the next verify hash everything.
 func TestVerifyIncremental(t *testing.T) {
 	t.Parallel()
@@ -349,7 +349,7 @@ func TestVerifyIncremental(t *testing.T) {
 	run := func(what string, full, repair bool, found int64) verify.Table {
 		t.Helper()
 		cfg := verifyConfig(t, env, repair)
-		cfg.Full = full
+		cfg.Incremental = !full
 		rep, err := verify.Run(t.Context(), cfg)
 		if err != nil {
 			t.Fatalf("%s: verify: %v", what, err)
@@ -401,8 +401,8 @@ func TestVerifyIncremental(t *testing.T) {
 	run("a hand edit", false, false, 1)
 	// The group that differs is hashed at every verify; the others are skipped.
 	until("a hand edit", 1, func(tab verify.Table) bool { return tab.GroupsSkipped == groups-1 })
-	if tab := run("--full", true, false, 1); tab.GroupsSkipped != 0 || tab.FullReason != "--full" {
-		t.Errorf("--full: %+v, want every group hashed", tab)
+	if tab := run("full", true, false, 1); tab.GroupsSkipped != 0 || tab.FullReason != "not incremental (no --incremental)" {
+		t.Errorf("full: %+v, want every group hashed", tab)
 	}
 	run("repair", false, true, 1)
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.verify_memos`); n != 0 {

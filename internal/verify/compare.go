@@ -119,8 +119,8 @@ func (v *verifyRun) incremental(ctx context.Context, stx pgx.Tx, t *verifyTable)
 		return nil, "", err
 	}
 	inc := &reconcile.Incremental{Bits: v.cfg.GroupBits, Whole: true}
-	if v.cfg.Full {
-		t.rep.FullReason = "--full"
+	if !v.cfg.Incremental {
+		t.rep.FullReason = "not incremental (no --incremental)"
 		return inc, id, nil
 	}
 	prev, why, err := v.loadMemo(ctx, t.Table, id, v.snap.LSN)
