@@ -92,8 +92,9 @@ type Tx struct {
 }
 
 // Begin starts a target transaction. Its BEGIN goes to the target with its first statement, in
-// the same round trip (deferredTx), so Begin itself sends nothing and returns no error today; a
-// failed BEGIN is the first statement's error.
+// the same round trip (deferredTx): Begin sends nothing and its error is always nil (kept so that
+// callers need not change if a BEGIN of its own comes back); a failed BEGIN is the first
+// statement's error.
 func (a *Applier) Begin(ctx context.Context) (*Tx, error) {
 	return &Tx{a: a, tx: &deferredTx{conn: a.conn}, newStages: map[string]string{}, staged: map[string]stageRows{},
 		fences: map[string]changebatch.Version{}}, nil

@@ -85,10 +85,10 @@ func (d *deferredTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []
 // ahead of b's statements (pgx.Batch.BeginTx), whose result it reads, so that the results the
 // caller reads are b's alone.
 func (d *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if d.tx != nil || d.closed {
-		if err := d.start(ctx); err != nil {
-			return failedBatch{err}
-		}
+	if d.closed {
+		return failedBatch{pgx.ErrTxClosed}
+	}
+	if d.tx != nil {
 		return d.tx.SendBatch(ctx, b)
 	}
 	withBegin := &pgx.Batch{}

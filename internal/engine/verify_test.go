@@ -365,14 +365,16 @@ func TestVerifyIncremental(t *testing.T) {
 	// are hashed); the one after sees past it.
 	until := func(what string, found int64, ok func(verify.Table) bool) verify.Table {
 		t.Helper()
-		deadline := time.Now().Add(time.Minute)
+		// Another test's transaction may stay open for a minute or more under load (crash tests,
+		// long applies), and each verify must outlast it.
+		deadline := time.Now().Add(3 * time.Minute)
 		for {
 			tab := run(what, false, false, found)
 			if ok(tab) {
 				return tab
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %+v after a minute of verifies", what, tab)
+				t.Fatalf("%s: %+v after 3 minutes of verifies", what, tab)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
