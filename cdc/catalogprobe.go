@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 // CatalogProbe is one cheap look at the source, in one statement and so one snapshot: what the
@@ -51,7 +53,8 @@ type CatalogProbe struct {
 	SyncStandbys, WaitsVisible bool
 }
 
-// catalogProbeSQL is ProbeCatalog's statement: $1 the publication, $2 the probed tables' oids.
+// catalogProbeSQL is ProbeCatalog's statement: $1 the publication, $2 the probed tables' oids;
+// /*schemas*/ stands for probeSchemasSQL or, before PostgreSQL 15 (no schema publications), ”.
 // Backends and prepared transactions show 32-bit xids; each is widened once (backends) to the
 // xid8 nearest the snapshot's xmax (a running transaction is within 2^31 of it); a SyncRep waiter
 // without an xid of its own (a COMMIT PREPARED) stays null, printed 0.
@@ -77,8 +80,7 @@ select array(select x::text from running),
     (select string_agg(p.oid || ':' || p.xmin, ',') from pg_publication p where p.pubname = $1),
     (select string_agg(r.oid || ':' || r.xmin, ',' order by r.oid) from pg_publication_rel r
       join pg_publication p on p.oid = r.prpubid where p.pubname = $1),
-    (select string_agg(r.oid || ':' || r.xmin, ',' order by r.oid) from pg_publication_namespace r
-      join pg_publication p on p.oid = r.pnpubid where p.pubname = $1),
+    /*schemas*/,
     (select string_agg(c.oid || ':' || c.xmin, ',' order by c.oid) from pg_class c
       where c.oid in (select unnest($2::oid[]) union select t.relid from unnest($2::oid[]) as r(oid), pg_partition_tree(r.oid) as t
         union select a.relid from unnest($2::oid[]) as r(oid), pg_partition_ancestors(r.oid) as a)),
@@ -91,13 +93,22 @@ select array(select x::text from running),
     (select string_agg(t.oid || ':' || t.xmin, ',' order by t.oid) from pg_type t where t.typrelid = any($2) or t.typtype = 'e'),
     (select count(*) || ':' || coalesce(sum(hashtextextended(e.oid || ':' || e.xmin, 0)::numeric), 0) from pg_enum e)))`
 
+// probeSchemasSQL fingerprints the publication's pg_publication_namespace rows (PostgreSQL 15
+// and later).
+const probeSchemasSQL = `(select string_agg(r.oid || ':' || r.xmin, ',' order by r.oid) from pg_publication_namespace r
+      join pg_publication p on p.oid = r.pnpubid where p.pubname = $1)`
+
 // ProbeCatalog returns a CatalogProbe of the tables oids (source pg_class oids: the streamed
 // tables and those kept by snapshots) and publication, read on conn in one statement, so in one
 // snapshot. Errors are the source's.
 func ProbeCatalog(ctx context.Context, conn *pgx.Conn, publication string, oids []uint32) (CatalogProbe, error) {
 	var p CatalogProbe
 	var running, unseen []string
-	err := conn.QueryRow(ctx, catalogProbeSQL, publication, oids).Scan(&running, &unseen, &p.SyncStandbys, &p.WaitsVisible, &p.Fingerprint)
+	schemas := probeSchemasSQL
+	if pgsession.MajorVersion(conn.PgConn()) < 15 {
+		schemas = `''`
+	}
+	err := conn.QueryRow(ctx, strings.Replace(catalogProbeSQL, "/*schemas*/", schemas, 1), publication, oids).Scan(&running, &unseen, &p.SyncStandbys, &p.WaitsVisible, &p.Fingerprint)
 	if err != nil {
 		return p, fmt.Errorf("probe the source's catalogs: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
 func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
@@ -213,7 +214,8 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 // checkPublication reports, all at once, the settings of an existing publication that would make
 // pgconverge miss changes: an operation it does not publish, publish_via_partition_root with a
 // partition among tables, or without it and with a partitioned table among tables (PostgreSQL docs
-// §31.1, CREATE PUBLICATION). Row filters and column lists are followed (ReadPublicationShape).
+// §31.1, CREATE PUBLICATION), or, on PostgreSQL 18 and later, publish_generated_columns = stored.
+// Row filters and column lists are followed (ReadPublicationShape).
 func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables []changebatch.TableName) error {
 	var ins, upd, del, trunc, viaRoot bool
 	err := conn.QueryRow(ctx, `select pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot from pg_publication where pubname = $1`, name).
@@ -225,6 +227,16 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables [
 	if !ins || !upd || !del || !trunc {
 		errs = append(errs, fmt.Errorf("publication %q does not publish every operation (insert %v, update %v, delete %v, truncate %v): a target that follows only some of them keeps rows the source changed or removed, with nothing to tell them apart, so pgconverge does not follow it; run ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate'), or name another --publication (pgconverge creates its own, publishing every operation)",
 			name, ins, upd, del, trunc, pgx.Identifier{name}.Sanitize()))
+	}
+	if pgsession.MajorVersion(conn.PgConn()) >= 18 {
+		var gen string
+		if err := conn.QueryRow(ctx, `select pubgencols::text from pg_publication where pubname = $1`, name).Scan(&gen); err != nil {
+			return fmt.Errorf("read publication %q: %w", name, err)
+		}
+		if gen != "n" {
+			errs = append(errs, fmt.Errorf("publication %q publishes generated columns (publish_generated_columns = stored, PostgreSQL 18): pgconverge recomputes them on the target and does not take their values from the stream; run ALTER PUBLICATION %s SET (publish_generated_columns = none)",
+				name, pgx.Identifier{name}.Sanitize()))
+		}
 	}
 	partErrs, err := checkPartitions(ctx, conn, name, viaRoot, tables)
 	if err != nil {
@@ -277,10 +289,7 @@ func Memberships(ctx context.Context, conn *pgx.Conn, publication string, tables
   || '/' || c.oid || '/' || (select p.oid || ':' || p.xmin from pg_publication p where p.pubname = $1)
   || case when c.relkind = 'p' then '/partitions:' || `+partitionSet+` else '' end, '')
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
-left join lateral (select string_agg(pn.oid::text, ',' order by pn.oid) as oids from pg_publication_namespace pn
-    join pg_publication p on p.oid = pn.pnpubid
-    where p.pubname = $1 and pn.pnnspid in (select a.relnamespace from pg_class a
-      where a.oid = c.oid or a.oid in (select relid from pg_partition_ancestors(c.oid)))) sch on true
+left join lateral (`+schemaMemberships(conn)+`) sch on true
 where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`, publication, schemas, names)
 	if err != nil {
 		return nil, fmt.Errorf("read publication %q membership: %w", publication, err)
@@ -298,6 +307,19 @@ where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`,
 	return out, rows.Err()
 }
 
+// schemaMemberships is Memberships' subquery of the pg_publication_namespace rows (FOR TABLES IN
+// SCHEMA, PostgreSQL 15 and later) that publish table c through its schema or an ancestor's, as
+// one column oids; null on older servers, which publish no schemas.
+func schemaMemberships(conn *pgx.Conn) string {
+	if pgsession.MajorVersion(conn.PgConn()) < 15 {
+		return `select null::text as oids`
+	}
+	return `select string_agg(pn.oid::text, ',' order by pn.oid) as oids from pg_publication_namespace pn
+    join pg_publication p on p.oid = pn.pnpubid
+    where p.pubname = $1 and pn.pnnspid in (select a.relnamespace from pg_class a
+      where a.oid = c.oid or a.oid in (select relid from pg_partition_ancestors(c.oid)))`
+}
+
 // ReadPublicationShape fits t, as DescribeTable described it, to what publication publishes of
 // it (pg_publication_tables; a partition published through an ancestor gets the ancestor's):
 // RowFilter is its row filter (PostgreSQL docs §31.3 "Row Filters"), "" for none; with a column
@@ -308,7 +330,14 @@ where (n.nspname, c.relname) in (select * from unnest($2::text[], $3::text[]))`,
 func ReadPublicationShape(ctx context.Context, conn *pgx.Conn, publication string, t *changebatch.Table) error {
 	var filter *string
 	var attnames []string
-	err := conn.QueryRow(ctx, `select rowfilter, attnames::text[] from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3`,
+	// Row filters and column lists came with PostgreSQL 15; before, every row and column is
+	// published.
+	shape := `rowfilter, attnames::text[]`
+	if pgsession.MajorVersion(conn.PgConn()) < 15 {
+		shape = `null::text, (select array_agg(attname::text) from pg_attribute
+  where attrelid = (quote_ident($2) || '.' || quote_ident($3))::regclass and attnum > 0 and not attisdropped)`
+	}
+	err := conn.QueryRow(ctx, `select `+shape+` from pg_publication_tables where pubname = $1 and schemaname = $2 and tablename = $3`,
 		publication, t.Schema, t.Name).Scan(&filter, &attnames)
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.RowFilter = ""
@@ -320,6 +349,12 @@ func ReadPublicationShape(ctx context.Context, conn *pgx.Conn, publication strin
 	t.RowFilter = ""
 	if filter != nil {
 		t.RowFilter = *filter
+	}
+	for _, g := range t.Generated {
+		if pgsession.MajorVersion(conn.PgConn()) >= 18 && slices.Contains(attnames, g.Name) {
+			return fmt.Errorf("publication %q publishes generated column %q of %s (a column list that names it, PostgreSQL 18): pgconverge recomputes generated columns on the target and does not take their values from the stream; run ALTER PUBLICATION %s SET TABLE %s with a column list without it",
+				publication, g.Name, t, pgx.Identifier{publication}.Sanitize(), t.Quoted())
+		}
 	}
 	var kept []changebatch.Column
 	for _, c := range t.Columns {

@@ -32,6 +32,11 @@ type SlotInfo struct {
 	// SafeWALSize is how many bytes of WAL may still be written before the slot is at risk of
 	// being invalidated (safe_wal_size); nil when max_slot_wal_keep_size is -1 or the slot is lost.
 	SafeWALSize *int64
+	// InvalidationReason is why the source invalidated the slot, "" while it is valid: PostgreSQL
+	// 17 and later say it (invalidation_reason: wal_removed, rows_removed,
+	// wal_level_insufficient, and from 18 idle_timeout); 16 says only that a conflict with
+	// recovery invalidated it ("conflicting"); before, wal_status lost is the only sign.
+	InvalidationReason string
 }
 
 // ReadSlot returns what the source says of slot name; Exists is false when there is none.
@@ -40,9 +45,10 @@ func ReadSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, error
 	var flush, restart *string
 	var plugin, db, status *string
 	var pid *int32
+	var invalidation *string
 	err := conn.QueryRow(ctx, `select plugin::text, database::text, confirmed_flush_lsn::text, wal_status, active_pid,
-  restart_lsn::text, safe_wal_size, database is null or database = current_database()
-from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize, &s.ThisDatabase)
+  restart_lsn::text, safe_wal_size, database is null or database = current_database(), `+invalidationReason(conn)+`
+from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize, &s.ThisDatabase, &invalidation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -50,7 +56,7 @@ from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush
 		return s, fmt.Errorf("read replication slot %q: %w", name, err)
 	}
 	s.Exists = true
-	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(db), deref(status)
+	s.Plugin, s.Database, s.WALStatus, s.InvalidationReason = deref(plugin), deref(db), deref(status), deref(invalidation)
 	if pid != nil {
 		s.ActivePID = *pid
 	}
@@ -66,6 +72,18 @@ from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush
 		}
 	}
 	return s, nil
+}
+
+// invalidationReason is the pg_replication_slots expression of a slot's invalidation reason on
+// conn's server (SlotInfo.InvalidationReason), null while the slot is valid.
+func invalidationReason(conn *pgx.Conn) string {
+	switch v := pgsession.MajorVersion(conn.PgConn()); {
+	case v >= 17:
+		return `invalidation_reason::text`
+	case v == 16:
+		return `case when conflicting then 'conflicting' end`
+	}
+	return `null::text`
 }
 
 // MaxSlotWALKeepSize returns the source's max_slot_wal_keep_size in bytes, -1 for unlimited
@@ -194,9 +212,20 @@ func SourceID(ctx context.Context, conn *pgx.Conn) (string, error) {
 	return id, nil
 }
 
-// Lost reports whether the source invalidated the slot because it removed WAL the slot still
-// needed (wal_status lost, PostgreSQL docs §54.19 pg_replication_slots; see max_slot_wal_keep_size).
-func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
+// Lost reports whether the source invalidated the slot, so that it can no longer stream: it
+// removed WAL the slot still needed (wal_status lost, PostgreSQL docs §54.19 pg_replication_slots;
+// see max_slot_wal_keep_size), or, from PostgreSQL 16 on, for any other InvalidationReason (rows
+// the slot needed were removed, wal_level lowered, the slot idle past idle_replication_slot_timeout).
+func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" || s.InvalidationReason != "" }
+
+// LostBecause says why the slot is lost, for logs and errors: "wal_status lost" or the source's
+// invalidation reason.
+func (s SlotInfo) LostBecause() string {
+	if s.InvalidationReason != "" {
+		return "invalidation_reason " + s.InvalidationReason
+	}
+	return "wal_status " + s.WALStatus
+}
 
 // DropSlot drops replication slot name on the source (pg_drop_replication_slot); the slot must be
 // inactive.

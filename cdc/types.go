@@ -23,7 +23,8 @@ type TypeDefinition struct {
 // range types that table t's columns use, directly or through arrays, domains, composite
 // attributes, ranges and multiranges, in an order in which they can be created (dependencies
 // first). Domains carry their NOT NULL and CHECK constraints (pg_get_constraintdef), not their
-// defaults or collations. A range type carries its subtype, multirange type name, collation and
+// defaults or collations; PostgreSQL 17 and later record a domain's NOT NULL as a named
+// constraint (contype 'n'), which is carried by that name and not again as a bare NOT NULL. A range type carries its subtype, multirange type name, collation and
 // subtype_diff function (which the target must have when it is not built in); a range type with a
 // canonical function, and other user-defined types (base types), are not returned: the target
 // must have them (CREATE TYPE, PostgreSQL docs §8.17.8).
@@ -50,7 +51,8 @@ select n.nspname::text, t.typname::text, case t.typtype
   when 'e' then format('create type %I.%I as enum (%s)', n.nspname, t.typname,
     (select coalesce(string_agg(quote_literal(e.enumlabel), ', ' order by e.enumsortorder), '') from pg_enum e where e.enumtypid = t.oid))
   when 'd' then format('create domain %I.%I as %s%s%s', n.nspname, t.typname, format_type(t.typbasetype, t.typtypmod),
-    case when t.typnotnull then ' not null' else '' end,
+    case when t.typnotnull and not exists (select 1 from pg_constraint c where c.contypid = t.oid and c.contype = 'n')
+      then ' not null' else '' end,
     (select coalesce(string_agg(format(' constraint %I %s', c.conname, pg_get_constraintdef(c.oid)), '' order by c.conname), '')
      from pg_constraint c where c.contypid = t.oid))
   when 'r' then (select format('create type %I.%I as range (subtype = %s, multirange_type_name = %s%s%s)', n.nspname, t.typname,

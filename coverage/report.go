@@ -302,7 +302,7 @@ func tableReport(st *TableState, slot SlotHealth, f Facts) TableReport {
 	case !slot.Exists || slot.Plugin != "pgoutput":
 		tr.Note = fmt.Sprintf("slot %s is missing (or replaced by a slot of another kind): its stream cannot deliver what follows the watermark", slot.Name)
 		led.Watermark = max(led.Watermark, now)
-	case slot.WALStatus == "lost":
+	case slot.Invalidated():
 		tr.Note = fmt.Sprintf("slot %s is invalidated: its stream cannot deliver what follows the watermark", slot.Name)
 		led.Watermark = max(led.Watermark, now)
 	case slot.ConfirmedFlushLSN == nil:

@@ -23,6 +23,10 @@ type SlotHealth struct {
 	RestartLagBytes uint64 `json:"restart_lag_bytes"`
 	// ConfirmedFlushLSN is the position the consumer confirmed.
 	ConfirmedFlushLSN *LSN `json:"confirmed_flush_lsn"`
+	// InvalidationReason is why the source invalidated the slot (pg_replication_slots
+	// invalidation_reason on PostgreSQL 17 and later, "conflicting" on 16), "" while it is valid
+	// or when the source does not say.
+	InvalidationReason string `json:"invalidation_reason,omitempty"`
 	// MaxSlotWALKeepSizeBytes is the source's max_slot_wal_keep_size in bytes, -1 for unlimited.
 	MaxSlotWALKeepSizeBytes int64 `json:"max_slot_wal_keep_size_bytes"`
 	// Warning says when the slot is lost, missing or at risk of losing WAL; "" when healthy.
@@ -48,6 +52,8 @@ func (h SlotHealth) risk() string {
 	switch {
 	case h.Plugin != "pgoutput":
 		return fmt.Sprintf("slot %q is not a pgoutput logical slot (plugin %q): it is not the stream's slot, which was dropped; pgconverge run refuses it until it is dropped", h.Name, h.Plugin)
+	case h.InvalidationReason != "":
+		return fmt.Sprintf("slot %q is invalidated (invalidation_reason %s): it can no longer stream, so changes after the watermark are lost; pgconverge run replaces the slot and, with --on-gap=backfill, backfills the gap", h.Name, h.InvalidationReason)
 	case h.WALStatus == "lost":
 		return fmt.Sprintf("slot %q is invalidated (wal_status lost): the source removed WAL it still needed, so changes after the watermark are lost; pgconverge run replaces the slot and, with --on-gap=backfill, backfills the gap", h.Name)
 	case h.WALStatus == "unreserved":
@@ -58,6 +64,10 @@ func (h SlotHealth) risk() string {
 	}
 	return ""
 }
+
+// Invalidated reports whether the source invalidated the slot (wal_status lost, or any
+// invalidation reason): its stream cannot deliver what follows the watermark.
+func (h SlotHealth) Invalidated() bool { return h.WALStatus == "lost" || h.InvalidationReason != "" }
 
 // HumanBytes prints a size in bytes with a binary unit: "512 B", "1.5 MiB".
 func HumanBytes(b uint64) string {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pgcluster.sh — start and stop private, throwaway PostgreSQL 15 clusters for pgconverge's demo and
+# pgcluster.sh — start and stop private, throwaway PostgreSQL clusters (15 by default, 14–18 with
+# PG_SERVER_VERSION) for pgconverge's demo and
 # tests (scripts/demo.sh, scripts/test.sh). Each cluster lives in ROOT/NAME, logs to ROOT/NAME.log,
 # listens only on 127.0.0.1 and lets the superuser `postgres` in without a password (trust).
 #
@@ -23,10 +24,17 @@
 # is attempted (as root, or via sudo).
 #
 # Environment:
-#   PGBIN  directory of the PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
+#   PGBIN              PostgreSQL 15's binaries (default /usr/lib/postgresql/15/bin): the client
+#                      programs (psql, pg_isready) of every cluster, and 15's server
+#   PG_SERVER_VERSION  the major version `start` creates (default 15); 14, 16, 17 and 18 come from
+#                      scripts/pgservers.sh, which downloads its pinned build once. `stop` and
+#                      `restart` run the binaries of the version the data directory holds.
 set -euo pipefail
 
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+PGSERVERS=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/pgservers.sh
+# SERVERBIN is the folder of initdb, pg_ctl and postgres of the cluster at hand (server_bin).
+SERVERBIN=$PGBIN
 # Every path this script touches is absolute; working from / also keeps tools that look at the
 # current directory happy when it is one the server's user cannot read (e.g. /root).
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -58,6 +66,22 @@ ensure_binaries() {
 	for b in "${missing[@]}"; do
 		[ -x "$PGBIN/$b" ] || die "$PGBIN/$b still missing after installing PostgreSQL 15"
 	done
+}
+
+# server_bin MAJOR sets SERVERBIN to MAJOR's server binaries, installing them if needed.
+server_bin() {
+	case $1 in
+	15) SERVERBIN=$PGBIN ;;
+	14 | 16 | 17 | 18) SERVERBIN=$(PGBIN=$PGBIN "$PGSERVERS" bin "$1") || die "no PostgreSQL $1 server binaries" ;;
+	*) die "PostgreSQL $1 is not supported here (14, 15, 16, 17 or 18)" ;;
+	esac
+}
+
+# data_server_bin DATA sets SERVERBIN to the binaries of the version in data directory DATA.
+data_server_bin() {
+	if [ -f "$1/PG_VERSION" ]; then
+		server_bin "$(cat "$1/PG_VERSION")"
+	fi
 }
 
 # PG_USER is the OS user that owns and runs the clusters.
@@ -116,7 +140,8 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # server_running tells whether a postmaster is alive in data directory $1.
 server_running() {
 	[ -f "$1/postmaster.pid" ] || return 1
-	as_pg "$PGBIN/pg_ctl" -D "$1" status >/dev/null 2>&1
+	data_server_bin "$1"
+	as_pg "$SERVERBIN/pg_ctl" -D "$1" status >/dev/null 2>&1
 }
 
 # listen_inodes prints the socket inodes of the IPv4 TCP sockets listening on port $1.
@@ -192,7 +217,7 @@ kill_orphans() {
 
 stop_dir() { # DATA [MODE]
 	if server_running "$1"; then
-		as_pg "$PGBIN/pg_ctl" -D "$1" -m "${2:-fast}" -w -t 120 -s stop
+		as_pg "$SERVERBIN/pg_ctl" -D "$1" -m "${2:-fast}" -w -t 120 -s stop
 	fi
 }
 
@@ -252,6 +277,7 @@ cmd_start() {
 		fi
 	fi
 
+	server_bin "${PG_SERVER_VERSION:-15}"
 	mkdir -p "$ROOT" "$data"
 	if is_root; then
 		# The server's user must be able to reach ROOT and own its data directory and log.
@@ -266,7 +292,7 @@ cmd_start() {
 	if locale -a 2>/dev/null | grep -qiE '^c\.utf-?8$'; then
 		locale=C.UTF-8
 	fi
-	as_pg "$PGBIN/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale="$locale" \
+	as_pg "$SERVERBIN/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale="$locale" \
 		--no-sync --no-instructions >"$data.initdb.log" 2>&1 || {
 		cat "$data.initdb.log" >&2
 		die "initdb failed for $data"
@@ -297,12 +323,12 @@ cmd_start() {
 		fi
 	} | as_pg tee -a "$data/postgresql.conf" >/dev/null
 
-	as_pg "$PGBIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start </dev/null || {
+	as_pg "$SERVERBIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start </dev/null || {
 		tail -n 30 "$log" >&2 || true
 		die "could not start $data (log: $log)"
 	}
 	wait_ready "$port" "$log"
-	say "started '$name' on 127.0.0.1:$port${mode:+ ($mode)}, data $data, log $log"
+	say "started '$name' (PostgreSQL ${PG_SERVER_VERSION:-15}) on 127.0.0.1:$port${mode:+ ($mode)}, data $data, log $log"
 }
 
 cmd_stop() {
@@ -325,8 +351,9 @@ cmd_restart() {
 	local data=$ROOT/$name log=$ROOT/$name.log
 	[ -f "$data/PG_VERSION" ] || die "no cluster in $data (use start first)"
 	pick_user
+	data_server_bin "$data"
 	# -l: keep logging to the file; without it the server would inherit our stdout/stderr.
-	as_pg "$PGBIN/pg_ctl" -D "$data" -l "$log" -m "$mode" -w -t 120 -s restart </dev/null || {
+	as_pg "$SERVERBIN/pg_ctl" -D "$data" -l "$log" -m "$mode" -w -t 120 -s restart </dev/null || {
 		tail -n 30 "$log" >&2 || true
 		die "could not restart $data (log: $log)"
 	}

@@ -18,7 +18,11 @@
 #      PGCONVERGE_TEST_RESTART_SOURCE  shell command that restarts the source cluster
 #      PGCONVERGE_TEST_RESTART_TARGET  shell command that restarts the target cluster
 #      PGCONVERGE_REQUIRE_INTEGRATION  1: integration tests fail (never skip) without the URLs
-# and exits with go test's status. The clusters are stopped and ROOT removed on exit.
+# 4. without extra arguments, the version matrix: scripts/test-versions.sh runs the conformance
+#    subset on PostgreSQL 14, 16, 17 and 18 and on the mixed pairs 14 → 18, 15 → 17 and 18 → 16,
+#    each on clusters of its own (about 1–2 minutes a pair);
+# and exits with go test's status (1 when a pair of step 4 failed). The clusters are stopped and
+# ROOT removed on exit.
 #
 # Environment:
 #   PGCONVERGE_TEST_ROOT  clusters' folder (default /tmp/pgconverge-test); a running cluster there
@@ -26,9 +30,16 @@
 #   PGCONVERGE_TEST_PORT  source port (default 54341); the target uses the next one
 #   PGCONVERGE_TEST_PARALLEL  integration tests run at once within a package (go test -parallel;
 #                             default 8)
+#   PGCONVERGE_TEST_PACKAGES  the packages to test (default ./...)
+#   PGCONVERGE_TEST_STATIC=0  skip step 1 (gofmt, vet, docs)
+#   PGCONVERGE_TEST_VERSIONS  the version pairs of step 4 (scripts/test-versions.sh; "none": skip)
 #   PGCONVERGE_KEEP=1  keep the clusters' folder ROOT (data and logs) after the run; the servers
 #                      are still stopped
-#   PGBIN              PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
+#   PGCONVERGE_TEST_PG  the clusters' PostgreSQL major version, 14 to 18 (default 15; others are
+#                       downloaded once by scripts/pgservers.sh)
+#   PGCONVERGE_TEST_SOURCE_PG, PGCONVERGE_TEST_TARGET_PG  one side's version (default
+#                       PGCONVERGE_TEST_PG), for a mixed pair such as 14 → 18
+#   PGBIN              PostgreSQL 15's binaries (default /usr/lib/postgresql/15/bin)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,27 +53,29 @@ PGCLUSTER=$REPO/scripts/pgcluster.sh
 SOURCE_PORT=${PGCONVERGE_TEST_PORT:-54341}
 TARGET_PORT=$((SOURCE_PORT + 1))
 
-echo "== gofmt -l ."
-unformatted=$(gofmt -l .)
-if [ -n "$unformatted" ]; then
-	echo "these files are not gofmt-formatted (run: gofmt -w .):" >&2
-	echo "$unformatted" >&2
-	exit 1
-fi
+if [ "${PGCONVERGE_TEST_STATIC:-1}" != 0 ]; then
+	echo "== gofmt -l ."
+	unformatted=$(gofmt -l .)
+	if [ -n "$unformatted" ]; then
+		echo "these files are not gofmt-formatted (run: gofmt -w .):" >&2
+		echo "$unformatted" >&2
+		exit 1
+	fi
 
-echo "== go vet ./..."
-go vet ./...
-go vet -tags gendocs ./cmd/pgconverge
+	echo "== go vet ./..."
+	go vet ./...
+	go vet -tags gendocs ./cmd/pgconverge
 
-echo "== docs: docs/cli current, relative links resolve"
-clidocs=$(mktemp -d)
-if ! scripts/gen-cli-docs.sh "$clidocs" || ! diff -r "$clidocs" docs/cli >&2; then
+	echo "== docs: docs/cli current, relative links resolve"
+	clidocs=$(mktemp -d)
+	if ! scripts/gen-cli-docs.sh "$clidocs" || ! diff -r "$clidocs" docs/cli >&2; then
+		rm -rf "$clidocs"
+		echo "docs/cli is stale: run scripts/gen-cli-docs.sh" >&2
+		exit 1
+	fi
 	rm -rf "$clidocs"
-	echo "docs/cli is stale: run scripts/gen-cli-docs.sh" >&2
-	exit 1
+	go run scripts/checklinks.go
 fi
-rm -rf "$clidocs"
-go run scripts/checklinks.go
 
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
@@ -81,9 +94,11 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-echo "== starting PostgreSQL clusters under $ROOT"
-"$PGCLUSTER" start source "$SOURCE_PORT" "$ROOT" logical
-"$PGCLUSTER" start target "$TARGET_PORT" "$ROOT"
+SOURCE_PG=${PGCONVERGE_TEST_SOURCE_PG:-${PGCONVERGE_TEST_PG:-15}}
+TARGET_PG=${PGCONVERGE_TEST_TARGET_PG:-${PGCONVERGE_TEST_PG:-15}}
+echo "== starting PostgreSQL clusters under $ROOT: source $SOURCE_PG, target $TARGET_PG"
+PG_SERVER_VERSION=$SOURCE_PG "$PGCLUSTER" start source "$SOURCE_PORT" "$ROOT" logical
+PG_SERVER_VERSION=$TARGET_PG "$PGCLUSTER" start target "$TARGET_PORT" "$ROOT"
 
 # The tests create and drop hundreds of databases, each of which the autovacuum launcher would
 # visit with a worker process of its own; a test that needs a VACUUM runs it.
@@ -109,9 +124,11 @@ export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_SOU
 # go.mod tool) prints each test as it ends, so the long integration package is not silent; it
 # prints the output of failed tests again at the end, and exits with go test's status.
 PARALLEL=${PGCONVERGE_TEST_PARALLEL:-8}
-echo "== go test -race -count=1 -p 1 -parallel $PARALLEL -timeout 30m ./... $* (one line per test as it ends)"
+PACKAGES=${PGCONVERGE_TEST_PACKAGES:-./...}
+echo "== go test -race -count=1 -p 1 -parallel $PARALLEL -timeout 30m $PACKAGES $* (one line per test as it ends)"
 status=0
-go tool gotestsum --format testname --format-hide-empty-pkg -- -race -count=1 -p 1 -parallel "$PARALLEL" -timeout 30m ./... "$@" || status=$?
+# shellcheck disable=SC2086  # PACKAGES may name several
+go tool gotestsum --format testname --format-hide-empty-pkg -- -race -count=1 -p 1 -parallel "$PARALLEL" -timeout 30m $PACKAGES "$@" || status=$?
 if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
 	# Fuzz budgets are counts of inputs, not durations: a duration's deadline races the fuzzing
 	# coordinator's workers in Go 1.26 and fails the target with a bare "context deadline
@@ -126,6 +143,10 @@ if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
 	echo "== BENCH_QUICK=1 BENCH_PORT=24401 scripts/bench.sh (the benchmark's smoke run: every phase, each checked equal to the source)"
 	BENCH_QUICK=1 BENCH_PORT=24401 scripts/bench.sh >"$ROOT/bench-quick.log" 2>&1 || { status=$?; tail -n 40 "$ROOT/bench-quick.log"; }
 	grep -A 20 '^== summary' "$ROOT/bench-quick.log" || true
+fi
+if [ $# -eq 0 ]; then
+	# Each pair on clusters of its own, 20 ports above this run's.
+	scripts/test-versions.sh || status=1
 fi
 if [ "$status" -ne 0 ]; then
 	echo "go test failed (exit $status); server logs: $ROOT/source.log, $ROOT/target.log" \

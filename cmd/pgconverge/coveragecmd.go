@@ -101,6 +101,15 @@ func uncovered(rep coverage.Report) []string {
 	return out
 }
 
+// invalidationReason is ", invalidation_reason R" when the source says why it invalidated slot
+// s, else "".
+func invalidationReason(s coverage.SlotHealth) string {
+	if s.InvalidationReason == "" {
+		return ""
+	}
+	return ", invalidation_reason " + s.InvalidationReason
+}
+
 // printCoverage writes the report for a terminal: the slots, one line per table, then the gaps
 // and notes.
 func printCoverage(w io.Writer, rep coverage.Report) {
@@ -109,8 +118,8 @@ func printCoverage(w io.Writer, rep coverage.Report) {
 		switch {
 		case !s.Exists:
 			fmt.Fprintf(w, "slot %s: missing\n", s.Name)
-		case s.WALStatus == "lost":
-			fmt.Fprintf(w, "slot %s: wal_status lost\n", s.Name)
+		case s.Invalidated():
+			fmt.Fprintf(w, "slot %s: invalidated (wal_status %s%s)\n", s.Name, s.WALStatus, invalidationReason(s))
 		default:
 			safe := "unlimited"
 			if s.SafeWALSizeBytes != nil {

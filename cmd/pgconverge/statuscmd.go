@@ -142,7 +142,7 @@ func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 		}
 		fmt.Fprintf(w, "  %s %s (epoch %d, since %s), %d standby(s) waiting\n", state, l.Holder, l.Epoch, l.Since, l.Standbys)
 	}
-	if s.Exists && s.WALStatus != "lost" {
+	if s.Exists && !s.Invalidated() {
 		safe := "unlimited"
 		if s.SafeWALSizeBytes != nil {
 			safe = coverage.HumanBytes(uint64(max(*s.SafeWALSizeBytes, 0)))

@@ -58,6 +58,10 @@ func TestUserTypesAreCreatedOnTheTarget(t *testing.T) {
 	if got := pgtest.Scalar[string](t, env.Target, `select pg_get_constraintdef(oid) from pg_constraint where contypid = 'app.posint'::regtype`); got != "CHECK ((VALUE > 0))" {
 		t.Errorf("domain constraint on the target: %q", got)
 	}
+	// PostgreSQL 17 and later record a domain's NOT NULL as a named constraint as well.
+	if got := pgtest.Scalar[bool](t, env.Target, `select typnotnull from pg_type where oid = 'app.tags'::regtype`); !got {
+		t.Errorf("domain app.tags on the target is not NOT NULL")
+	}
 }
 
 // A publication that publishes partitions through their root never names a partition in its

@@ -77,7 +77,7 @@ type sessionStart struct {
 // the session loaded tables; the next session, started at once, records the break in the ledger.
 var errSlotMoved = disposition.New("replication slot moved or dropped under the session", disposition.Mark{Action: disposition.Restart, Reason: disposition.ReasonRestart})
 
-// errSlotLost ends a session whose slot the source invalidated (wal_status lost) after the session
+// errSlotLost ends a session whose slot the source invalidated (cdc.SlotInfo.Lost) after the session
 // began: it removed WAL the slot still needed, past max_slot_wal_keep_size. The next session, after
 // a backoff (a load longer than the source keeps WAL for loses the next slot alike), creates the
 // slot anew and backfills the gap.

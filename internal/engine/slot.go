@@ -64,7 +64,7 @@ func (s *session) takeSlot(ctx context.Context, info cdc.SlotInfo) (cdc.SlotInfo
 // session's stream covers what, loads the tables that need it, and returns the LSN to start
 // streaming from.
 //
-// A slot that is missing or invalidated (wal_status lost) is created anew; when the ledger had a
+// A slot that is missing or invalidated (cdc.SlotInfo.Lost) is created anew; when the ledger had a
 // segment for it, that segment ends at the target's progress and the range up to the new slot's
 // consistent point is a gap. A slot whose confirmed_flush_lsn is past the target's progress
 // (another consumer, or a target restored from an older backup) streams from there, and the range
@@ -96,7 +96,7 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 		if err := cdc.DropSlot(ctx, s.src, cfg.Slot); err != nil {
 			return 0, err
 		}
-		return s.newSlot(ctx, fmt.Sprintf("slot %q was invalidated (wal_status lost): the source removed WAL it still needed (max_slot_wal_keep_size)", cfg.Slot))
+		return s.newSlot(ctx, fmt.Sprintf("slot %q was invalidated (%s): it can no longer stream", cfg.Slot, slot.LostBecause()))
 	}
 	if !slot.Exists {
 		return s.newSlot(ctx, fmt.Sprintf("slot %q is missing: it was dropped", cfg.Slot))
@@ -248,7 +248,7 @@ func (s *session) checkSlotStart(ctx context.Context, start pglogrepl.LSN) error
 const slotGoneCheck = 10 * time.Second
 
 // slotGoneOr returns err, with which the session's stream ended, wrapped in errSlotLost when the
-// source invalidated the slot (wal_status lost) or in errSlotMoved when it was dropped, at any
+// source invalidated the slot (cdc.SlotInfo.Lost) or in errSlotMoved when it was dropped, at any
 // moment of the session: during an initial load START_REPLICATION then fails (55000 "cannot read
 // from logical replication slot"), while streaming the source ends the walsender. The next session
 // creates the slot anew and records and backfills the gap, as for a slot found gone at its start.
@@ -268,6 +268,6 @@ func (s *session) slotGoneOr(ctx context.Context, err error) error {
 	case !slot.Exists:
 		return fmt.Errorf("%w: slot %q was dropped: restarting the session to create it anew and record the gap (%w)", errSlotMoved, s.cfg.Slot, err)
 	}
-	return fmt.Errorf("%w: the source invalidated slot %q (wal_status lost) while this session used it: the next session creates it anew and backfills the gap (%w)",
-		errSlotLost, s.cfg.Slot, err)
+	return fmt.Errorf("%w: the source invalidated slot %q (%s) while this session used it: the next session creates it anew and backfills the gap (%w)",
+		errSlotLost, s.cfg.Slot, slot.LostBecause(), err)
 }

@@ -25,6 +25,7 @@ func ReadSlotHealth(ctx context.Context, src *pgx.Conn, name string, now pglogre
 	h.Exists = s.Exists && s.ThisDatabase
 	if h.Exists {
 		h.Plugin, h.Active, h.WALStatus, h.SafeWALSizeBytes = s.Plugin, s.ActivePID != 0, s.WALStatus, s.SafeWALSize
+		h.InvalidationReason = s.InvalidationReason
 		if s.RestartLSN != 0 {
 			r := coverage.LSN(s.RestartLSN)
 			h.RestartLSN = &r
