@@ -81,7 +81,8 @@ func invalidationReason(conn *pgx.Conn) string {
 	case v >= 17:
 		return `invalidation_reason::text`
 	case v == 16:
-		return `case when conflicting then 'conflicting' end`
+		// 16 sets conflicting for any invalidation, a removal of WAL (wal_status lost) too.
+		return `case when conflicting and wal_status is distinct from 'lost' then 'conflicting' end`
 	}
 	return `null::text`
 }
@@ -218,13 +219,13 @@ func SourceID(ctx context.Context, conn *pgx.Conn) (string, error) {
 // the slot needed were removed, wal_level lowered, the slot idle past idle_replication_slot_timeout).
 func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" || s.InvalidationReason != "" }
 
-// LostBecause says why the slot is lost, for logs and errors: "wal_status lost" or the source's
-// invalidation reason.
+// LostBecause says why the slot is lost, for logs and errors: "wal_status lost" (with the
+// reason) or the source's invalidation reason.
 func (s SlotInfo) LostBecause() string {
-	if s.InvalidationReason != "" {
-		return "invalidation_reason " + s.InvalidationReason
+	if s.InvalidationReason != "" && s.InvalidationReason != "wal_removed" {
+		return "invalidation_reason " + s.InvalidationReason + ", wal_status " + s.WALStatus
 	}
-	return "wal_status " + s.WALStatus
+	return "wal_status lost: the source removed WAL it still needed (max_slot_wal_keep_size)"
 }
 
 // DropSlot drops replication slot name on the source (pg_drop_replication_slot); the slot must be

@@ -280,7 +280,7 @@ type SilentWorker struct {
 func EndSilentWorkers(ctx context.Context, conn *pgx.Conn, lease time.Duration, self string) ([]SilentWorker, error) {
 	rows, err := conn.Query(ctx, `select w.pid, w.run_id, w.joined, w.host, extract(epoch from clock_timestamp() - w.seen_at)::float8
 from pgconverge.backfill_workers w join pg_stat_activity a on a.pid = w.pid and a.backend_start = w.backend_start
-where w.seen_at < clock_timestamp() - $1::interval and w.host <> $2`, lease.String(), self)
+where w.seen_at < clock_timestamp() - $1::float8 * interval '1 second' and w.host <> $2`, lease.Seconds(), self)
 	if err != nil {
 		return nil, fmt.Errorf("find silent backfill sessions: %w", err)
 	}

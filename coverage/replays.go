@@ -78,8 +78,9 @@ func PruneSuppressedReplays(ctx context.Context, q Execer, retention time.Durati
 	if retention <= 0 {
 		return 0, nil
 	}
-	tag, err := q.Exec(ctx, `delete from pgconverge.suppressed_replays where recorded_at < now() - $1::interval`,
-		fmt.Sprintf("%d microseconds", retention.Microseconds()))
+	// Seconds times an interval: PostgreSQL 14 cannot read 720 hours as "2592000000000 microseconds".
+	tag, err := q.Exec(ctx, `delete from pgconverge.suppressed_replays where recorded_at < now() - $1::float8 * interval '1 second'`,
+		retention.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("delete the suppressed-replay audit rows older than %s: %w", retention, err)
 	}

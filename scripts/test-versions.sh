@@ -31,6 +31,7 @@ CONFORMANCE=(
 	TestKeylessTableConverges
 	TestVerifyFindsRecordsAndRepairsDrift TestVerifyKeysOfEveryKind
 	TestCoverageAfterLoadAndStream TestDroppedSlotIsAGapUntilBackfilled TestInvalidatedSlotIsAGapNotACrashLoop
+	TestIdleTimedOutSlotIsAGap TestPublishedGeneratedColumnsAreRefused # PostgreSQL 18 and later
 	TestStandbyTakesOverFromAKilledLeader # HA
 	TestPartitionedTableIsOneTargetTable TestSlotIsConfirmedByProbesBetweenFullChecks
 )

@@ -165,6 +165,29 @@ func TestRefusesPublicationThatHidesChanges(t *testing.T) {
 	}
 }
 
+// PostgreSQL 18 can publish stored generated columns (publish_generated_columns = stored, or a
+// column list that names one); pgconverge computes them on the target instead, so such a
+// publication is refused, naming the fix.
+func TestPublishedGeneratedColumnsAreRefused(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	if v := pgtest.Scalar[int](t, env.Source, `select current_setting('server_version_num')::int`); v < 180000 {
+		t.Skipf("publications publish generated columns from PostgreSQL 18 on; the source is %d", v)
+	}
+	pgtest.Exec(t, env.Source, `create table g (id int primary key, v int, w int generated always as (v * 2) stored)`,
+		`create publication gen_all for table g with (publish_generated_columns = stored)`,
+		`create publication gen_listed for table g (id, v, w)`)
+	cases := map[string][]string{
+		"gen_all":    {"publish_generated_columns = stored", "publish_generated_columns = none"},
+		"gen_listed": {`generated column "w"`, "column list without it"},
+	}
+	for pub, want := range cases {
+		cfg := testConfig(t, env)
+		cfg.Publication = pub
+		t.Run(pub, func(t *testing.T) { requireRefusal(t, cfg, want...) })
+	}
+}
+
 // A table removed from the publication and added back while streaming missed changes in between:
 // the daemon notices the new membership and loads the table again.
 func TestPublicationDropAndReAddWhileStreaming(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -83,4 +84,50 @@ func TestSlotLostWhileStreaming(t *testing.T) {
 	pgtest.WaitConverged(t, env, "a", "id")
 	waitCovered(t, env)
 	d.RequireRunning(t)
+}
+
+// A slot PostgreSQL 18 invalidates for lying idle past idle_replication_slot_timeout (its
+// invalidation_reason idle_timeout) is a lost slot like one that lost its WAL: coverage shows the
+// gap and names the reason, the restarted daemon replaces the slot, backfills the gap and says
+// why its old segment ended. Serial: the timeout is a setting of the whole source cluster (reset at
+// cleanup), which would invalidate any other test's idle slot at a checkpoint.
+func TestIdleTimedOutSlotIsAGap(t *testing.T) {
+	env := pgtest.New(t)
+	if v := pgtest.Scalar[int](t, env.Source, `select current_setting('server_version_num')::int`); v < 180000 {
+		t.Skipf("idle_replication_slot_timeout came with PostgreSQL 18; the source is %d", v)
+	}
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
+		`insert into a select g, 'v' from generate_series(1, 1000) g`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitSlotCaughtUp(t, env)
+	waitCovered(t, env)
+	d.Stop(t)
+	from := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	pgtest.Exec(t, env.Source, `update a set v = 'while idle' where id <= 500`, `delete from a where id > 990`)
+	pgtest.Exec(t, env.Source, `alter system set idle_replication_slot_timeout = '1s'`, `select pg_reload_conf()`)
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.Connect(t, env.SourceURL), `alter system reset idle_replication_slot_timeout`, `select pg_reload_conf()`)
+	})
+	pgtest.Eventually(t, 60*time.Second, "slot invalidated for idling", func() (bool, string) {
+		pgtest.Exec(t, env.Source, `checkpoint`)
+		r := pgtest.Scalar[string](t, env.Source, `select coalesce(invalidation_reason, '') from pg_replication_slots where slot_name = $1`, env.Name)
+		return r == "idle_timeout", "invalidation_reason " + r
+	})
+	pgtest.Exec(t, env.Source, `alter system reset idle_replication_slot_timeout`, `select pg_reload_conf()`)
+	to := lsnOf(t, env, `select pg_current_wal_insert_lsn()::text`)
+	rep, code := coverageOf(t, env)
+	if code != exitGap || len(rep.Slots) != 1 || rep.Slots[0].InvalidationReason != "idle_timeout" || !strings.Contains(rep.Slots[0].Warning, "idle_timeout") {
+		t.Fatalf("exit %d, slots %+v: want exit 3 and a slot invalidated for idle_timeout, named in the warning", code, rep.Slots)
+	}
+	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
+
+	d = startDaemon(t, testConfig(t, env))
+	pgtest.WaitStreaming(t, env)
+	pgtest.WaitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	d.RequireRunning(t)
+	if r := pgtest.Scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, "idle_timeout") {
+		t.Errorf("ended segment's reason %q does not name idle_timeout", r)
+	}
 }

@@ -2,11 +2,13 @@ package engine_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -140,6 +142,20 @@ var typeCases = []typeCase{
 	{name: "text_toast", typ: "text", vals: []string{big(1), "'small'", big(7)}},
 }
 
+// typeCasesOf returns typeCases without the values that PostgreSQL major version cannot read:
+// before 15, an interval's time field past 2^31 hours (fixed by PostgreSQL 15's interval input).
+func typeCasesOf(major int) []typeCase {
+	if major >= 15 {
+		return typeCases
+	}
+	out := slices.Clone(typeCases)
+	for i, c := range out {
+		c.vals = slices.DeleteFunc(slices.Clone(c.vals), func(v string) bool { return strings.Contains(v, "2562047788:") })
+		out[i] = c
+	}
+	return out
+}
+
 // TestTypesRoundTrip creates one table t_<name> (id int primary key, v <type>, n int) per type
 // case, and one k_<name> like it without a key (REPLICA IDENTITY FULL), inserts its edge values before the daemon starts (backfill path, rows 1..k) and after
 // (stream path, rows 1001..), then updates, moves and deletes some, and compares every table
@@ -151,6 +167,12 @@ func TestTypesRoundTrip(t *testing.T) {
 	env := pgtest.New(t)
 	oddDatabaseDefaults(t, env)
 	src, tgt := connectRendering(t, env.SourceURL), connectRendering(t, env.TargetURL)
+	srcMajor, tgtMajor := pgsession.MajorVersion(src.PgConn()), pgsession.MajorVersion(tgt.PgConn())
+	typeCases := typeCasesOf(min(srcMajor, tgtMajor))
+	// The binary send form of an OID alias type (regclass, regcollation…) is the oid, and the
+	// oids of some catalog objects (the collation ucs_basic) differ between major versions: across
+	// versions those compare by text.
+	binary := func(c typeCase) bool { return !c.user && (srcMajor == tgtMajor || !strings.HasPrefix(c.typ, "reg")) }
 	created := map[string]bool{}
 	for _, c := range typeCases {
 		for _, ddl := range c.create {
@@ -182,7 +204,7 @@ func TestTypesRoundTrip(t *testing.T) {
 		for _, c := range typeCases {
 			t.Run(c.name, func(t *testing.T) {
 				for _, table := range []string{"t_" + c.name, "k_" + c.name} {
-					requireSameRows(t, src, tgt, table, "id", !c.user)
+					requireSameRows(t, src, tgt, table, "id", binary(c))
 					if n := pgtest.Scalar[int64](t, tgt, `select count(*) from `+table+` where _cdc_seq <> 0`); n != 0 {
 						t.Errorf("%s: %d rows did not come from the snapshot", table, n)
 					}
@@ -206,8 +228,8 @@ func TestTypesRoundTrip(t *testing.T) {
 	t.Run("stream", func(t *testing.T) {
 		for _, c := range typeCases {
 			t.Run(c.name, func(t *testing.T) {
-				requireSameRows(t, src, tgt, "t_"+c.name, "id", !c.user)
-				requireSameRows(t, src, tgt, "k_"+c.name, "id", !c.user)
+				requireSameRows(t, src, tgt, "t_"+c.name, "id", binary(c))
+				requireSameRows(t, src, tgt, "k_"+c.name, "id", binary(c))
 			})
 		}
 	})
