@@ -352,8 +352,8 @@ func ReadPublicationShape(ctx context.Context, conn *pgx.Conn, publication strin
 	}
 	for _, g := range t.Generated {
 		if pgsession.MajorVersion(conn.PgConn()) >= 18 && slices.Contains(attnames, g.Name) {
-			return fmt.Errorf("publication %q publishes generated column %q of %s (a column list that names it, PostgreSQL 18): pgconverge recomputes generated columns on the target and does not take their values from the stream; run ALTER PUBLICATION %s SET TABLE %s with a column list without it",
-				publication, g.Name, t, pgx.Identifier{publication}.Sanitize(), t.Quoted())
+			return fmt.Errorf("publication %q publishes generated column %q of %s (PostgreSQL 18: publish_generated_columns = stored, or a column list that names it): pgconverge computes generated columns on the target and does not take their values from the stream; run ALTER PUBLICATION %s SET (publish_generated_columns = none), and leave the column out of the table's column list if it has one",
+				publication, g.Name, t, pgx.Identifier{publication}.Sanitize())
 		}
 	}
 	var kept []changebatch.Column

@@ -179,7 +179,7 @@ func TestPublishedGeneratedColumnsAreRefused(t *testing.T) {
 		`create publication gen_listed for table g (id, v, w)`)
 	cases := map[string][]string{
 		"gen_all":    {"publish_generated_columns = stored", "publish_generated_columns = none"},
-		"gen_listed": {`generated column "w"`, "column list without it"},
+		"gen_listed": {`generated column "w"`, "leave the column out of the table's column list"},
 	}
 	for pub, want := range cases {
 		cfg := testConfig(t, env)
