@@ -53,6 +53,12 @@ func addSyncSequencesFlag(f *pflag.FlagSet, sync *bool) {
 	f.BoolVar(sync, "sync-sequences", false, "after a table's backfill completes, sync the sequences it uses to the target as the sequences command does (a point-in-time value: run pgconverge sequences again at cutover)")
 }
 
+// addStandbyFlag defines --standby (operator.CoverageConfig.Standbys), shared by status and
+// coverage.
+func addStandbyFlag(f *pflag.FlagSet, urls *[]string) {
+	f.StringArrayVar(urls, "standby", nil, "URL of a physical standby of the source (PostgreSQL 17 or later) on which to check that the slot's copy is synced and ready for a failover; repeat for several")
+}
+
 // addAuditRetentionFlag adds --audit-retention, shared by run and verify.
 func addAuditRetentionFlag(f *pflag.FlagSet, d *time.Duration) {
 	f.DurationVar(d, "audit-retention", coverage.DefaultAuditRetention,
