@@ -65,6 +65,7 @@ func TestPromotedStandbyContinuesTheFailoverSlot(t *testing.T) {
 	// the slot's position within its naptime (up to 30 s when nothing changes).
 	progress := pgtest.Scalar[string](t, env.Target, `select applied_lsn::text from pgconverge.progress where slot = $1`, env.Name)
 	standby := pgtest.Connect(t, sb.AdminURL)
+	began := time.Now()
 	pgtest.Eventually(t, 2*time.Minute, "the standby's copy of the slot ready for failover at "+progress, func() (bool, string) {
 		var ready, caught bool
 		var flush *string
@@ -75,6 +76,7 @@ from pg_replication_slots where slot_name = $1`, env.Name, progress).Scan(&ready
 		}
 		return ready && caught, fmt.Sprintf("ready %v, confirmed_flush_lsn %v", ready, flush)
 	})
+	t.Logf("the standby's copy of the slot was ready at the target's progress %s %s after the target reached it", progress, time.Since(began).Round(time.Millisecond))
 	rep, err := operator.CoverageReport(ctx, operator.CoverageConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name, Standbys: []string{sb.AdminURL}})
 	if err != nil {
 		t.Fatal(err)
@@ -95,8 +97,10 @@ from pg_replication_slots where slot_name = $1`, env.Name, progress).Scan(&ready
 	var log pgtest.SyncBuffer
 	cfg.Source = promoted.SourceURL
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&log, pgtest.LogWriter(t)), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	began = time.Now()
 	startDaemon(t, cfg)
 	pgtest.WaitConverged(t, &promoted, "items", "id")
+	t.Logf("the daemon pointed at the promoted standby converged %s after it started", time.Since(began).Round(time.Millisecond))
 
 	if got := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills`); got != backfills {
 		t.Errorf("backfills after the failover: %d, want %d (no reload)", got, backfills)
