@@ -39,7 +39,7 @@ func Export(ctx context.Context, sourceURL string) (*Exported, error) {
 		return nil, err
 	}
 	name := "pgconverge_snap_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	slot, err := pgsession.CreateSlot(ctx, conn, name, true)
+	slot, err := pgsession.CreateSlot(ctx, conn, name, true, false)
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("export snapshot: %w", err)

@@ -37,6 +37,9 @@ type SlotInfo struct {
 	// wal_level_insufficient, and from 18 idle_timeout); 16 says only that a conflict with
 	// recovery invalidated it ("conflicting"); before, wal_status lost is the only sign.
 	InvalidationReason string
+	// Failover is true for a failover slot, which standbys with sync_replication_slots keep a
+	// copy of (pg_replication_slots.failover, PostgreSQL 17 and later; false before).
+	Failover bool
 }
 
 // ReadSlot returns what the source says of slot name; Exists is false when there is none.
@@ -47,8 +50,8 @@ func ReadSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, error
 	var pid *int32
 	var invalidation *string
 	err := conn.QueryRow(ctx, `select plugin::text, database::text, confirmed_flush_lsn::text, wal_status, active_pid,
-  restart_lsn::text, safe_wal_size, database is null or database = current_database(), `+invalidationReason(conn)+`
-from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize, &s.ThisDatabase, &invalidation)
+  restart_lsn::text, safe_wal_size, database is null or database = current_database(), `+invalidationReason(conn)+`, `+failoverColumn(conn)+`
+from pg_replication_slots where slot_name = $1`, name).Scan(&plugin, &db, &flush, &status, &pid, &restart, &s.SafeWALSize, &s.ThisDatabase, &invalidation, &s.Failover)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -85,6 +88,15 @@ func invalidationReason(conn *pgx.Conn) string {
 		return `case when conflicting and wal_status is distinct from 'lost' then 'conflicting' end`
 	}
 	return `null::text`
+}
+
+// failoverColumn is the pg_replication_slots expression of a slot's failover property on conn's
+// server (SlotInfo.Failover): false before PostgreSQL 17, which has no failover slots.
+func failoverColumn(conn *pgx.Conn) string {
+	if pgsession.MajorVersion(conn.PgConn()) >= 17 {
+		return `failover`
+	}
+	return `false`
 }
 
 // MaxSlotWALKeepSize returns the source's max_slot_wal_keep_size in bytes, -1 for unlimited

@@ -31,6 +31,9 @@ type SlotHealth struct {
 	MaxSlotWALKeepSizeBytes int64 `json:"max_slot_wal_keep_size_bytes"`
 	// Warning says when the slot is lost, missing or at risk of losing WAL; "" when healthy.
 	Warning string `json:"warning,omitempty"`
+	// Failover is whether a promoted standby could continue the slot (PostgreSQL 17 and later;
+	// nil before, or when the slot is missing).
+	Failover *FailoverReadiness `json:"failover,omitempty"`
 }
 
 // riskFraction is the share of max_slot_wal_keep_size below which a slot's safe_wal_size warns.

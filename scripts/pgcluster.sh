@@ -9,6 +9,8 @@
 #   scripts/pgcluster.sh stop    NAME ROOT                 # stop (no error if not running)
 #   scripts/pgcluster.sh restart NAME ROOT [MODE]          # pg_ctl restart -m MODE -w: fast (default) or immediate (a crash)
 #   scripts/pgcluster.sh url     NAME PORT                 # print the connection URL
+#   scripts/pgcluster.sh standby NAME PORT ROOT PRIMARY PRIMARY_PORT  # (re)create and start a physical standby of ROOT/PRIMARY
+#   scripts/pgcluster.sh promote NAME ROOT                 # promote standby NAME (pg_ctl promote -w)
 #   scripts/pgcluster.sh ensure                            # install PostgreSQL 15 if missing
 #
 # ROOT is an absolute folder, normally under /tmp (e.g. /tmp/pgconverge-demo); never put it inside
@@ -16,6 +18,13 @@
 # `start` wipes ROOT/NAME first: if a server is running there it is stopped, and an old server that
 # holds PORT is stopped too, but only when it is one of ours (its data directory is under ROOT).
 # `logical` adds wal_level=logical and room for replication slots, WAL senders and prepared xacts.
+# `standby` copies the running cluster ROOT/PRIMARY (PostgreSQL 15 or later; pg_basebackup 15
+# cannot copy a newer server, so it uses the low-level backup API, pg_backup_start and
+# pg_backup_stop, PostgreSQL docs §26.3.3) into ROOT/NAME, after creating the physical slot NAME
+# (lower-cased, - made _) on the primary, and starts it streaming from it with primary_slot_name,
+# hot_standby_feedback and, from PostgreSQL 17 on, sync_replication_slots (dbname=postgres in
+# primary_conninfo): the settings a standby needs to keep copies of failover slots. Stop it with
+# `stop NAME ROOT`; its physical slot stays on the primary until dropped there.
 #
 # PostgreSQL refuses to run as root. When this script runs as root, every server-side command runs
 # as the OS user `postgres` (or, if that user does not exist, a system user `pgconverge` that is
@@ -360,6 +369,92 @@ cmd_restart() {
 	wait_ready "$(sed -n 4p "$data/postmaster.pid")" "$log"
 }
 
+# slot_of NAME prints the physical slot name of standby NAME: lower case, - made _.
+slot_of() { echo "$1" | tr 'A-Z-' 'a-z_'; }
+
+cmd_standby() {
+	local name=$1 port=$2 primary=$4 pport=$5
+	check_name "$name"
+	check_name "$primary"
+	check_port "$port"
+	check_port "$pport"
+	check_root "$3"
+	[ "$name" != "$primary" ] || die "standby: NAME and PRIMARY must differ"
+	local data=$ROOT/$name log=$ROOT/$name.log pdata=$ROOT/$primary slot major purl
+	slot=$(slot_of "$name")
+	pick_user
+	server_running "$pdata" || die "standby: no running cluster in $pdata"
+	major=$(cat "$pdata/PG_VERSION")
+	[ "$major" -ge 15 ] || die "standby: the primary runs PostgreSQL $major; the low-level backup API used here (pg_backup_start) needs 15 or later"
+	stop_dir "$data" immediate
+	kill_orphans "$ROOT" "$name"
+	rm -rf "$data" "$log"
+	if port_busy "$port"; then
+		die "port $port on 127.0.0.1 is in use"
+	fi
+	purl=$(cmd_url "$primary" "$pport")
+	"$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -d "$purl" \
+		-c "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = '$slot'" \
+		-c "select pg_create_physical_replication_slot('$slot', true)" >/dev/null
+	mkdir -p "$data"
+	if is_root; then
+		touch "$log"
+		chown "$PG_USER:" "$data" "$log"
+	fi
+	chmod 700 "$data"
+	# One psql session holds the backup open while \! copies the data directory (files may change
+	# or vanish meanwhile: tar's exit status 1 says so, and replaying the WAL from the backup's
+	# start repairs them), then writes backup_label and tablespace_map from pg_backup_stop.
+	local script=$ROOT/$name.backup.sql out=$ROOT/$name.backup.log
+	{
+		echo "select pg_backup_start('pgcluster standby $name', true);"
+		printf '%s\n' "\\! tar -C $pdata --exclude=./postmaster.pid --exclude=./postmaster.opts --exclude='./pg_wal/*' --exclude='./pg_replslot/*' --exclude='./pg_stat_tmp/*' --exclude=./backup_label --exclude=./standby.signal --ignore-failed-read --warning=no-file-changed --warning=no-file-removed -cf - . | tar -C $data -xf -; [ \$? -le 1 ] || echo COPY-FAILED"
+		echo "create temp table b as select * from pg_backup_stop(true);"
+		echo "select labelfile from b \\g $data/backup_label"
+		echo "select coalesce(spcmapfile, '') from b \\g $data/tablespace_map"
+	} >"$script"
+	chmod go+r "$script"
+	if ! as_pg "$PGBIN/psql" -X -q -At -v ON_ERROR_STOP=1 -d "$purl" -f "$script" >"$out" 2>&1 || grep -q COPY-FAILED "$out"; then
+		cat "$out" >&2
+		die "standby: the backup of $pdata into $data failed"
+	fi
+	rm -f "$script" "$out"
+	as_pg mkdir -p "$data/pg_wal/archive_status"
+	[ -s "$data/tablespace_map" ] && grep -q . "$data/tablespace_map" || rm -f "$data/tablespace_map"
+	{
+		echo
+		echo "# ---- standby '$name' of '$primary' (written by scripts/pgcluster.sh standby) ----"
+		echo "port = $port"
+		echo "unix_socket_directories = '$data'"
+		echo "primary_conninfo = 'host=127.0.0.1 port=$pport user=postgres dbname=postgres application_name=$name'"
+		echo "primary_slot_name = '$slot'"
+		echo "hot_standby = on"
+		echo "hot_standby_feedback = on"
+		if [ "$major" -ge 17 ]; then
+			echo "sync_replication_slots = on"
+		fi
+	} | as_pg tee -a "$data/postgresql.conf" >/dev/null
+	as_pg touch "$data/standby.signal"
+	server_bin "$major"
+	as_pg "$SERVERBIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start </dev/null || {
+		tail -n 30 "$log" >&2 || true
+		die "could not start standby $data (log: $log)"
+	}
+	wait_ready "$port" "$log"
+	say "started standby '$name' (PostgreSQL $major) of '$primary' on 127.0.0.1:$port, physical slot $slot on the primary, data $data, log $log"
+}
+
+cmd_promote() {
+	local name=$1
+	check_name "$name"
+	check_root "$2"
+	local data=$ROOT/$name
+	[ -f "$data/standby.signal" ] || die "promote: $data is no standby (no standby.signal)"
+	pick_user
+	data_server_bin "$data"
+	as_pg "$SERVERBIN/pg_ctl" -D "$data" -w -t 60 -s promote || die "could not promote $data (log: $ROOT/$name.log)"
+}
+
 cmd_url() {
 	check_name "$1"
 	check_port "$2"
@@ -378,6 +473,8 @@ start) [ $# -eq 3 ] || [ $# -eq 4 ] || usage; cmd_start "$@" ;;
 stop) [ $# -eq 2 ] || usage; cmd_stop "$@" ;;
 restart) [ $# -eq 2 ] || [ $# -eq 3 ] || usage; cmd_restart "$@" ;;
 url) [ $# -eq 2 ] || usage; cmd_url "$@" ;;
+standby) [ $# -eq 5 ] || usage; cmd_standby "$@" ;;
+promote) [ $# -eq 2 ] || usage; cmd_promote "$@" ;;
 ensure) [ $# -eq 0 ] || usage; ensure_binaries; pick_user ;;
 *) usage ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test-versions.sh — the version matrix: runs the conformance subset of the integration tests (the
 # stream, the backfill's seam with the stream, kill -9, TOAST, DDL following, keyless tables,
-# verify, coverage gaps, HA, partitions, user types) on a source and a target of each pair of
+# verify, coverage gaps, HA, a source failover, partitions, user types) on a source and a target of each pair of
 # PostgreSQL major versions, through scripts/test.sh on clusters of their own. scripts/test.sh
 # runs it after the whole suite (on 15) when it is run without arguments.
 #
@@ -33,6 +33,7 @@ CONFORMANCE=(
 	TestCoverageAfterLoadAndStream TestDroppedSlotIsAGapUntilBackfilled TestInvalidatedSlotIsAGapNotACrashLoop
 	TestIdleTimedOutSlotIsAGap TestPublishedGeneratedColumnsAreRefused # PostgreSQL 18 and later
 	TestStandbyTakesOverFromAKilledLeader # HA
+	TestPromotedStandbyContinuesTheFailoverSlot TestStandbyPromotedBehindTheTargetIsRefused # source failover (the first from 17 on)
 	TestPartitionedTableIsOneTargetTable TestSlotIsConfirmedByProbesBetweenFullChecks
 )
 regex="^($(

@@ -18,6 +18,10 @@
 #      PGCONVERGE_TEST_RESTART_SOURCE  shell command that restarts the source cluster
 #      PGCONVERGE_TEST_RESTART_TARGET  shell command that restarts the target cluster
 #      PGCONVERGE_REQUIRE_INTEGRATION  1: integration tests fail (never skip) without the URLs
+#      PGCONVERGE_TEST_CLUSTER         path of scripts/pgcluster.sh, with which a test makes a
+#                                      physical standby of the source (pgtest.NewStandby)
+#      PGCONVERGE_TEST_CLUSTER_ROOT    ROOT, the clusters' folder
+#      PGCONVERGE_TEST_STANDBY_PORT    the port of that standby: the source port + 2
 # 4. without extra arguments, the version matrix: scripts/test-versions.sh runs the conformance
 #    subset on PostgreSQL 14, 16, 17 and 18 and on the mixed pairs 14 → 18, 15 → 17 and 18 → 16,
 #    each on clusters of its own (about 1–2 minutes a pair);
@@ -83,6 +87,12 @@ cleanup() {
 	set +e
 	"$PGCLUSTER" stop source "$ROOT"
 	"$PGCLUSTER" stop target "$ROOT"
+	# A standby a test made (pgtest.NewStandby) and did not stop, as when the test binary died.
+	for version in "$ROOT"/*/PG_VERSION; do
+		[ -f "$version" ] || continue
+		name=$(basename "$(dirname "$version")")
+		[ "$name" = source ] || [ "$name" = target ] || "$PGCLUSTER" stop "$name" "$ROOT"
+	done
 	if [ "${PGCONVERGE_KEEP:-}" = 1 ]; then
 		echo "PGCONVERGE_KEEP=1: keeping $ROOT (cluster data and logs)" >&2
 	else
@@ -113,6 +123,10 @@ PGCONVERGE_TEST_TARGET=$("$PGCLUSTER" url target "$TARGET_PORT")
 PGCONVERGE_TEST_RESTART_SOURCE=$(printf '%q restart source %q' "$PGCLUSTER" "$ROOT")
 PGCONVERGE_TEST_RESTART_TARGET=$(printf '%q restart target %q' "$PGCLUSTER" "$ROOT")
 PGCONVERGE_REQUIRE_INTEGRATION=1
+PGCONVERGE_TEST_CLUSTER=$PGCLUSTER
+PGCONVERGE_TEST_CLUSTER_ROOT=$ROOT
+PGCONVERGE_TEST_STANDBY_PORT=$((SOURCE_PORT + 2))
+export PGCONVERGE_TEST_CLUSTER PGCONVERGE_TEST_CLUSTER_ROOT PGCONVERGE_TEST_STANDBY_PORT
 export PGCONVERGE_TEST_SOURCE PGCONVERGE_TEST_TARGET PGCONVERGE_TEST_RESTART_SOURCE PGCONVERGE_TEST_RESTART_TARGET PGCONVERGE_REQUIRE_INTEGRATION
 
 # -p 1: packages run one at a time, because some tests restart the shared clusters. Within a

@@ -55,6 +55,8 @@ stream coverage starts, its watermark and lag in bytes, and each gap as an LSN r
 its size in bytes and the key ranges it misses. It also reports each slot's health: wal_status,
 safe_wal_size, restart_lsn lag, and a warning when the slot is lost, missing or at risk of losing WAL
 (max_slot_wal_keep_size). A lost or missing slot makes everything after the watermark a gap at once.
+On PostgreSQL 17 and later each slot also shows whether a promoted standby could continue it
+(failover slots: docs/high-availability.md); --standby URL checks a standby's copy on the standby.
 
 Exit status: 0 when the report was made (and, with --fail-on-gap, every table is covered,
 snapshot-only or retired), 3 with --fail-on-gap when a table is gap, loading, never-loaded,
@@ -86,6 +88,7 @@ $PGCONVERGE_TARGET. The JSON format is documented in docs/coverage.md and stays 
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "slot to describe when no stream follows any table yet (streamed tables name their own)")
+	addStandbyFlag(f, &cfg.Standbys)
 	f.StringVar(&cfg.Format, "format", "table", "output format: table or json")
 	f.BoolVar(&cfg.FailOnGap, "fail-on-gap", false, "exit with status 3 when a table has a coverage gap")
 	return cmd
@@ -108,6 +111,58 @@ func invalidationReason(s coverage.SlotHealth) string {
 		return ""
 	}
 	return ", invalidation_reason " + s.InvalidationReason
+}
+
+// printFailover writes a slot's failover readiness (nil: none, the source predates PostgreSQL
+// 17): what the primary shows, then each standby checked, then the warnings.
+func printFailover(w io.Writer, r *coverage.FailoverReadiness) {
+	if r == nil {
+		return
+	}
+	if !r.Enabled {
+		fmt.Fprintln(w, "  failover: off (not a failover slot)")
+	} else {
+		sync := "synchronized_standby_slots unset"
+		if len(r.SynchronizedStandbySlots) > 0 {
+			sync = "synchronized_standby_slots " + strings.Join(r.SynchronizedStandbySlots, ", ")
+		}
+		fmt.Fprintf(w, "  failover: on, %s, %d physical slot(s)\n", sync, len(r.PhysicalSlots))
+	}
+	for _, p := range r.PhysicalSlots {
+		state := "inactive"
+		if p.Active {
+			state = "active"
+		}
+		fmt.Fprintf(w, "    physical slot %s: %s, in synchronized_standby_slots: %s, holds an xmin (hot_standby_feedback seen): %s\n", p.Name, state, yesNo(p.Synchronized), yesNo(p.Feedback))
+	}
+	for _, c := range r.StandbyChecks {
+		switch {
+		case c.Error != "":
+			fmt.Fprintf(w, "    standby %s: not checked (the warning below says why)\n", c.Standby)
+		case c.Ready:
+			fmt.Fprintf(w, "    standby %s: ready for failover (synced, confirmed_flush_lsn %s)\n", c.Standby, lsnOr(c.ConfirmedFlushLSN))
+		default:
+			why := fmt.Sprintf("in recovery %v, has the slot %v, synced %v, temporary %v", c.InRecovery, c.Exists, c.Synced, c.Temporary)
+			if c.InvalidationReason != "" {
+				why += ", invalidation_reason " + c.InvalidationReason
+			}
+			fmt.Fprintf(w, "    standby %s: NOT ready (%s)\n", c.Standby, why)
+		}
+	}
+	if len(r.StandbyChecks) == 0 {
+		fmt.Fprintln(w, "    no standby checked: pass --standby URL to check the slot's copy on a standby (PostgreSQL docs §29.3)")
+	}
+	for _, m := range r.Warnings {
+		fmt.Fprintf(w, "WARNING: %s\n", m)
+	}
+}
+
+// yesNo is "yes" or "no".
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 // printCoverage writes the report for a terminal: the slots, one line per table, then the gaps
@@ -134,6 +189,7 @@ func printCoverage(w io.Writer, rep coverage.Report) {
 		if s.Warning != "" {
 			fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
 		}
+		printFailover(w, s.Failover)
 	}
 	printWaits(w, rep.Waiting)
 	fmt.Fprintln(w)

@@ -53,6 +53,18 @@ func addSyncSequencesFlag(f *pflag.FlagSet, sync *bool) {
 	f.BoolVar(sync, "sync-sequences", false, "after a table's backfill completes, sync the sequences it uses to the target as the sequences command does (a point-in-time value: run pgconverge sequences again at cutover)")
 }
 
+// addFailoverSlotFlag defines --failover-slot (engine.Config.FailoverSlot), shared by run and
+// cutover, whose catch-up streams as run does.
+func addFailoverSlotFlag(f *pflag.FlagSet, on *bool) {
+	f.BoolVar(on, "failover-slot", true, "on a source of PostgreSQL 17 or later, make the slot a failover slot (FAILOVER), which physical standbys with sync_replication_slots = on keep a copy of, so the daemon continues from a promoted standby with no gap; false creates a plain slot and turns failover off on an existing one; ignored before 17")
+}
+
+// addStandbyFlag defines --standby (operator.CoverageConfig.Standbys), shared by status and
+// coverage.
+func addStandbyFlag(f *pflag.FlagSet, urls *[]string) {
+	f.StringArrayVar(urls, "standby", nil, "URL of a physical standby of the source (PostgreSQL 17 or later) on which to check that the slot's copy is synced and ready for a failover; repeat for several")
+}
+
 // addAuditRetentionFlag adds --audit-retention, shared by run and verify.
 func addAuditRetentionFlag(f *pflag.FlagSet, d *time.Duration) {
 	f.DurationVar(d, "audit-retention", coverage.DefaultAuditRetention,

@@ -79,6 +79,7 @@ such a table is loaded again when it is selected.`,
 	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"'; an unquoted * or ? makes a pattern, matched again as tables come: 'public.*,sales.order_*' (default: every table pgconverge can carry: the publication's tables, else every table it can stream, and the tables no publication can carry, kept by snapshots)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
+	addFailoverSlotFlag(f, &cfg.FailoverSlot)
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
 	f.StringVar(&snapshotSpec, "snapshot-schedule", "@hourly", `backfill the tables no publication can carry (UNLOGGED, REPLICA IDENTITY NOTHING, or without a key and without REPLICA IDENTITY FULL: kept by snapshots only) again on this cron schedule; "" loads them only when they were never loaded`)

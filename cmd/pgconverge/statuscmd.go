@@ -33,7 +33,8 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 whether a stream follows it now, its lag in bytes and in seconds (the write_lag of the walsender that
 holds its slot, from pg_stat_replication) and its watermark's age; per slot: its health (as coverage
 reports it) and the session holding it (pid, application, client address, when it connected, its
-walsender state and write/flush/replay lag); the backfill runs recorded as running with their
+walsender state and write/flush/replay lag) and, on PostgreSQL 17 and later, whether a promoted
+standby could continue it (failover slots; --standby URL checks a standby's copy on the standby); the backfill runs recorded as running with their
 trigger, start and chunks done of planned and rows so far per table, and whether their process is
 alive; and the last verify run with the discrepancies open now.
 
@@ -59,6 +60,7 @@ documented in docs/status.md and stays stable: fields are only ever added.`,
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "slot to describe when no stream follows any table yet (streamed tables name their own)")
+	addStandbyFlag(f, &cfg.Standbys)
 	f.StringVar(&cfg.Format, "format", "table", "output format: table or json")
 	return cmd
 }
@@ -152,6 +154,7 @@ func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 	if s.Warning != "" {
 		fmt.Fprintf(w, "WARNING: %s\n", s.Warning)
 	}
+	printFailover(w, s.Failover)
 }
 
 // printBackfills writes the running backfill runs, one line per table.

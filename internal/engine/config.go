@@ -27,6 +27,11 @@ type Config struct {
 	Tables      []string
 	Slot        string
 	Publication string
+	// FailoverSlot makes the slot a failover slot on a source of PostgreSQL 17 or later (created
+	// with FAILOVER, or an existing slot altered to it; false alters it back): physical standbys
+	// that sync replication slots keep a copy, so a promoted standby continues the stream with no
+	// gap (docs/high-availability.md). It does nothing on older sources.
+	FailoverSlot bool
 	// BackfillWorkers chunks are read and applied at once during a backfill; ChunkRows rows make a
 	// chunk (one target transaction).
 	BackfillWorkers, ChunkRows int

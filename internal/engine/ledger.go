@@ -103,6 +103,11 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	if err := coverage.UseSource(ctx, tx, cfg.Slot, cfg.Publication, s.sourceID); err != nil {
 		return err
 	}
+	if s.timeline != 0 {
+		if err := coverage.RecordTimeline(ctx, tx, cfg.Slot, s.timeline); err != nil {
+			return err
+		}
+	}
 	if _, err := coverage.StartSpans(ctx, tx, cfg.Slot, starts); err != nil {
 		return err
 	}

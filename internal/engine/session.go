@@ -63,6 +63,7 @@ type sessionStart struct {
 	// joined are the streamed tables that were kept by snapshots only until this session.
 	joined   map[changebatch.TableName]bool
 	sourceID string // cdc.SourceID of the source
+	timeline int64  // the source server's timeline (checkTimeline)
 	// enums are the source's enums the tables use, with their labels at the start (ensureTypes).
 	enums map[string][]string
 	// memberBefore and memberAfter are source positions read before and after the memberships
@@ -257,6 +258,9 @@ func (s *session) prepareTarget(ctx context.Context) error {
 		}
 	}
 	if err := s.checkNotRewound(ctx); err != nil {
+		return err
+	}
+	if err := s.checkTimeline(ctx); err != nil {
 		return err
 	}
 	var err error

@@ -91,6 +91,11 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 		if err := slot.Busy(cfg.Slot); err != nil {
 			return 0, err
 		}
+		if !slot.Lost() {
+			if err := s.alignFailover(ctx, slot); err != nil {
+				return 0, err
+			}
+		}
 	}
 	if slot.Exists && slot.Lost() {
 		if err := cdc.DropSlot(ctx, s.src, cfg.Slot); err != nil {
@@ -159,11 +164,12 @@ func (s *session) checkNotRewound(ctx context.Context) error {
 func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error) {
 	cfg := s.cfg
 	cfg.Logger.Info("creating replication slot: the source first waits for the transactions running now to end", "slot", cfg.Slot)
-	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false)
+	failover := s.wantFailover()
+	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false, failover)
 	if err != nil {
 		return 0, err
 	}
-	cfg.Logger.Info("created replication slot", "slot", cfg.Slot, "consistent_point", created.ConsistentPoint.String())
+	cfg.Logger.Info("created replication slot", "slot", cfg.Slot, "consistent_point", created.ConsistentPoint.String(), "failover", failover)
 	c := created.ConsistentPoint
 	if err := s.recordCoverage(ctx, coverageStart{Stream: c, Created: c, Break: brk}); err != nil {
 		return 0, err

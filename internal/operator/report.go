@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/jackc/pglogrepl"
@@ -21,6 +22,9 @@ type CoverageConfig struct {
 	// Slot is the slot to describe when no stream follows any table yet (streamed tables name
 	// their own).
 	Slot string
+	// Standbys are URLs of physical standbys of the source on which to check that each slot's
+	// copy is ready for a failover (PostgreSQL 17 and later; coverage.FailoverReadiness).
+	Standbys []string
 }
 
 // Validate reports every problem of the configuration at once.
@@ -28,6 +32,11 @@ func (c *CoverageConfig) Validate() error {
 	errs := pgsession.ValidateURLs(c.Source, c.Target)
 	if err := cdc.ValidateSlotName(c.Slot); err != nil {
 		errs = append(errs, err)
+	}
+	for _, u := range c.Standbys {
+		if _, err := pgx.ParseConfig(u); err != nil {
+			errs = append(errs, fmt.Errorf("--standby %q: %w", u, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -62,7 +71,7 @@ func CoverageReport(ctx context.Context, cfg CoverageConfig) (coverage.Report, e
 	if f.SourceLSN, err = cdc.CurrentLSN(ctx, src); err != nil {
 		return coverage.Report{}, err
 	}
-	if f.Slots, err = readSlotsHealth(ctx, src, names, f.SourceLSN); err != nil {
+	if f.Slots, err = readSlotsHealth(ctx, src, names, f.SourceLSN, cfg.Standbys); err != nil {
 		return coverage.Report{}, err
 	}
 	states, err := coverage.ReadTables(ctx, tgt)
@@ -120,7 +129,7 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 		}
 		if !seen[st.Slot] {
 			seen[st.Slot] = true
-			more, err := readSlotsHealth(ctx, src, []string{st.Slot}, f.SourceLSN)
+			more, err := readSlotsHealth(ctx, src, []string{st.Slot}, f.SourceLSN, nil)
 			if err != nil {
 				return err
 			}
@@ -160,13 +169,17 @@ func sourceFacts(ctx context.Context, src, tgt *pgx.Conn, states map[changebatch
 	return nil
 }
 
-// readSlotsHealth returns the health of the named slots on src (cdc.ReadSlot); now is the
-// source's current position. A slot of another database counts as missing.
-func readSlotsHealth(ctx context.Context, src *pgx.Conn, names []string, now pglogrepl.LSN) ([]coverage.SlotHealth, error) {
+// readSlotsHealth returns the health of the named slots on src (cdc.ReadSlot), with their failover
+// readiness (readFailover, checked on the standby URLs standbys too); now is the source's current
+// position. A slot of another database counts as missing.
+func readSlotsHealth(ctx context.Context, src *pgx.Conn, names []string, now pglogrepl.LSN, standbys []string) ([]coverage.SlotHealth, error) {
 	out := make([]coverage.SlotHealth, 0, len(names))
 	for _, name := range names {
 		h, err := engine.ReadSlotHealth(ctx, src, name, now)
 		if err != nil {
+			return nil, err
+		}
+		if h.Failover, err = readFailover(ctx, src, name, standbys); err != nil {
 			return nil, err
 		}
 		out = append(out, h)

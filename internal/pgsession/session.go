@@ -130,11 +130,27 @@ type Slot struct {
 }
 
 // CreateSlot creates logical slot name (plugin pgoutput) on the replication connection conn and
-// exports its snapshot. A temporary slot disappears when conn closes. name must already be valid.
-func CreateSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary bool) (Slot, error) {
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
-		Temporary: temporary, SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication,
-	})
+// exports its snapshot. A temporary slot disappears when conn closes. A failover slot (PostgreSQL
+// 17 and later only: the caller checks the version) is synchronized to the physical standbys that
+// sync replication slots, so a promoted standby can continue it (PostgreSQL 17 docs §47.2.3
+// "Replication Slot Synchronization", §53.4 CREATE_REPLICATION_SLOT … FAILOVER); temporary slots
+// cannot be failover slots. name must already be valid.
+func CreateSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary, failover bool) (Slot, error) {
+	var res pglogrepl.CreateReplicationSlotResult
+	var err error
+	if failover {
+		if temporary {
+			return Slot{}, fmt.Errorf("create replication slot %q: a temporary slot cannot be a failover slot", name)
+		}
+		// The option list syntax of PostgreSQL 15 and later: FAILOVER has no
+		// keyword form, and pglogrepl sends only the keyword form.
+		res, err = pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx,
+			fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)", name)))
+	} else {
+		res, err = pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+			Temporary: temporary, SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication,
+		})
+	}
 	if err != nil {
 		return Slot{}, fmt.Errorf("create replication slot %q: %w", name, err)
 	}
@@ -143,6 +159,19 @@ func CreateSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary
 		return Slot{}, fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
 	}
 	return Slot{Name: res.SlotName, ConsistentPoint: lsn, SnapshotName: res.SnapshotName}, nil
+}
+
+// SetSlotFailover sets the failover property of the existing logical slot name on the replication
+// connection conn (ALTER_REPLICATION_SLOT name (FAILOVER on), PostgreSQL 17 and later, PostgreSQL 17
+// docs §53.4); the slot must not be in use. name must already be valid. Under a context of
+// Deadline.Bound, within that deadline.
+func SetSlotFailover(ctx context.Context, conn *pgconn.PgConn, name string, on bool) error {
+	ctx, end := Call(ctx, "source")
+	defer end()
+	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER %v)", name, on)).ReadAll(); err != nil {
+		return fmt.Errorf("set failover = %v on replication slot %q (ALTER_REPLICATION_SLOT): %w", on, name, err)
+	}
+	return nil
 }
 
 // MajorVersion returns the major version of the server c is connected to, from the
