@@ -31,6 +31,7 @@ func waitSpansConfirmed(t *testing.T, env *pgtest.Env, after pglogrepl.LSN, span
 func TestCatalogChangesThatKeepRowsLoadNothing(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	partitioned(t, env)
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,

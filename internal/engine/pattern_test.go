@@ -49,6 +49,7 @@ func TestTablePatternsFollowNewTables(t *testing.T) {
 func TestSchemaPublicationFollowsNewTables(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create table a (id int primary key)`, `insert into a values (1)`,
 		`create publication `+pub+` for tables in schema public`)

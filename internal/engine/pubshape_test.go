@@ -34,6 +34,7 @@ func waitSameRows(t *testing.T, env *pgtest.Env, table, cols, where string) {
 func TestRowFilteredPublicationConverges(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pgtest.Exec(t, env.Source,
 		`create table orders (id int primary key, region text not null, amount int)`,
 		// A row filter on a column outside the key needs the old row: REPLICA IDENTITY FULL.
@@ -97,6 +98,7 @@ where table_schema = 'public' and table_name = $1 and column_name not like '\_cd
 func TestColumnListPublicationConverges(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pgtest.Exec(t, env.Source,
 		`create table people (id int primary key, name text, ssn text, note text, twice int generated always as (id * 2) stored)`,
 		`insert into people (id, name, ssn, note) select g, 'n' || g, 's' || g, 'x' || g from generate_series(1, 2000) g`,
@@ -158,6 +160,7 @@ func TestColumnListPublicationConverges(t *testing.T) {
 func TestSchemaAndFilteredTableInOnePublication(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pgtest.Exec(t, env.Source, `create schema s`,
 		`create table s.t (id int primary key, v int)`, `create table public.u (id int primary key, v int)`,
 		`insert into s.t select g, g from generate_series(1, 100) g`, `insert into public.u select g, g from generate_series(1, 100) g`,
@@ -180,6 +183,7 @@ func TestSchemaAndFilteredTableInOnePublication(t *testing.T) {
 func TestManualBackfillAfterFilterChangeUnderAlert(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pgtest.Exec(t, env.Source, `create table u (id int primary key, v int)`,
 		`insert into u select g, g from generate_series(1, 100) g`,
 		`create publication `+env.Name+` for table u where (id <= 50)`)
@@ -206,6 +210,7 @@ func TestManualBackfillAfterFilterChangeUnderAlert(t *testing.T) {
 func TestToastedRowMovedIntoFilterIsFilled(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pgtest.Exec(t, env.Source, `create table k (id int primary key, big text, v int)`,
 		`alter table k alter big set storage external`,
 		`insert into k select g, repeat(md5(g::text), 400), g from generate_series(1, 20) g`,
@@ -241,6 +246,7 @@ func TestToastedRowMovedIntoFilterIsFilled(t *testing.T) {
 func TestBackfillIsNotResumedThroughAnotherFilter(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pgtest.Exec(t, env.Source, `create table big (id bigint primary key, v text)`,
 		`insert into big select g, md5(g::text) from generate_series(1, 20000) g`,
 		`create publication `+env.Name+` for table big where (id <= 15000)`)

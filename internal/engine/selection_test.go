@@ -171,9 +171,7 @@ func TestRefusesPublicationThatHidesChanges(t *testing.T) {
 func TestPublishedGeneratedColumnsAreRefused(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
-	if v := pgtest.Scalar[int](t, env.Source, `select current_setting('server_version_num')::int`); v < 180000 {
-		t.Skipf("publications publish generated columns from PostgreSQL 18 on; the source is %d", v)
-	}
+	pgtest.RequireSourceVersion(t, env, 18, "publications that publish generated columns")
 	pgtest.Exec(t, env.Source, `create table g (id int primary key, v int, w int generated always as (v * 2) stored)`,
 		`create publication gen_all for table g with (publish_generated_columns = stored)`,
 		`create publication gen_listed for table g (id, v, w)`)
@@ -289,6 +287,7 @@ func TestDefaultSelectionFollowsThePublication(t *testing.T) {
 func TestSchemaPublicationRoundTripsAreNoticed(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 15, "row filters, column lists and schema publications")
 	pub := `"` + env.Name + `"`
 	pgtest.Exec(t, env.Source, `create schema other`,
 		`create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 100) g`,

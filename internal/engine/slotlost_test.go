@@ -93,9 +93,7 @@ func TestSlotLostWhileStreaming(t *testing.T) {
 // cleanup), which would invalidate any other test's idle slot at a checkpoint.
 func TestIdleTimedOutSlotIsAGap(t *testing.T) {
 	env := pgtest.New(t)
-	if v := pgtest.Scalar[int](t, env.Source, `select current_setting('server_version_num')::int`); v < 180000 {
-		t.Skipf("idle_replication_slot_timeout came with PostgreSQL 18; the source is %d", v)
-	}
+	pgtest.RequireSourceVersion(t, env, 18, "idle_replication_slot_timeout")
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' from generate_series(1, 1000) g`)
 	d := startDaemon(t, testConfig(t, env))

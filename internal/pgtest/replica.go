@@ -131,3 +131,12 @@ left join pg_stat_replication r on r.pid = s.active_pid where s.slot_name = $1`,
 		return state == "streaming" || state == "catchup", "walsender state " + state
 	})
 }
+
+// RequireSourceVersion skips the test when env's source is older than PostgreSQL major, naming
+// what the test needs that came with major (such as "row filters", 15).
+func RequireSourceVersion(t *testing.T, env *Env, major int, what string) {
+	t.Helper()
+	if v := Scalar[int](t, env.Source, `select current_setting('server_version_num')::int / 10000`); v < major {
+		t.Skipf("%s came with PostgreSQL %d; the source runs %d", what, major, v)
+	}
+}
