@@ -65,6 +65,7 @@ func (s *session) repairGaps(ctx context.Context, tables []changebatch.Table, sn
 		} else if err != nil {
 			return nil, fmt.Errorf("gap repair of %s at snapshot %s (run %d): %w", t, snap.LSN, runID, err)
 		} else {
+			s.mon.GapRepaired(t.String(), res.Compared, res.Written)
 			cfg.Logger.Info("gap repaired by comparison", "table", t.String(), "run", runID, "snapshot_lsn", snap.LSN.String(),
 				"rows_compared", res.Compared, "keys_differing", res.Differing, "rows_written", res.Written,
 				"tombstones", res.Tombstones, "moved_on", res.Moved, "seconds", fmt.Sprintf("%.1f", res.Elapsed.Seconds()))

@@ -186,3 +186,29 @@ func TestGapRepairKilledIsFinishedAfterARestart(t *testing.T) {
 		t.Errorf("gap runs: %s", d)
 	}
 }
+
+// A gap in which more keys changed than verify.GapRepairMinKeys (and GapRepairMaxShare of the
+// table) is backfilled instead: the repair stops before writing past the limit, the backfill
+// reads the same snapshot, and the gap closes.
+func TestGapRepairOfMostRowsFallsBackToABackfill(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`, `insert into a select g, 'v' from generate_series(1, 15000) g`)
+	d := startDaemon(t, testConfig(t, env))
+	pgtest.WaitConverged(t, env, "a", "id")
+	pgtest.WaitSlotCaughtUp(t, env)
+	waitCovered(t, env)
+	d.Stop(t)
+	dropSlot(t, env)
+	pgtest.Exec(t, env.Source, `update a set v = 'gap' where id <= 12000`)
+	cfg := testConfig(t, env)
+	cfg.OnGap = OnGapRepair
+	startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "a", "id")
+	waitCovered(t, env)
+	got := pgtest.Rows(t, env.Target, `select r.trigger || ' ' || r.status || ' ' || (r.rows <= 10000)::text || ' ' || count(b.id)
+from pgconverge.backfill_runs r left join pgconverge.backfills b on b.run_id = r.id where r.trigger like 'gap%' group by r.id order by r.id`)
+	if d := pgtest.Diff([]string{"gap-repair completed true 0", "gap completed false 1"}, got); d != "" {
+		t.Errorf("gap runs (trigger, status, rows <= 10000, tables): %s", d)
+	}
+}

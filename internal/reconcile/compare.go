@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
 	"math/bits"
@@ -28,6 +29,10 @@ type Config struct {
 	LeafRows int
 	// MaxGroups bounds the groups one level asks each side for (default 65536).
 	MaxGroups int
+	// MaxDiffs, when above 0, stops the comparison with ErrTooManyDiffs as soon as a level has
+	// more differing groups than it (each holds at least one differing key): for a caller that
+	// would rather do something else than handle that many differences.
+	MaxDiffs int64
 	// Emit receives the differences as they are found, in batches; the slice is the caller's.
 	Emit func(ctx context.Context, diffs []Diff) error
 	// Incremental, when not nil, makes the comparison group the rows from the first level on,
@@ -36,6 +41,10 @@ type Config struct {
 	// published with a row filter is compared in full, as without it.
 	Incremental *Incremental
 }
+
+// ErrTooManyDiffs is wrapped by Compare's error when a level of groups proved more differing
+// keys than Config.MaxDiffs.
+var ErrTooManyDiffs = errors.New("more keys differ than the comparison may handle")
 
 // Kind is the kind of a difference.
 type Kind string
@@ -205,6 +214,9 @@ func (c *comparison) narrow(ctx context.Context, level levelState, total int64, 
 		}
 		if len(next.ids) == 0 {
 			return nil // the differences cancelled out between groups: none at key level
+		}
+		if c.cfg.MaxDiffs > 0 && int64(len(next.ids)) > c.cfg.MaxDiffs {
+			return fmt.Errorf("%w: %d groups of %s differ, more than %d", ErrTooManyDiffs, len(next.ids), c.cfg.Table, c.cfg.MaxDiffs)
 		}
 		level = next
 	}
