@@ -69,7 +69,7 @@ stop_daemon() {
 # registered the table yet has nothing to cover, and exits 0 too).
 covered() {
 	"$BIN" coverage --source "$SRC" --target "$(tgt "$1")" --slot "$1" --fail-on-gap --format json 2>/dev/null |
-		jq -e --arg t "public.$TABLE" '[.tables[] | select(.table == $t and .status == "covered")] | length == 1' >/dev/null
+		jq -e --arg t "public.$TABLE" '[(.tables // [])[] | select(.table == $t and .status == "covered")] | length == 1' >/dev/null
 }
 # wait_covered DB: polls coverage every 0.1 s until it exits 0 (at most 30 min).
 wait_covered() {

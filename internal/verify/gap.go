@@ -124,11 +124,7 @@ func RepairGap(ctx context.Context, job GapJob) (GapResult, error) {
 	}
 	g := &gapWriter{job: job, src: keySrc, applier: apply.New(writer, job.CopyOnly), res: &res,
 		limit: max(GapRepairMinKeys, int64(estimate*GapRepairMaxShare))}
-	// Finer groups than verify's (2^18 rather than 2^16 at the first split on large tables) cost
-	// little more to sum and leave fewer rows to fetch around scattered differences, and tell
-	// early, by the differing groups alone, when too many keys differ.
-	st, err := reconcile.Compare(ctx, stx, ttx, reconcile.Config{Table: t, Snapshot: job.Snapshot.LSN, Mode: mode,
-		MaxGroups: 1 << 18, MaxDiffs: g.limit,
+	st, err := reconcile.Compare(ctx, stx, ttx, reconcile.Config{Table: t, Snapshot: job.Snapshot.LSN, Mode: mode, MaxDiffs: g.limit,
 		Emit: func(ctx context.Context, diffs []reconcile.Diff) error {
 			// Written while the comparison goes on: its target snapshot predates every write,
 			// and each key is compared once.
