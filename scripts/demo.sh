@@ -17,8 +17,9 @@
 #    --repair` repairs it;
 # 6. makes a hole on purpose: stops the daemon, drops its slot, runs 200 pgbench transactions;
 #    `pgconverge coverage --fail-on-gap` shows the gap and exits 3; restarts the daemon, which
-#    creates a new slot and backfills the gap (--on-gap=backfill); coverage is back to exit 0 and
-#    the tables are compared again.
+#    creates a new slot and repairs the gap by comparison (--on-gap=repair: only the rows that
+#    differ at the new slot's snapshot are written); coverage is back to exit 0 and the tables are
+#    compared again.
 # Exits 0 if all tables are equal, 1 if one differs or a wait times out.
 #
 # Everything lives in ROOT=/tmp/pgconverge-demo (binary, clusters, daemon.log, pgbench.log) and is
@@ -313,16 +314,16 @@ rc=0
 [ "$rc" -eq 3 ] || fail "pgconverge coverage exited $rc after the slot was dropped, want 3 (a gap)"
 echo "(exit status 3: the writes made while no slot kept WAL for pgconverge are a gap, to the byte)"
 
-step "restarting the daemon: it creates a new slot and, with --on-gap=backfill (the default), backfills the gap"
+step "restarting the daemon: it creates a new slot and, with --on-gap=repair (the default), repairs the gap by comparison"
 echo "---- demo.sh: slot dropped, restarting ----" >>"$DAEMON_LOG"
 start_daemon
 poll "pgconverge coverage --fail-on-gap to exit 0" covered
 "$BIN" coverage --source "$SRC" --target "$TGT"
-echo "the daemon's log lines about the gap and its backfill:"
-grep -E 'coverage gap|stream coverage broken' "$DAEMON_LOG" || true
+echo "the daemon's log lines about the gap and its repair:"
+grep -E 'coverage gap|stream coverage broken|gap repaired' "$DAEMON_LOG" || true
 LSN=$(q "$SRC" "SELECT pg_current_wal_insert_lsn()")
 poll "confirmed_flush_lsn >= $LSN" slot_caught_up "$LSN"
-step "comparing source and target again, after the gap backfill"
+step "comparing source and target again, after the gap repair"
 printf '%-18s %12s %12s  %-12s  %s\n' table rows_source rows_target checksum equal
 for t in "${TABLES[@]}"; do
 	compare_table "$t"

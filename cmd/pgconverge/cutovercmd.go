@@ -12,7 +12,7 @@ import (
 )
 
 func newCutoverCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := operator.CutoverConfig{Run: engine.Config{OnGap: engine.OnGapBackfill}}
+	cfg := operator.CutoverConfig{Run: engine.Config{OnGap: engine.OnGapRepair}}
 	var logFormat, logLevel, format string
 	cmd := &cobra.Command{
 		Use:   "cutover --source URL --target URL [--slot pgconverge] [--drop-slot=true] [--drop-publication] [--finalize]",

@@ -32,6 +32,7 @@ type metrics struct {
 	applySeconds prometheus.Histogram
 	gapBytes     *prometheus.GaugeVec
 	backfillRows *prometheus.CounterVec
+	gapCompared  *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
 	conflicts    *prometheus.CounterVec
 	retries      *prometheus.CounterVec
@@ -83,7 +84,7 @@ func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), ready: newReadiness()}
 	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
 	m.applied = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_rows_applied_total",
-		Help: "Target rows written (inserted, updated or made tombstones), by table and path (stream or backfill)."}, []string{"table", "path"})
+		Help: "Target rows written (inserted, updated or made tombstones), by table and path (stream, backfill or gap-repair)."}, []string{"table", "path"})
 	m.suppressed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_duplicates_suppressed_total",
 		Help: "Changes the version rule turned into no-ops because the target held the same or a newer version (replays, retries, the losing side of a stream/backfill race), by table and path."}, []string{"table", "path"})
 	m.transactions = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgconverge_transactions_applied_total",
@@ -95,6 +96,8 @@ func newMetrics() *metrics {
 		Help: "Bytes of WAL in the table's coverage gaps (ranges no backfill and no stream delivered); 0 when covered."}, []string{"table"})
 	m.backfillRows = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_rows_total",
 		Help: "Rows read from source snapshots by backfills, by table (of which rows_applied_total{path=\"backfill\"} were written)."}, []string{"table"})
+	m.gapCompared = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_gap_repair_rows_compared_total",
+		Help: "Source rows gap repairs (run --on-gap=repair) compared with the target at their snapshot, by table (of which rows_applied_total{path=\"gap-repair\"} were written)."}, []string{"table"})
 	m.backfillDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_backfill_progress_ratio",
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
 	m.conflicts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_conflicts_total",
@@ -103,7 +106,7 @@ func newMetrics() *metrics {
 		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, timeout, slot-busy, schema, watch, restart, leadership, overlap, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
 	m.leader = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_leader",
 		Help: "1 while this daemon leads the slot (streams and writes), 0 while it waits as a standby for the daemon that does; absent before it first tried."}, []string{"slot"})
-	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.backfillDone, m.conflicts, m.retries, m.leader} {
+	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.gapCompared, m.backfillDone, m.conflicts, m.retries, m.leader} {
 		f(c)
 	}
 	// Every reason's series exists from the start, so the first retry of a kind is an increase
@@ -209,6 +212,12 @@ func (m *metrics) BackfillChunk(table string, read int64, r apply.RowCounts) {
 	m.backfillRows.WithLabelValues(table).Add(float64(read))
 	m.applied.WithLabelValues(table, "backfill").Add(float64(r.Applied))
 	m.suppressed.WithLabelValues(table, "backfill").Add(float64(r.Suppressed))
+}
+
+// GapRepaired counts one gap repair of table: rows compared and rows written.
+func (m *metrics) GapRepaired(table string, compared, written int64) {
+	m.gapCompared.WithLabelValues(table).Add(float64(compared))
+	m.applied.WithLabelValues(table, "gap-repair").Add(float64(written))
 }
 
 // BackfillConflict counts one lost and retried backfill transaction of table.

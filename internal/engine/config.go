@@ -70,7 +70,9 @@ type Config struct {
 	// limit (runtime/debug.SetMemoryLimit) is the caller's.
 	MemoryBudget int64
 	// OnGap is what the daemon does with a table whose coverage has a gap at the start of a
-	// session: OnGapBackfill backfills it before streaming, OnGapAlert only reports it.
+	// session: OnGapRepair repairs it by comparison before streaming (only the keys that differ
+	// at the new snapshot are written; a table it cannot compare is backfilled), OnGapBackfill
+	// backfills it before streaming, OnGapAlert only reports it.
 	OnGap string
 	// SyncSequences syncs the sequences of each table after each completed backfill run of it
 	// (initial load, gap and scheduled backfills; sequences.SyncAfterBackfill).
@@ -87,6 +89,7 @@ type Config struct {
 
 // On-gap policies of Config.OnGap (`run --on-gap`).
 const (
+	OnGapRepair   = "repair"
 	OnGapBackfill = "backfill"
 	OnGapAlert    = "alert"
 )
@@ -95,8 +98,10 @@ const (
 type Knobs struct {
 	Stream cdc.Knobs
 	// AfterLoadChunk runs after each committed chunk of an initial load, with the table's rows
-	// loaded so far.
-	AfterLoadChunk func(table string, rows int64)
+	// loaded so far; BeforeGapRepairBatch before each write transaction of a gap repair
+	// (--on-gap=repair), with the table's rows written so far.
+	AfterLoadChunk       func(table string, rows int64)
+	BeforeGapRepairBatch func(table string, written int64)
 	// Schedule runs at each event of a scheduled backfill tick (schedule.Backfills.OnEvent);
 	// AfterScheduledChunk after each committed chunk of a scheduled backfill.
 	Schedule            func(schedule.Event)
@@ -170,8 +175,8 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, backfillrun.ValidateSizes(c.BackfillWorkers, c.ChunkRows, c.SnapshotWarn))
-	if c.OnGap != OnGapBackfill && c.OnGap != OnGapAlert {
-		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s or %s", c.OnGap, OnGapBackfill, OnGapAlert))
+	if c.OnGap != OnGapRepair && c.OnGap != OnGapBackfill && c.OnGap != OnGapAlert {
+		errs = append(errs, fmt.Errorf("--on-gap %q is invalid: use %s, %s or %s", c.OnGap, OnGapRepair, OnGapBackfill, OnGapAlert))
 	}
 	if c.MemoryBudget < 0 {
 		errs = append(errs, fmt.Errorf("--memory-budget %d is negative", c.MemoryBudget))

@@ -114,6 +114,12 @@ func crashKnobs(point string, at int) (Knobs, error) {
 		k.Stream.AfterApply = func(pglogrepl.LSN) { hit() }
 	case "during-load": // a chunk of the initial load committed
 		k.AfterLoadChunk = func(string, int64) { hit() }
+	case "during-gap-repair": // a gap repair's write transaction committed, the next not begun
+		k.BeforeGapRepairBatch = func(_ string, written int64) {
+			if written > 0 {
+				hit()
+			}
+		}
 	case "none": // the parent kills the child at a moment of its choosing
 	default:
 		return k, fmt.Errorf("unknown crash point %q", point)
@@ -135,6 +141,9 @@ func crashChild(point string) int {
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
 	}
 	cfg.Knobs.Lease = childLease()
+	if point == "during-gap-repair" {
+		cfg.OnGap = OnGapRepair
+	}
 	limit := 60 * time.Second
 	if point == "none" {
 		// The parent kills it (an HA pair's leader, the random kills); the limit only ends an

@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
+	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/coverage/gaps"
 	"github.com/pgconverge/pgconverge/internal/overlap"
@@ -114,17 +115,28 @@ func (s *session) recordCoverage(ctx context.Context, st coverageStart) error {
 	return tx.Commit(ctx)
 }
 
-// tablesToLoad returns the selected tables to load before streaming and the run's trigger: every
-// table that never completed a backfill of its target table, and, with --on-gap=backfill, every
-// table with a coverage gap or without a load its slot followed (loaded, as coverage.LoadedTables;
-// nil when none counts). Each gap is logged at ERROR.
-func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.LSN) ([]changebatch.Table, string, error) {
+// loadPlan is what a session loads before it streams (tablesToLoad).
+type loadPlan struct {
+	// load are the tables that never completed a backfill of their target table (or must be
+	// loaded again: kept by snapshots until now, or changed on the source in a way no streamed
+	// change shows), of trigger (coverage.TriggerInitial or TriggerSchemaChange).
+	load    []changebatch.Table
+	trigger string
+	// gapped are the tables with a coverage gap or without a load their slot followed, which
+	// --on-gap=repair repairs and --on-gap=backfill backfills (none with --on-gap=alert).
+	gapped []changebatch.Table
+}
+
+// tablesToLoad returns the selected tables to load before streaming: every table that never
+// completed a backfill of its target table, and, unless --on-gap=alert, every table with a
+// coverage gap or without a load its slot followed (loaded, as coverage.LoadedTables; nil when
+// none counts). Each gap is logged at ERROR.
+func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.LSN) (loadPlan, error) {
 	states, err := coverage.ReadTables(ctx, s.tgt)
 	if err != nil {
-		return nil, "", err
+		return loadPlan{}, err
 	}
-	var need []changebatch.Table
-	trigger := coverage.TriggerInitial
+	p := loadPlan{trigger: coverage.TriggerInitial}
 	for _, t := range s.tables {
 		st := states[t.TableName]
 		if st == nil || st.Backfilled == 0 || s.joined[t.TableName] {
@@ -136,13 +148,11 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 					why = "kept by snapshots only until now, it joins the stream"
 				case st.SchemaChanged != 0:
 					why = "the source table changed in a way no streamed change shows"
-					if trigger == coverage.TriggerInitial {
-						trigger = coverage.TriggerSchemaChange
-					}
+					p.trigger = coverage.TriggerSchemaChange
 				}
 			}
 			s.cfg.Logger.Info("table to load", "table", t.String(), "why", why)
-			need = append(need, t)
+			p.load = append(p.load, t)
 			continue
 		}
 		found := gaps.Find(st.Ledger)
@@ -154,14 +164,35 @@ func (s *session) tablesToLoad(ctx context.Context, loaded map[string]pglogrepl.
 		switch {
 		case len(found) == 0 && isLoaded:
 		case s.cfg.OnGap != OnGapAlert:
-			need = append(need, t)
-			trigger = coverage.TriggerGap
+			p.gapped = append(p.gapped, t)
 		case len(found) > 0:
 			s.cfg.Logger.Warn("not backfilling a table with a coverage gap (--on-gap=alert): run pgconverge backfill for it to close the gap",
 				"table", t.String())
 		}
 	}
-	return need, trigger, nil
+	return p, nil
+}
+
+// loadPlanned loads what p names before streaming: with --on-gap=repair it first repairs the
+// gapped tables by comparison (repairGaps) at snap (nil: a snapshot of its own), then backfills,
+// in one run from snap (loadTables, keeping chunks completed at or above keepFrom), the tables to
+// load and the gapped tables not repaired (trigger "gap" when there is one of those).
+func (s *session) loadPlanned(ctx context.Context, p loadPlan, snap *backfill.Snapshot, keepFrom pglogrepl.LSN) error {
+	gapped := p.gapped
+	if s.cfg.OnGap == OnGapRepair && len(gapped) > 0 {
+		var err error
+		if gapped, err = s.repairGaps(ctx, gapped, snap); err != nil {
+			return err
+		}
+	}
+	load, trigger := p.load, p.trigger
+	if len(gapped) > 0 {
+		load, trigger = append(load, gapped...), coverage.TriggerGap
+	}
+	if len(load) == 0 {
+		return nil
+	}
+	return s.loadTables(ctx, load, trigger, snap, keepFrom)
 }
 
 // logGap logs gap g of table (whose ledger is st) at ERROR.

@@ -25,6 +25,9 @@ type Monitor interface {
 	StreamApplied(rows map[string]apply.RowCounts, d time.Duration)
 	// SlotHealth reports the stream's slot as the source describes it (every 5 s while streaming).
 	SlotHealth(h SlotHealth)
+	// GapRepaired counts a completed gap repair of table (--on-gap=repair): the source rows it
+	// compared at its snapshot and the target rows it wrote, tombstones included.
+	GapRepaired(table string, compared, written int64)
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
 	CoverageGap(table string, bytes uint64)
 	// SessionRetried counts a session that failed and is started again, by reason (see reason in
@@ -65,6 +68,7 @@ func (NopMonitor) BackfillChunk(string, int64, apply.RowCounts)                 
 func (NopMonitor) BackfillConflict(string)                                                {}
 func (NopMonitor) SlotHealth(SlotHealth)                                                  {}
 func (NopMonitor) CoverageGap(string, uint64)                                             {}
+func (NopMonitor) GapRepaired(string, int64, int64)                                       {}
 func (NopMonitor) SessionRetried(string)                                                  {}
 func (NopMonitor) Leading(string, bool)                                                   {}
 func (NopMonitor) BackfillProgress(_ string, p backfillrun.Progress) backfillrun.Progress { return p }

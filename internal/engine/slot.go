@@ -69,10 +69,11 @@ func (s *session) takeSlot(ctx context.Context, info cdc.SlotInfo) (cdc.SlotInfo
 // consistent point is a gap. A slot whose confirmed_flush_lsn is past the target's progress
 // (another consumer, or a target restored from an older backup) streams from there, and the range
 // skipped is a gap too: the stream never silently starts later than the ledger's watermark.
-// Tables that never completed a backfill are loaded; tables with a gap are loaded when
-// --on-gap=backfill. A new slot's own exported snapshot loads them; with an existing slot they load
-// from a fresh snapshot of a temporary slot (keeping what an interrupted load completed), while the
-// main slot keeps their later changes.
+// Tables that never completed a backfill are loaded; tables with a gap are repaired by comparison
+// (--on-gap=repair) or loaded (--on-gap=backfill). A new slot's own exported snapshot repairs and
+// loads them; with an existing slot they are repaired or loaded from a fresh snapshot of a
+// temporary slot (keeping what an interrupted load completed), while the main slot keeps their
+// later changes.
 func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	cfg := s.cfg
 	slot, err := cdc.ReadSlot(ctx, s.src, cfg.Slot)
@@ -128,14 +129,12 @@ func (s *session) prepareSlot(ctx context.Context) (pglogrepl.LSN, error) {
 	if err := s.recordCoverage(ctx, coverageStart{Stream: start, Break: brk}); err != nil {
 		return 0, err
 	}
-	need, trigger, err := s.tablesToLoad(ctx, loaded)
+	plan, err := s.tablesToLoad(ctx, loaded)
 	if err != nil {
 		return 0, err
 	}
-	if len(need) > 0 {
-		if err := s.loadTables(ctx, need, trigger, nil, start); err != nil {
-			return 0, err
-		}
+	if err := s.loadPlanned(ctx, plan, nil, start); err != nil {
+		return 0, err
 	}
 	return start, s.publishCoverage(ctx, true)
 }
@@ -159,8 +158,8 @@ func (s *session) checkNotRewound(ctx context.Context) error {
 	return nil
 }
 
-// newSlot creates the slot, records its new segment, and loads the tables that need it from the
-// slot's exported snapshot. brk says why a segment the ledger had open for the slot ended.
+// newSlot creates the slot, records its new segment, and repairs and loads the tables that need
+// it at the slot's exported snapshot. brk says why a segment the ledger had open for the slot ended.
 func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error) {
 	cfg := s.cfg
 	cfg.Logger.Info("creating replication slot: the source first waits for the transactions running now to end", "slot", cfg.Slot)
@@ -174,15 +173,13 @@ func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error
 	if err := s.recordCoverage(ctx, coverageStart{Stream: c, Created: c, Break: brk}); err != nil {
 		return 0, err
 	}
-	need, trigger, err := s.tablesToLoad(ctx, nil)
+	plan, err := s.tablesToLoad(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
-	if len(need) > 0 {
-		snap := backfill.Snapshot{Name: created.SnapshotName, LSN: c}
-		if err := s.loadTables(ctx, need, trigger, &snap, c); err != nil {
-			return 0, err
-		}
+	snap := backfill.Snapshot{Name: created.SnapshotName, LSN: c}
+	if err := s.loadPlanned(ctx, plan, &snap, c); err != nil {
+		return 0, err
 	}
 	return c, s.publishCoverage(ctx, true)
 }

@@ -2,7 +2,9 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"math/bits"
 	"strconv"
@@ -28,6 +30,12 @@ type Config struct {
 	LeafRows int
 	// MaxGroups bounds the groups one level asks each side for (default 65536).
 	MaxGroups int
+	// MaxDiffs, when above 0, stops the comparison with ErrTooManyDiffs once the first level of
+	// groups shows that more keys than it likely differ: for a caller that would rather do
+	// something else than handle that many differences. Keys fall into groups by a hash, so
+	// differing keys spread over the groups at random: when a share f of the level's G groups
+	// differ, about −G·ln(1−f) keys do (the expected number of occupied bins, inverted).
+	MaxDiffs int64
 	// Emit receives the differences as they are found, in batches; the slice is the caller's.
 	Emit func(ctx context.Context, diffs []Diff) error
 	// Incremental, when not nil, makes the comparison group the rows from the first level on,
@@ -36,6 +44,10 @@ type Config struct {
 	// published with a row filter is compared in full, as without it.
 	Incremental *Incremental
 }
+
+// ErrTooManyDiffs is wrapped by Compare's error when a level of groups proved more differing
+// keys than Config.MaxDiffs.
+var ErrTooManyDiffs = errors.New("more keys differ than the comparison may handle")
 
 // Kind is the kind of a difference.
 type Kind string
@@ -205,6 +217,13 @@ func (c *comparison) narrow(ctx context.Context, level levelState, total int64, 
 		}
 		if len(next.ids) == 0 {
 			return nil // the differences cancelled out between groups: none at key level
+		}
+		if c.cfg.MaxDiffs > 0 && level.bits == 0 {
+			groups := float64(uint64(1) << next.bits)
+			est := -groups * math.Log1p(-float64(len(next.ids))/groups)
+			if est > float64(c.cfg.MaxDiffs) {
+				return fmt.Errorf("%w: %d of %.0f groups of %s differ, about %.0f keys, more than %d", ErrTooManyDiffs, len(next.ids), groups, c.cfg.Table, est, c.cfg.MaxDiffs)
+			}
 		}
 		level = next
 	}

@@ -88,22 +88,31 @@ func (v *verifyRun) checkTarget(ctx context.Context, ttx pgx.Tx, t *verifyTable)
 	if !st.Loaded {
 		return errSkip("being loaded again: verify it once `pgconverge run` has loaded it")
 	}
-	var missing []string
-	for _, c := range t.Columns {
-		var has bool
-		err := ttx.QueryRow(ctx, `select exists (select 1 from pg_attribute where attrelid = $1::regclass and attname = $2 and attnum > 0 and not attisdropped)`,
-			t.Quoted(), c.Name).Scan(&has)
-		if err != nil {
-			return fmt.Errorf("read the columns of %s on the target: %w", t, err)
-		}
-		if !has {
-			missing = append(missing, c.Name)
-		}
+	missing, err := missingColumns(ctx, ttx, t.Table)
+	if err != nil {
+		return err
 	}
 	if len(missing) > 0 {
 		return errSkip(fmt.Sprintf("the target table lacks source columns %q: a schema change is not applied yet; verify it once `pgconverge run` has followed it", missing))
 	}
 	return nil
+}
+
+// missingColumns returns the columns of source table t that target table t lacks, read over q.
+func missingColumns(ctx context.Context, q reconcile.Querier, t changebatch.Table) ([]string, error) {
+	var missing []string
+	for _, c := range t.Columns {
+		var has bool
+		err := q.QueryRow(ctx, `select exists (select 1 from pg_attribute where attrelid = $1::regclass and attname = $2 and attnum > 0 and not attisdropped)`,
+			t.Quoted(), c.Name).Scan(&has)
+		if err != nil {
+			return nil, fmt.Errorf("read the columns of %s on the target: %w", t, err)
+		}
+		if !has {
+			missing = append(missing, c.Name)
+		}
+	}
+	return missing, nil
 }
 
 // incremental returns how t is compared: incrementally from its memo when one applies (nil
