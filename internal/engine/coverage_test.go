@@ -337,13 +337,21 @@ func TestInvalidatedSlotIsAGapNotACrashLoop(t *testing.T) {
 	}
 	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
 
-	d = startDaemon(t, testConfig(t, env))
+	requireSlotReplaced(t, env, "wal_status lost")
+}
+
+// requireSlotReplaced starts a daemon on env after its slot was lost and requires that it streams
+// again, converges table a (key id), covers it, keeps running and names in the ended stream
+// segment's reason why the old slot was lost (reason).
+func requireSlotReplaced(t *testing.T, env *pgtest.Env, reason string) {
+	t.Helper()
+	d := startDaemon(t, testConfig(t, env))
 	pgtest.WaitStreaming(t, env)
 	pgtest.WaitConverged(t, env, "a", "id")
 	waitCovered(t, env)
 	d.RequireRunning(t)
-	if r := pgtest.Scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, "wal_status lost") {
-		t.Errorf("ended segment's reason %q does not say the slot was invalidated", r)
+	if r := pgtest.Scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, reason) {
+		t.Errorf("ended segment's reason %q does not name %q", r, reason)
 	}
 }
 

@@ -120,12 +120,5 @@ func TestIdleTimedOutSlotIsAGap(t *testing.T) {
 	}
 	requireGapCovers(t, rep, "public.a", coverage.GapStatus, from, to)
 
-	d = startDaemon(t, testConfig(t, env))
-	pgtest.WaitStreaming(t, env)
-	pgtest.WaitConverged(t, env, "a", "id")
-	waitCovered(t, env)
-	d.RequireRunning(t)
-	if r := pgtest.Scalar[string](t, env.Target, `select end_reason from pgconverge.stream_segments where end_lsn is not null`); !strings.Contains(r, "idle_timeout") {
-		t.Errorf("ended segment's reason %q does not name idle_timeout", r)
-	}
+	requireSlotReplaced(t, env, "idle_timeout")
 }
