@@ -242,6 +242,14 @@ wait_ready() { # PORT LOG
 	die "server on port $1 did not become ready within 60 s (log: $2)"
 }
 
+start_server() { # DATA LOG PORT: starts the server of data directory DATA (SERVERBIN's) and waits for it
+	as_pg "$SERVERBIN/pg_ctl" -D "$1" -l "$2" -w -t 60 -s start </dev/null || {
+		tail -n 30 "$2" >&2 || true
+		die "could not start $1 (log: $2)"
+	}
+	wait_ready "$3" "$2"
+}
+
 cmd_start() {
 	local name=$1 port=$2 mode=${4:-}
 	check_name "$name"
@@ -332,11 +340,7 @@ cmd_start() {
 		fi
 	} | as_pg tee -a "$data/postgresql.conf" >/dev/null
 
-	as_pg "$SERVERBIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start </dev/null || {
-		tail -n 30 "$log" >&2 || true
-		die "could not start $data (log: $log)"
-	}
-	wait_ready "$port" "$log"
+	start_server "$data" "$log" "$port"
 	say "started '$name' (PostgreSQL ${PG_SERVER_VERSION:-15}) on 127.0.0.1:$port${mode:+ ($mode)}, data $data, log $log"
 }
 
@@ -436,11 +440,7 @@ cmd_standby() {
 	} | as_pg tee -a "$data/postgresql.conf" >/dev/null
 	as_pg touch "$data/standby.signal"
 	server_bin "$major"
-	as_pg "$SERVERBIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start </dev/null || {
-		tail -n 30 "$log" >&2 || true
-		die "could not start standby $data (log: $log)"
-	}
-	wait_ready "$port" "$log"
+	start_server "$data" "$log" "$port"
 	say "started standby '$name' (PostgreSQL $major) of '$primary' on 127.0.0.1:$port, physical slot $slot on the primary, data $data, log $log"
 }
 
