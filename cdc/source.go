@@ -12,20 +12,25 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
-// CheckSource reports every reason the source cannot be streamed from, joined: wal_level is not
-// logical, the role may not replicate, no replication slot is free. Each error names the setting
-// and the fix.
+// CheckSource reports every reason the source cannot be streamed from, joined: it is a standby in
+// recovery, wal_level is not logical, the role may not replicate, no replication slot is free.
+// Each error names the setting and the fix.
 func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 	var walLevel, role string
-	var canReplicate bool
+	var canReplicate, standby bool
 	var maxSlots int
 	err := conn.QueryRow(ctx, `select current_setting('wal_level'), current_user::text,
   (select rolreplication or rolsuper from pg_roles where rolname = current_user),
-  current_setting('max_replication_slots')::int`).Scan(&walLevel, &role, &canReplicate, &maxSlots)
+  current_setting('max_replication_slots')::int, pg_is_in_recovery()`).Scan(&walLevel, &role, &canReplicate, &maxSlots, &standby)
 	if err != nil {
 		return fmt.Errorf("read source settings: %w", err)
 	}
 	var errs []error
+	if standby {
+		c := conn.Config()
+		errs = append(errs, fmt.Errorf("the source at %s:%d is a standby in recovery (pg_is_in_recovery() is true): pgconverge decodes from a primary only (its publication, WAL positions and markers need one; decoding from a standby of PostgreSQL 16 and later is not supported yet): point --source at the primary",
+			c.Host, c.Port))
+	}
 	if walLevel != "logical" {
 		errs = append(errs, fmt.Errorf("source wal_level is %q, logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical and restart the source", walLevel))
 	}

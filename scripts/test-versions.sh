@@ -33,7 +33,7 @@ CONFORMANCE=(
 	TestCoverageAfterLoadAndStream TestDroppedSlotIsAGapUntilBackfilled TestInvalidatedSlotIsAGapNotACrashLoop
 	TestIdleTimedOutSlotIsAGap TestPublishedGeneratedColumnsAreRefused # PostgreSQL 18 and later
 	TestStandbyTakesOverFromAKilledLeader # HA
-	TestPromotedStandbyContinuesTheFailoverSlot TestStandbyPromotedBehindTheTargetIsRefused # source failover (the first from 17 on)
+	TestPromotedStandbyContinuesTheFailoverSlot TestStandbyPromotedBehindTheTargetIsRefused TestStandbySourceIsRefused # source failover (the first from 17 on)
 	TestPartitionedTableIsOneTargetTable TestSlotIsConfirmedByProbesBetweenFullChecks
 )
 regex="^($(

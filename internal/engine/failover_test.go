@@ -198,3 +198,21 @@ func requireFailoverReady(t *testing.T, rep coverage.Report, slot, physical stri
 	}
 	t.Fatalf("slot %s not in the report", slot)
 }
+
+// A source that is a standby in recovery is refused at start, naming it and the fix, before
+// anything is written (decoding from a standby is not supported yet). Serial: one standby at a
+// time.
+func TestStandbySourceIsRefused(t *testing.T) {
+	env := pgtest.New(t)
+	if v := pgsession.MajorVersion(env.Source.PgConn()); v < 15 {
+		t.Skipf("the test's standby needs PostgreSQL 15 or later (pg_backup_start); the source runs %d", v)
+	}
+	pgtest.Exec(t, env.Source, "create table items (id int primary key, v text)")
+	sb := pgtest.NewStandby(t, "source_standby")
+	cfg := testConfig(t, env)
+	cfg.Source = sb.URL(t, env.Name)
+	requireRefusal(t, cfg, "is a standby in recovery", "point --source at the primary")
+	if n := pgtest.Scalar[int](t, env.Target, `select count(*) from pg_namespace where nspname = 'pgconverge'`); n != 0 {
+		t.Errorf("the refused run created the pgconverge schema on the target")
+	}
+}
