@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -196,29 +195,15 @@ func (g *gapWriter) write(ctx context.Context, diffs []reconcile.Diff) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var written int64
-	found, err := backfill.ReadKeys(ctx, g.src, snap, t, keys, func(ctx context.Context, rec arrow.RecordBatch) error {
-		r, err := tx.ApplySnapshot(ctx, rec)
-		written += r.Applied
-		return err
-	})
+	written, tombstones, err := writeKeys(ctx, g.src, tx, snap, t, keys)
 	if err != nil {
 		return err
-	}
-	var tombstones int64
-	if del := backfill.Tombstones(t, snap.LSN, keys, found); del != nil {
-		r, err := tx.Apply(ctx, del)
-		del.Release()
-		if err != nil {
-			return err
-		}
-		tombstones = r.Applied
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
 	g.res.Differing += int64(len(keys))
-	g.res.Written += written + tombstones
+	g.res.Written += written
 	g.res.Tombstones += tombstones
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
@@ -81,7 +82,7 @@ func (v *verifyRun) repairBatch(ctx context.Context, applier *apply.Applier, sna
 	if t.Keyless {
 		err = v.repairValues(ctx, tx, snap, t, keys)
 	} else {
-		err = v.repairKeys(ctx, tx, snap, t, keys)
+		_, _, err = writeKeys(ctx, v.src, tx, snap, t.Table, keys)
 	}
 	if err != nil {
 		return 0, err
@@ -99,21 +100,25 @@ func (v *verifyRun) repairBatch(ctx context.Context, applier *apply.Applier, sna
 	return n, nil
 }
 
-// repairKeys writes, in tx, each key's row at snap at (S', 0), or a tombstone where snap has none.
-func (v *verifyRun) repairKeys(ctx context.Context, tx *apply.Tx, snap backfill.Snapshot, t *verifyTable, keys [][]string) error {
-	found, err := backfill.ReadKeys(ctx, v.src, snap, t.Table, keys, func(ctx context.Context, rec arrow.RecordBatch) error {
-		_, err := tx.ApplySnapshot(ctx, rec)
+// writeKeys writes, in tx, each key of table t as snap has it, through the apply step at version
+// (S, 0): its row read over src at snap, or a tombstone where snap has none. It returns the target
+// rows written (apply.Result.Applied) and, of them, the tombstones.
+func writeKeys(ctx context.Context, src *pgx.Conn, tx *apply.Tx, snap backfill.Snapshot, t changebatch.Table, keys [][]string) (written, tombstones int64, err error) {
+	found, err := backfill.ReadKeys(ctx, src, snap, t, keys, func(ctx context.Context, rec arrow.RecordBatch) error {
+		r, err := tx.ApplySnapshot(ctx, rec)
+		written += r.Applied
 		return err
 	})
 	if err != nil {
-		return err
+		return written, 0, err
 	}
-	if del := backfill.Tombstones(t.Table, snap.LSN, keys, found); del != nil {
-		_, err := tx.Apply(ctx, del)
+	if del := backfill.Tombstones(t, snap.LSN, keys, found); del != nil {
+		r, err := tx.Apply(ctx, del)
 		del.Release()
-		return err
+		tombstones = r.Applied
+		return written + tombstones, tombstones, err
 	}
-	return nil
+	return written, 0, nil
 }
 
 // repairValues sets, in tx, the copies of each row value of keyless table t named by keys
