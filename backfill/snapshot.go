@@ -32,14 +32,26 @@ type Exported struct {
 }
 
 // Export creates a temporary logical slot with an exported snapshot on a new replication
-// connection to sourceURL. Close drops the slot and releases the snapshot.
-func Export(ctx context.Context, sourceURL string) (*Exported, error) {
+// connection to sourceURL. Close drops the slot and releases the snapshot. When sourceURL is a
+// standby (PostgreSQL 16 and later), primaryURL names its primary, on which
+// pg_log_standby_snapshot() is called while the slot is created (pgsession.LogStandbySnapshots);
+// "" waits for the primary's own records. The standby's snapshot is as exact as a primary's: the
+// slot's snapshot builder reads the same WAL.
+func Export(ctx context.Context, sourceURL, primaryURL string) (*Exported, error) {
 	conn, err := pgsession.ConnectReplication(ctx, sourceURL)
 	if err != nil {
 		return nil, err
 	}
 	name := "pgconverge_snap_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if primaryURL != "" {
+		if primaryURL, err = primaryIfStandby(ctx, conn, primaryURL); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("export snapshot: %w", err)
+		}
+	}
+	stop := pgsession.LogStandbySnapshots(ctx, primaryURL)
 	slot, err := pgsession.CreateSlot(ctx, conn, name, true, false)
+	stop()
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("export snapshot: %w", err)
@@ -49,3 +61,16 @@ func Export(ctx context.Context, sourceURL string) (*Exported, error) {
 
 // Close ends the replication connection, which drops the temporary slot and the snapshot.
 func (e *Exported) Close(ctx context.Context) error { return e.conn.Close(ctx) }
+
+// primaryIfStandby returns primaryURL when the server of the replication connection conn is in
+// recovery, "" when it is a primary (a standby promoted since, say).
+func primaryIfStandby(ctx context.Context, conn *pgconn.PgConn, primaryURL string) (string, error) {
+	res, err := conn.Exec(ctx, "select pg_is_in_recovery()").ReadAll()
+	if err != nil {
+		return "", fmt.Errorf("read whether the source is in recovery: %w", err)
+	}
+	if len(res) == 1 && len(res[0].Rows) == 1 && string(res[0].Rows[0][0]) == "t" {
+		return primaryURL, nil
+	}
+	return "", nil
+}

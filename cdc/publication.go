@@ -14,7 +14,8 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-func publicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
+// PublicationExists reports whether publication name exists on the server of conn.
+func PublicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
 	var exists bool
 	err := conn.QueryRow(ctx, `select exists (select 1 from pg_publication where pubname = $1)`, name).Scan(&exists)
 	if err != nil {
@@ -187,6 +188,9 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		}
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ReadOnlySQLTransaction {
+				return fmt.Errorf("publish %s in publication %q: the source is read-only (a standby): run on its primary: %s; %w", list, name, sql, err)
+			}
 			if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
 				return fmt.Errorf("publish %s in publication %q (the source role needs CREATE on the database and must own the tables): %w", list, name, err)
 			}

@@ -54,7 +54,7 @@ func CheckSequenceSource(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("read source recovery state: %w", err)
 	}
 	if standby {
-		return errors.New("the source is a standby (pg_is_in_recovery): its sequence values lag the primary's; point --source at the primary")
+		return errors.New("the source is a standby (pg_is_in_recovery): its sequence values lag the primary's; read them on the primary: point pgconverge sequences --source at it (cutover, backfill --sync-sequences and run --sync-sequences do so themselves when --primary is set)")
 	}
 	return nil
 }

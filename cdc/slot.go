@@ -188,12 +188,14 @@ func (s SlotInfo) Usable(name, db string) error {
 	return nil
 }
 
-// CurrentLSN returns the source's current WAL insert position (pg_current_wal_insert_lsn()): at
-// or after every record inserted so far, commits not yet written under synchronous_commit = off
-// included, which pg_current_wal_lsn() (the write position) can miss.
+// CurrentLSN returns the source's current WAL position: on a primary its insert position
+// (pg_current_wal_insert_lsn()), at or after every record inserted so far, commits not yet written
+// under synchronous_commit = off included, which pg_current_wal_lsn() (the write position) can
+// miss; on a standby in recovery the position it has replayed up to (pg_last_wal_replay_lsn(),
+// positionSQL), which is all a slot on it can decode.
 func CurrentLSN(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
 	var v string
-	if err := conn.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text").Scan(&v); err != nil {
+	if err := conn.QueryRow(ctx, "select "+positionSQL("pg_current_wal_insert_lsn()")+"::text").Scan(&v); err != nil {
 		return 0, fmt.Errorf("read the source's current WAL position: %w", err)
 	}
 	return pglogrepl.ParseLSN(v)
@@ -201,10 +203,11 @@ func CurrentLSN(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
 
 // CurrentPositions returns the source's current WAL insert position (as CurrentLSN) and its flush
 // position (pg_current_wal_flush_lsn()), read in one statement: every commit before the flush
-// position is durable, and visible unless it still waits for a synchronous standby.
+// position is durable, and visible unless it still waits for a synchronous standby. On a standby
+// in recovery both are its replay position.
 func CurrentPositions(ctx context.Context, conn *pgx.Conn) (insert, flushed pglogrepl.LSN, err error) {
 	var i, f string
-	if err := conn.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text").Scan(&i, &f); err != nil {
+	if err := conn.QueryRow(ctx, "select "+positionSQL("pg_current_wal_insert_lsn()")+"::text, "+positionSQL("pg_current_wal_flush_lsn()")+"::text").Scan(&i, &f); err != nil {
 		return 0, 0, fmt.Errorf("read the source's current WAL positions: %w", err)
 	}
 	if insert, err = pglogrepl.ParseLSN(i); err != nil {
@@ -283,17 +286,18 @@ where get_byte(c.data, 0) = 66 and ('x' || encode(substring(c.data from 2 for 8)
 // WaitWALFlushed waits until the source over conn has flushed its WAL up to the position it had
 // inserted when called (pg_current_wal_insert_lsn): logical decoding, and so a slot's peek, reads
 // only flushed WAL, and a transaction committed with synchronous_commit off is flushed by the WAL
-// writer within wal_writer_delay (PostgreSQL docs §30.4, "Asynchronous Commit"). It polls every
-// 10 ms and fails after timeout.
+// writer within wal_writer_delay (PostgreSQL docs §30.4, "Asynchronous Commit"). On a standby in
+// recovery, whose slots decode what it replayed, it returns at once. It polls every 10 ms and
+// fails after timeout.
 func WaitWALFlushed(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
 	var inserted string
-	if err := conn.QueryRow(ctx, `select pg_current_wal_insert_lsn()::text`).Scan(&inserted); err != nil {
+	if err := conn.QueryRow(ctx, "select "+positionSQL("pg_current_wal_insert_lsn()")+"::text").Scan(&inserted); err != nil {
 		return fmt.Errorf("read the source's WAL insert position: %w", err)
 	}
 	deadline := time.Now().Add(timeout)
 	for {
 		var flushed bool
-		if err := conn.QueryRow(ctx, `select pg_current_wal_flush_lsn() >= $1::pg_lsn`, inserted).Scan(&flushed); err != nil {
+		if err := conn.QueryRow(ctx, "select "+positionSQL("pg_current_wal_flush_lsn()")+" >= $1::pg_lsn", inserted).Scan(&flushed); err != nil {
 			return fmt.Errorf("read the source's WAL flush position: %w", err)
 		}
 		if flushed {

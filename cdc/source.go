@@ -12,9 +12,9 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
-// CheckSource reports every reason the source cannot be streamed from, joined: it is a standby in
-// recovery, wal_level is not logical, the role may not replicate, no replication slot is free.
-// Each error names the setting and the fix.
+// CheckSource reports every reason the source cannot be streamed from, joined: wal_level is not
+// logical, the role may not replicate, no replication slot is free, or it is a standby in recovery
+// that cannot decode (checkStandby). Each error names the setting and the fix.
 func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 	var walLevel, role string
 	var canReplicate, standby bool
@@ -27,9 +27,7 @@ func CheckSource(ctx context.Context, conn *pgx.Conn) error {
 	}
 	var errs []error
 	if standby {
-		c := conn.Config()
-		errs = append(errs, fmt.Errorf("the source at %s:%d is a standby in recovery (pg_is_in_recovery() is true): pgconverge decodes from a primary only (its publication, WAL positions and markers need one; decoding from a standby of PostgreSQL 16 and later is not supported yet): point --source at the primary",
-			c.Host, c.Port))
+		errs = append(errs, checkStandby(ctx, conn)...)
 	}
 	if walLevel != "logical" {
 		errs = append(errs, fmt.Errorf("source wal_level is %q, logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical and restart the source", walLevel))
@@ -265,7 +263,7 @@ type SkippedTable struct {
 // daemon keeps by snapshots (UnpublishableTables); else every table CandidateTables lists. Tables
 // left out are returned with the reason, in name order.
 func DefaultTables(ctx context.Context, conn *pgx.Conn, publication string) ([]changebatch.TableName, []SkippedTable, error) {
-	exists, err := publicationExists(ctx, conn, publication)
+	exists, err := PublicationExists(ctx, conn, publication)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -34,6 +34,7 @@ CONFORMANCE=(
 	TestIdleTimedOutSlotIsAGap TestPublishedGeneratedColumnsAreRefused # PostgreSQL 18 and later
 	TestStandbyTakesOverFromAKilledLeader # HA
 	TestPromotedStandbyContinuesTheFailoverSlot TestStandbyPromotedBehindTheTargetIsRefused TestStandbySourceIsRefused # source failover (the first from 17 on)
+	TestStandbySourceConverges TestStandbySourceWithoutPrimary TestStandbySourceLoadSurvivesARecoveryConflict TestCutoverFromAStandbySource # decoding on a standby (16 and later)
 	TestPartitionedTableIsOneTargetTable TestSlotIsConfirmedByProbesBetweenFullChecks
 )
 regex="^($(

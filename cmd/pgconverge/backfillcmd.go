@@ -76,6 +76,7 @@ again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 	}
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
+	addPrimaryFlag(f, &cfg.Primary)
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to backfill as schema.table, repeated or comma-separated; unquoted names fold to lower case as in SQL")
 	addBackfillFlags(f, &cfg.Workers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.BoolVar(&cfg.Resume, "resume", true, "keep the completed chunks of an interrupted backfill of a table and read only the rest; --resume=false starts over")

@@ -77,7 +77,7 @@ func applyConfig(root, cmd *cobra.Command, path string) error {
 
 // envFlags are the flags whose default comes from an environment variable, which wins over the
 // settings file as the command line does.
-var envFlags = map[string]string{"source": "PGCONVERGE_SOURCE", "target": "PGCONVERGE_TARGET"}
+var envFlags = map[string]string{"source": "PGCONVERGE_SOURCE", "target": "PGCONVERGE_TARGET", "primary": "PGCONVERGE_PRIMARY"}
 
 // setFromConfig sets flag f from the settings file's value v at key, unless the command line or
 // its environment variable set it.

@@ -58,6 +58,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 	}
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Run.Source, &cfg.Run.Target)
+	addPrimaryFlag(f, &cfg.Run.Primary)
 	f.StringArrayVar(&cfg.Run.Tables, "tables", nil, "the daemon's --tables, if it had them (the catch-up streams them as run does)")
 	f.StringVar(&cfg.Run.Slot, "slot", "pgconverge", "the daemon's logical replication slot")
 	f.StringVar(&cfg.Run.Publication, "publication", "pgconverge", "the daemon's publication")

@@ -19,6 +19,12 @@ func addURLFlags(f *pflag.FlagSet, source, target *string) {
 	f.StringVar(target, "target", os.Getenv("PGCONVERGE_TARGET"), "target PostgreSQL URL ($PGCONVERGE_TARGET)")
 }
 
+// addPrimaryFlag defines --primary (engine.Config.Primary), which defaults to $PGCONVERGE_PRIMARY,
+// shared by the commands that create slots on the source: run, cutover, backfill and verify.
+func addPrimaryFlag(f *pflag.FlagSet, primary *string) {
+	f.StringVar(primary, "primary", os.Getenv("PGCONVERGE_PRIMARY"), "when --source is a hot standby (PostgreSQL 16 or later), the URL of its primary, where the publication is kept and which is asked to log the running-transactions records a slot's creation on the standby waits for ($PGCONVERGE_PRIMARY); unused while --source is a primary")
+}
+
 // validateFormat returns an error naming --format unless format is "table" or "json", the two
 // output formats of the report commands; nil otherwise.
 func validateFormat(format string) error {

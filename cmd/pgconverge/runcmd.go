@@ -76,6 +76,7 @@ such a table is loaded again when it is selected.`,
 	}
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
+	addPrimaryFlag(f, &cfg.Primary)
 	f.StringArrayVar(&cfg.Tables, "tables", nil, "tables to replicate as schema.table, comma-separated or repeated; names fold to lower case unless double-quoted, as in SQL: 'sales.\"Orders\"'; an unquoted * or ? makes a pattern, matched again as tables come: 'public.*,sales.order_*' (default: every table pgconverge can carry: the publication's tables, else every table it can stream, and the tables no publication can carry, kept by snapshots)")
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")

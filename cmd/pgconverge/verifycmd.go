@@ -70,6 +70,7 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	}
 	f := cmd.Flags()
 	addURLFlags(f, &cfg.Source, &cfg.Target)
+	addPrimaryFlag(f, &cfg.Primary)
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to verify, schema.table (repeat it or separate with commas; default: every table replicated into the target)")
 	f.BoolVar(&cfg.Repair, "repair", false, "rewrite every open discrepancy's key from a fresh exact snapshot of the source")
 	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")

@@ -30,7 +30,9 @@ import (
 // scheduled backfills are all such runs. The target tables must exist (apply.EnsureTable).
 type Job struct {
 	Source, Target string
-	Tables         []changebatch.Table
+	// Primary is the URL of Source's primary when Source is a hot standby (pgconverge run --primary).
+	Primary string
+	Tables  []changebatch.Table
 	// Trigger is coverage.TriggerInitial, TriggerManual, TriggerSchedule or TriggerGap.
 	Trigger string
 	// Slot names the slot whose stream follows the tables; "" when none does.
@@ -212,7 +214,7 @@ func Run(ctx context.Context, job Job) (rep Report, err error) {
 	}
 	snap := job.Snapshot
 	if snap == nil {
-		exp, err := backfill.Export(leased, job.Source)
+		exp, err := backfill.Export(leased, job.Source, job.Primary)
 		if err != nil {
 			return rep, err
 		}

@@ -115,6 +115,11 @@ func ServerMark(e *pgconn.PgError) Mark {
 	case "08", "57": // connection exception; operator intervention (a server shutting down or starting)
 		return retried(ReasonConnection, "")
 	case "40": // transaction rollback (serialization failure, deadlock)
+		if e.Code == pgerrcode.SerializationFailure {
+			// What a standby reports when it cancels a query in conflict with recovery (PostgreSQL
+			// docs §26.4.2 "Handling Query Conflicts"); pgconverge's own reads never serialize.
+			return retried(ReasonConflict, "a serialization failure: on a standby source, the standby cancelled a read that held back its replay of the primary's WAL longer than max_standby_streaming_delay (a lock or a VACUUM on the primary); the daemon retries and a backfill resumes from its last chunk; for long loads raise max_standby_streaming_delay on the standby")
+		}
 		return retried(ReasonConflict, "")
 	case "53": // insufficient resources
 		return retried(ReasonResources, "the server that reported it lacks a resource (memory, connections, disk): the error names it; the daemon retries the same changes")

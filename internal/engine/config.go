@@ -22,6 +22,12 @@ const DefaultMemoryBudget = 256 << 20
 // Config configures the daemon (Run): what `pgconverge run` takes from its flags.
 type Config struct {
 	Source, Target string
+	// Primary is the URL of the primary when Source is a hot standby (PostgreSQL 16 and later):
+	// the publication is created and changed there, and while a slot is created on the standby
+	// the primary is asked for running-transactions records (pg_log_standby_snapshot). "" with a
+	// standby source: the publication must exist, and slots wait for the primary's own records.
+	// Unused while Source is not in recovery (a standby promoted since, say).
+	Primary string
 	// Tables are comma-separated lists of "schema.table" names (changebatch.ParseTableList); empty
 	// means the default selection (cdc.DefaultTables).
 	Tables      []string

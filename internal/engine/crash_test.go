@@ -35,6 +35,8 @@ const (
 	envCrashSrc   = "PGCONVERGE_CRASH_SOURCE"
 	envCrashTgt   = "PGCONVERGE_CRASH_TARGET"
 	envCrashSlot  = "PGCONVERGE_CRASH_SLOT"
+	// envCrashPrimary, when set, is the child daemon's Config.Primary (its source is a standby).
+	envCrashPrimary = "PGCONVERGE_CRASH_PRIMARY"
 	// envCrashChunkRows, when set, is the chunk size of the backfill child (backfillCrashChild).
 	envCrashChunkRows = "PGCONVERGE_CRASH_CHUNK_ROWS"
 	// envShortLease, set to 1, gives a child the tests' short lease (shortLease), as its parent
@@ -137,7 +139,8 @@ func crashChild(point string) int {
 	}
 	cfg := Config{
 		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt),
-		Slot: os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000,
+		Primary: os.Getenv(envCrashPrimary),
+		Slot:    os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
 	}
 	cfg.Knobs.Lease = childLease()

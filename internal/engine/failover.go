@@ -12,9 +12,10 @@ import (
 )
 
 // wantFailover says whether the daemon's slot is to be a failover slot: --failover-slot (on by
-// default) on a source of PostgreSQL 17 or later, the first with failover slots.
+// default) on a primary source of PostgreSQL 17 or later, the first with failover slots (a
+// standby's own slots cannot be failover slots; its copies of the primary's are).
 func (s *session) wantFailover() bool {
-	return s.cfg.FailoverSlot && pgsession.MajorVersion(s.repl) >= 17
+	return s.cfg.FailoverSlot && pgsession.MajorVersion(s.repl) >= 17 && !s.standby
 }
 
 // alignFailover makes the existing, free slot's failover property what wantFailover says

@@ -18,7 +18,7 @@ func backfillSchedules(st sessionStart, mon Monitor) schedule.Backfills {
 		NewJob: func(tables []changebatch.Table, trigger, what string) backfillrun.Job {
 			return st.backfillJob(mon, tables, trigger, what)
 		},
-		SyncSequences: cfg.SyncSequences, Source: cfg.Source, Target: cfg.Target, Logger: cfg.Logger,
+		SyncSequences: cfg.SyncSequences, Source: cfg.Source, Primary: cfg.Primary, Target: cfg.Target, Logger: cfg.Logger,
 		OnEvent: cfg.Knobs.Schedule, AfterChunk: cfg.Knobs.AfterScheduledChunk,
 	}
 }
@@ -27,7 +27,7 @@ func backfillSchedules(st sessionStart, mon Monitor) schedule.Backfills {
 // tables, counted by mon) as a member of its errgroup.
 func verifySchedule(cfg Config, tables []changebatch.Table, mon Monitor) schedule.Verifies {
 	return schedule.Verifies{
-		Schedule: cfg.VerifySchedule, Source: cfg.Source, Target: cfg.Target, Tables: tables,
+		Schedule: cfg.VerifySchedule, Source: cfg.Source, Primary: cfg.Primary, Target: cfg.Target, Tables: tables,
 		Repair: cfg.VerifyRepair, Logger: cfg.Logger, Monitor: mon, Verified: cfg.Knobs.Verified,
 	}
 }

@@ -30,6 +30,9 @@ type session struct {
 	tgt  *pgx.Conn
 	repl *pgconn.PgConn
 	ap   *apply.Applier
+	// primary is a connection to the source's primary while the source is a standby and
+	// Config.Primary is set (connectPrimary); nil otherwise.
+	primary *pgx.Conn
 	// lock holds the slot's leader lock for the session (lead); watching is closed when the
 	// goroutine that watches lock has returned.
 	lock     *pgx.Conn
@@ -63,7 +66,10 @@ type sessionStart struct {
 	// joined are the streamed tables that were kept by snapshots only until this session.
 	joined   map[changebatch.TableName]bool
 	sourceID string // cdc.SourceID of the source
-	timeline int64  // the source server's timeline (checkTimeline)
+	// standby is true when the source is a standby in recovery at the session's start, which
+	// decodes the WAL it replays (connectPrimary).
+	standby  bool
+	timeline int64 // the source server's timeline (checkTimeline)
 	// enums are the source's enums the tables use, with their labels at the start (ensureTypes).
 	enums map[string][]string
 	// memberBefore and memberAfter are source positions read before and after the memberships
@@ -239,8 +245,10 @@ func (s *session) connect(ctx context.Context) error {
 	if err := cdc.CheckSource(ctx, s.src); err != nil {
 		return refusal(err)
 	}
-	s.sourceID, err = cdc.SourceID(ctx, s.src)
-	return err
+	if s.sourceID, err = cdc.SourceID(ctx, s.src); err != nil {
+		return err
+	}
+	return s.connectPrimary(ctx)
 }
 
 // prepareTarget checks that the ledger follows this source (and that the source was not rewound
@@ -321,8 +329,8 @@ func (s *session) prepareTarget(ctx context.Context) error {
 // loading first), warns about published tables not selected, and records the memberships.
 func (s *session) preparePublication(ctx context.Context, names []changebatch.TableName) error {
 	cfg := s.cfg
-	added, err := cdc.EnsurePublication(ctx, s.src, cfg.Publication, names, s.publishHooks(ctx))
-	if err != nil {
+	added, err := cdc.EnsurePublication(ctx, s.publisher(), cfg.Publication, names, s.publishHooks(ctx))
+	if err = s.published(ctx, added, err); err != nil {
 		return err
 	}
 	for _, t := range added {
@@ -339,7 +347,7 @@ func (s *session) close() {
 	if s.watching != nil {
 		<-s.watching
 	}
-	for _, c := range []*pgx.Conn{s.src, s.tgt, s.lock} {
+	for _, c := range []*pgx.Conn{s.src, s.tgt, s.lock, s.primary} {
 		if c != nil {
 			c.Close(ctx)
 		}

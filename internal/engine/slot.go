@@ -164,7 +164,9 @@ func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error
 	cfg := s.cfg
 	cfg.Logger.Info("creating replication slot: the source first waits for the transactions running now to end", "slot", cfg.Slot)
 	failover := s.wantFailover()
+	stop := pgsession.LogStandbySnapshots(ctx, s.primaryURL())
 	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false, failover)
+	stop()
 	if err != nil {
 		return 0, err
 	}
@@ -200,7 +202,7 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, backfillrun.BusyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
 	rep, err := backfillrun.Run(ctx, job)
 	if err == nil && cfg.SyncSequences {
-		sequences.SyncAfterBackfill(ctx, cfg.Source, cfg.Target, rep.Completed(tables), rep.RunID, cfg.Logger)
+		sequences.SyncAfterBackfill(ctx, cfg.Source, cfg.Primary, cfg.Target, rep.Completed(tables), rep.RunID, cfg.Logger)
 	}
 	return err
 }
@@ -212,7 +214,7 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 func (s sessionStart) backfillJob(mon Monitor, tables []changebatch.Table, trigger, what string) backfillrun.Job {
 	cfg := s.cfg
 	return backfillrun.Job{
-		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: trigger,
+		Source: cfg.Source, Primary: cfg.Primary, Target: cfg.Target, Tables: tables, Trigger: trigger,
 		LeaderSlot: cfg.Slot, Epoch: s.epoch, Publication: cfg.Publication,
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: mon, CopyOnly: cfg.copyOnly,

@@ -32,6 +32,7 @@ type unknownKeys struct {
 // gate, when a fill's snapshot is under way.
 type unknownFiller struct {
 	source, target string
+	primary        string                // Config.Primary
 	copyOnly       *apply.CopyOnlyTables // the daemon's (apply.New)
 	logger         *slog.Logger
 	// tables are the session's streamed tables, as described at its start.
@@ -43,7 +44,7 @@ type unknownFiller struct {
 // newUnknownFiller returns the filler of cfg's session streaming tables, with an empty queue of
 // unknownQueue batches, telling gate about its fills.
 func newUnknownFiller(cfg Config, tables []changebatch.Table, gate *fillGate) *unknownFiller {
-	return &unknownFiller{source: cfg.Source, target: cfg.Target, copyOnly: cfg.copyOnly, logger: cfg.Logger,
+	return &unknownFiller{source: cfg.Source, primary: cfg.Primary, target: cfg.Target, copyOnly: cfg.copyOnly, logger: cfg.Logger,
 		tables: tables, queue: make(chan unknownKeys, unknownQueue), gate: gate}
 }
 
@@ -89,7 +90,7 @@ func (f *unknownFiller) Run(ctx context.Context) error {
 		case u := <-f.queue:
 			for _, u := range drainUnknown(u, f.queue) {
 				f.gate.begin() // before the fill's snapshot: the pruner's round waits for it (tombstonePruner)
-				filled, at, err := fillKeys(ctx, f.source, f.target, f.copyOnly, u)
+				filled, at, err := fillKeys(ctx, f.source, f.primary, f.target, f.copyOnly, u)
 				f.gate.end()
 				switch {
 				case ctx.Err() != nil:
@@ -126,10 +127,11 @@ func drainUnknown(first unknownKeys, queue chan unknownKeys) []unknownKeys {
 }
 
 // fillKeys rewrites u's keys from a fresh exact snapshot in one target transaction and returns
-// the rows written and the snapshot's LSN; copyOnly is the daemon's (apply.New).
-func fillKeys(ctx context.Context, source, target string, copyOnly *apply.CopyOnlyTables, u unknownKeys) (int64, string, error) {
+// the rows written and the snapshot's LSN; primary is Config.Primary, copyOnly the daemon's
+// (apply.New).
+func fillKeys(ctx context.Context, source, primary, target string, copyOnly *apply.CopyOnlyTables, u unknownKeys) (int64, string, error) {
 	u.keys = distinctKeys(u.keys)
-	exp, err := backfill.Export(ctx, source)
+	exp, err := backfill.Export(ctx, source, primary)
 	if err != nil {
 		return 0, "", err
 	}

@@ -21,6 +21,8 @@ import (
 // BackfillConfig configures Backfill (`pgconverge backfill`).
 type BackfillConfig struct {
 	Source, Target string
+	// Primary is the URL of Source's primary when Source is a hot standby (pgconverge run --primary).
+	Primary string
 	// Tables are comma-separated lists of "schema.table" names (changebatch.ParseTableList).
 	Tables []string
 	// Workers chunks are read and applied at once; ChunkRows rows make a chunk (the unit of
@@ -73,6 +75,9 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, erro
 	if err := cdc.CheckSource(ctx, src); err != nil {
 		return backfillrun.Report{}, fmt.Errorf("%w (a backfill takes its exact snapshot from a temporary logical replication slot)", err)
 	}
+	if err := cdc.CheckStandbyPrimary(ctx, src, cfg.Primary, cfg.Logger); err != nil {
+		return backfillrun.Report{}, err
+	}
 	tables, err := describeTables(ctx, src, cfg.Tables)
 	if err != nil {
 		return backfillrun.Report{}, err
@@ -105,7 +110,7 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, erro
 		busy = backfillrun.BusyWait
 	}
 	rep, err := backfillrun.Run(ctx, backfillrun.Job{
-		Source: cfg.Source, Target: cfg.Target, Tables: tables, Trigger: coverage.TriggerManual,
+		Source: cfg.Source, Primary: cfg.Primary, Target: cfg.Target, Tables: tables, Trigger: coverage.TriggerManual,
 		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
@@ -114,7 +119,7 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, erro
 	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
 		return rep, err
 	}
-	rep.Sequences, err = sequences.SyncTables(ctx, cfg.Source, cfg.Target, rep.Completed(tables), cfg.Logger)
+	rep.Sequences, err = sequences.SyncTables(ctx, cfg.Source, cfg.Primary, cfg.Target, rep.Completed(tables), cfg.Logger)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrSequencesNotSynced, err)
 	}

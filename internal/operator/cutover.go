@@ -132,7 +132,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	if slot.ActivePID != 0 {
 		return coverage.Cutover{}, fmt.Errorf("%w: slot %q is held by walsender pid %d: stop pgconverge run first (systemctl stop pgconverge, or SIGTERM), then run cutover again", ErrDaemonRunning, rc.Slot, slot.ActivePID)
 	}
-	target, err := cdc.CurrentLSN(ctx, src)
+	target, err := cutPosition(ctx, src, rc.Primary)
 	if err != nil {
 		return coverage.Cutover{}, err
 	}
@@ -179,7 +179,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	var verified pglogrepl.LSN
 	if !cfg.SkipVerify && len(names) > 0 {
 		log.Info("cutover: verifying, with repair", "tables", len(names))
-		vrep, err := verify.Run(ctx, verify.Config{Source: rc.Source, Target: rc.Target, Tables: names, Repair: true, Logger: log})
+		vrep, err := verify.Run(ctx, verify.Config{Source: rc.Source, Primary: rc.Primary, Target: rc.Target, Tables: names, Repair: true, Logger: log})
 		if err == nil && vrep.Open > 0 {
 			err = fmt.Errorf("verify left %d discrepancies open: see pgconverge verify; nothing was cut over", vrep.Open)
 		}
@@ -192,7 +192,11 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 		cfg.step("verified")
 	}
 	if len(names) > 0 {
-		if rep.Sequences, err = sequences.Sync(ctx, sequences.Config{Source: rc.Source, Target: rc.Target, Tables: names, Logger: log}); err != nil {
+		seqSource, err := sequenceSource(ctx, src, rc.Source, rc.Primary)
+		if err != nil {
+			return coverage.Cutover{}, errors.Join(err, stop())
+		}
+		if rep.Sequences, err = sequences.Sync(ctx, sequences.Config{Source: seqSource, Target: rc.Target, Tables: names, Logger: log}); err != nil {
 			return coverage.Cutover{}, errors.Join(err, stop())
 		}
 		cfg.step("sequences")
@@ -219,13 +223,13 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 // checkQuiet returns an error when the slot holds transactions of the publication committed after
 // cut, the position the target holds (cdc.PendingTransactions): the application still writes,
 // and a cutover now would leave them behind. It waits (up to 30 s) for the stopped stream's
-// walsender to let go of the slot, and first for the source to flush the WAL it has written
-// (cdc.WaitWALFlushed).
+// walsender to let go of the slot, and first for the source to flush the WAL it has written, and a
+// standby source to replay its primary's (waitWritten).
 func checkQuiet(ctx context.Context, src *pgx.Conn, rc engine.Config, cut pglogrepl.LSN) error {
 	// A transaction committed asynchronously may not be flushed yet, and decoding reads only
 	// flushed WAL: without the wait, the last writes of an application that commits with
 	// synchronous_commit off (up to wal_writer_delay) would look like no writes.
-	if err := cdc.WaitWALFlushed(ctx, src, 30*time.Second); err != nil {
+	if err := waitWritten(ctx, src, rc.Primary); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -296,8 +300,8 @@ func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, d
 		log.Warn("cutover: the slot still keeps the source's WAL: drop it when you no longer need it (SELECT pg_drop_replication_slot('"+rc.Slot+"') on the source, or cutover --drop-slot)", "slot", rc.Slot)
 	}
 	if cfg.DropPublication {
-		if _, err := src.Exec(ctx, "drop publication if exists "+pgx.Identifier{rc.Publication}.Sanitize()); err != nil {
-			return fmt.Errorf("drop publication %q: %w", rc.Publication, err)
+		if err := dropPublication(ctx, src, rc.Primary, rc.Publication); err != nil {
+			return err
 		}
 		rep.PublicationDropped = true
 	}

@@ -49,6 +49,9 @@ type Backfills struct {
 	// from Source to Target (URLs) after it (sequences.SyncAfterBackfill).
 	SyncSequences  bool
 	Source, Target string
+	// Primary is the URL of Source's primary when Source is a hot standby (pgconverge run
+	// --primary): sequence values are read there.
+	Primary string
 	Logger         *slog.Logger
 	// OnEvent, a test hook, runs at each Event of a tick; AfterChunk, a test hook, after each
 	// committed chunk of a scheduled backfill (backfillrun.Job.AfterChunk). Nil hooks do nothing.
@@ -126,7 +129,7 @@ func (b Backfills) run(ctx context.Context, sched cron.Schedule, j job) {
 			return
 		}
 		if b.SyncSequences {
-			sequences.SyncAfterBackfill(ctx, b.Source, b.Target, rep.Completed(j.tables), rep.RunID, b.Logger)
+			sequences.SyncAfterBackfill(ctx, b.Source, b.Primary, b.Target, rep.Completed(j.tables), rep.RunID, b.Logger)
 		}
 		b.event(Completed)
 	}))

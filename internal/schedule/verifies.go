@@ -26,9 +26,11 @@ type Verifies struct {
 	Schedule cron.Schedule
 	// Source and Target are the daemon's URLs; Tables the session's streamed tables.
 	Source, Target string
-	Tables         []changebatch.Table
-	Repair         bool
-	Logger         *slog.Logger
+	// Primary is the URL of Source's primary when Source is a hot standby (pgconverge run --primary).
+	Primary string
+	Tables  []changebatch.Table
+	Repair  bool
+	Logger  *slog.Logger
 	// Monitor counts the runs' discrepancies (verify.Config.Monitor).
 	Monitor verify.Monitor
 	// Verified, a test hook, runs after each scheduled verify with its report and error; nil does
@@ -59,7 +61,7 @@ func (v Verifies) Run(ctx context.Context) error {
 		}
 		defer running.Store(false)
 		rep, err := verify.Run(ctx, verify.Config{
-			Source: v.Source, Target: v.Target, Tables: tables, Repair: v.Repair, Trigger: coverage.VerifySchedule,
+			Source: v.Source, Primary: v.Primary, Target: v.Target, Tables: tables, Repair: v.Repair, Trigger: coverage.VerifySchedule,
 			Wait: verifyWait, Logger: log, Monitor: v.Monitor,
 		})
 		switch {

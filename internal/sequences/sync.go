@@ -94,13 +94,29 @@ func syncSequence(ctx context.Context, src, tgt *pgx.Conn, n cdc.SequenceName) L
 }
 
 // SyncTables is syncTables over new connections to the source and target URLs, for
-// callers whose own connections are busy (the daemon's sessions and schedule).
-func SyncTables(ctx context.Context, sourceURL, targetURL string, tables []changebatch.TableName, log *slog.Logger) ([]Line, error) {
+// callers whose own connections are busy (the daemon's sessions and schedule). When the source is
+// a standby and primaryURL is set (--primary), the values are read on the primary, since a
+// standby's lag the primary's.
+func SyncTables(ctx context.Context, sourceURL, primaryURL, targetURL string, tables []changebatch.TableName, log *slog.Logger) ([]Line, error) {
 	src, tgt, err := pgsession.ConnectBoth(ctx, sourceURL, targetURL)
 	if err != nil {
 		return nil, err
 	}
 	defer pgsession.CloseBoth(context.WithoutCancel(ctx), src, tgt)
+	if primaryURL != "" {
+		standby, err := cdc.InRecovery(ctx, src)
+		if err != nil {
+			return nil, err
+		}
+		if standby {
+			primary, err := pgsession.Connect(ctx, primaryURL, "primary")
+			if err != nil {
+				return nil, err
+			}
+			defer primary.Close(context.WithoutCancel(ctx))
+			src = primary
+		}
+	}
 	return syncTables(ctx, src, tgt, tables, false, log)
 }
 

@@ -11,13 +11,16 @@ import (
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
 
-// identitySQL names, on one side, the cluster (system identifier and current timeline), the
+// identitySQL names, on one side, the cluster (system identifier and current timeline, on a
+// standby in recovery the timeline of its last restartpoint), the
 // table's oid and its columns' names, types and collations (with an enum's labels, which a rename
 // changes without touching a row): NULL when the role may not read the cluster's control data.
 // A memo is used only under the same identity on both sides: another cluster, a restore (a new
 // timeline), a table dropped and created again or a column changed makes verify hash everything.
 const identitySQL = `select case when has_function_privilege('pg_control_system()', 'execute') then
-  (select system_identifier::text from pg_control_system()) || '/' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) || '/' ||
+  (select system_identifier::text from pg_control_system()) || '/' ||
+  case when pg_is_in_recovery() then (select lpad(upper(to_hex(timeline_id)), 8, '0') from pg_control_checkpoint())
+    else substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) end || '/' ||
   $1::regclass::oid::text || '/' || coalesce((select string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' ||
     a.attcollation::text || coalesce(' ' || (select string_agg(e.enumlabel, ',' order by e.enumtypid, e.enumsortorder) from pg_enum e
       where e.enumtypid in (a.atttypid, ty.typelem, ty.typbasetype)), ''), ';' order by a.attnum)

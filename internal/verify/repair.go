@@ -19,7 +19,7 @@ const RepairBatchRows = 1000
 // repairAll repairs the open discrepancies of every compared table from a fresh exact snapshot
 // S', which it records in v.repairLSN.
 func (v *verifyRun) repairAll(ctx context.Context) error {
-	exp, err := backfill.Export(ctx, v.cfg.Source)
+	exp, err := backfill.Export(ctx, v.cfg.Source, v.cfg.Primary)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,8 @@ import (
 // Config configures Run (`pgconverge verify`, and run --verify-schedule).
 type Config struct {
 	Source, Target string
+	// Primary is the URL of Source's primary when Source is a hot standby (pgconverge run --primary).
+	Primary string
 	// Tables are comma-separated lists of "schema.table" names; none: every table pgconverge
 	// replicates into the target.
 	Tables []string
@@ -206,6 +208,9 @@ func (v *verifyRun) prepare(ctx context.Context) error {
 	if err := cdc.CheckSource(ctx, v.src); err != nil {
 		return fmt.Errorf("%w (verify takes its exact snapshot from a temporary logical replication slot)", err)
 	}
+	if err := cdc.CheckStandbyPrimary(ctx, v.src, v.cfg.Primary, v.cfg.Logger); err != nil {
+		return err
+	}
 	if err := migrations.Apply(ctx, v.tgt); err != nil {
 		return err
 	}
@@ -295,7 +300,7 @@ func (t *verifyTable) ok() bool { return t.rep.State == "compared" }
 func (v *verifyRun) run(ctx context.Context) (Report, error) {
 	var rep Report
 	rep.RunID = v.runID
-	exp, err := backfill.Export(ctx, v.cfg.Source)
+	exp, err := backfill.Export(ctx, v.cfg.Source, v.cfg.Primary)
 	if err != nil {
 		return rep, err
 	}
