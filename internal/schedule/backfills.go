@@ -52,7 +52,7 @@ type Backfills struct {
 	// Primary is the URL of Source's primary when Source is a hot standby (pgconverge run
 	// --primary): sequence values are read there.
 	Primary string
-	Logger         *slog.Logger
+	Logger  *slog.Logger
 	// OnEvent, a test hook, runs at each Event of a tick; AfterChunk, a test hook, after each
 	// committed chunk of a scheduled backfill (backfillrun.Job.AfterChunk). Nil hooks do nothing.
 	OnEvent    func(Event)
