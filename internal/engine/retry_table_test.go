@@ -210,7 +210,7 @@ func dispositionWant() map[string]string {
 		"23502 staging":                       "backOff | constraint | " + staging,
 		"08006":                               "backOff | connection | ",
 		"08P01":                               "backOff | connection | ",
-		"40001":                               "backOff | conflict | ",
+		"40001":                               "backOff | conflict | a serialization failure: on a standby source, the standby cancelled a read that held back its replay of the primary's WAL longer than max_standby_streaming_delay (a lock or a VACUUM on the primary); the daemon retries and a backfill resumes from its last chunk; for long loads raise max_standby_streaming_delay on the standby",
 		"40P01":                               "backOff | conflict | ",
 		"57P01":                               "backOff | connection | ",
 		"57014":                               "backOff | connection | ",
