@@ -250,7 +250,7 @@ func startLoop(t *testing.T, sink *fakeSink, cfg func(*StreamConfig)) *loopRun {
 	srv.limit = c.ConfirmLimit
 	ctx, cancel := context.WithCancel(t.Context())
 	r := &loopRun{srv: srv, sink: sink, s: s, start: time.Now(), cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- s.stream(ctx, srv) }()
+	go func() { r.done <- s.stream(ctx, srv, false) }()
 	return r
 }
 

@@ -54,6 +54,9 @@ type loop struct {
 	// silent is how long the loop has waited in receives since the last message from the source
 	// (time spent waiting for the target does not count).
 	silent time.Duration
+	// streaming is the state of in-progress transactions streamed by the source (streamed.go),
+	// nil when the stream does not ask for them.
+	streaming *streaming
 }
 
 func (l *loop) run(ctx, applyCtx context.Context) error {
@@ -100,6 +103,13 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		}
 		if now.Sub(l.lastLog) >= cfg.StatusInterval {
 			l.logProgress(now)
+		}
+		if l.streaming != nil && l.streaming.replay != nil {
+			// A committed streamed transaction is read back before the next message is received.
+			if err := l.replayStep(ctx); err != nil {
+				return err
+			}
+			continue
 		}
 		// The read waits until the deadline, or until the apply under way ends (startApply) or ctx
 		// does (run's caller), which both move the deadline to now: a deadline on the connection
@@ -154,7 +164,7 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 			if err != nil {
 				return fmt.Errorf("parse XLogData: %w", err)
 			}
-			return l.xlogData(xld)
+			return l.xlogData(ctx, xld)
 		}
 		return nil
 	case *pgproto3.ErrorResponse:
@@ -171,7 +181,7 @@ func (l *loop) handle(ctx, applyCtx context.Context, msg pgproto3.BackendMessage
 	return nil
 }
 
-func (l *loop) xlogData(xld pglogrepl.XLogData) error {
+func (l *loop) xlogData(ctx context.Context, xld pglogrepl.XLogData) error {
 	// A logical message's WALStart is the LSN of the change it carries (a commit's end); adding
 	// its length, as physical replication does, would report more WAL written than was sent, and
 	// the walsender sends no keepalive while the reported write position is not behind what it
@@ -179,6 +189,12 @@ func (l *loop) xlogData(xld pglogrepl.XLogData) error {
 	// status interval.
 	if uint64(xld.WALStart) > l.s.received.Load() {
 		l.s.received.Store(uint64(xld.WALStart))
+	}
+	if staged, err := l.streamMessage(ctx, xld.WALData); staged || err != nil {
+		if err != nil {
+			return fmt.Errorf("streamed pgoutput message at %s: %w", xld.WALStart, err)
+		}
+		return nil
 	}
 	m, err := decode(xld.WALData)
 	if err != nil {

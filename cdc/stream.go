@@ -46,6 +46,8 @@ type Knobs struct {
 	// OnGroup runs in the apply goroutine before ApplyFunc, with the group's changes and whether
 	// the stream was at the head when the group was formed (StreamConfig.HeadGroupRows).
 	OnGroup func(changes int, head bool)
+	// AfterStage runs after messages of a streamed transaction were written to the Stager.
+	AfterStage func()
 }
 
 // StreamConfig configures a Streamer.
@@ -102,6 +104,12 @@ type StreamConfig struct {
 	// confirmed. A limit below Start counts as Start. The target's progress is not bounded: a
 	// session start checks the catalog again before it streams from there.
 	ConfirmLimit func() pglogrepl.LSN
+	// Stager, when set, turns on the streaming of in-progress transactions on a source of
+	// PostgreSQL 14 or later (streamed.go): pgoutput protocol version 2 (4 from PostgreSQL 16),
+	// option streaming 'on'; the messages of a transaction streamed before its commit are staged
+	// there and applied at its commit. Nil, or an older source: protocol 1, and the source holds
+	// every transaction until its commit (spilling past logical_decoding_work_mem to its disk).
+	Stager Stager
 	// StatusInterval is the period of standby status updates and progress log lines (default 10 s).
 	StatusInterval time.Duration
 	Logger         *slog.Logger
@@ -159,6 +167,10 @@ type Stats struct {
 	SourceWALEnd pglogrepl.LSN
 	// Transactions and Changes count whole transactions and row changes received.
 	Transactions, Changes int64
+	// StreamedOpen is how many transactions the source is streaming before their commit now,
+	// StagedBytes the bytes of pgoutput messages they staged on the target, StreamedCommitted
+	// how many streamed transactions committed and were applied (StreamConfig.Stager).
+	StreamedOpen, StagedBytes, StreamedCommitted int64
 }
 
 // Streamer streams one slot into an ApplyFunc. Create it with NewStreamer; Stats may be read from
@@ -167,6 +179,8 @@ type Streamer struct {
 	cfg                                     StreamConfig
 	received, flushed, serverEnd, confirmed atomic.Uint64
 	transactions, changes                   atomic.Int64
+	streamedOpen, stagedBytes               atomic.Int64
+	streamedCommitted                       atomic.Int64
 }
 
 func (s *Streamer) sourceWALEnd() pglogrepl.LSN {
@@ -205,6 +219,7 @@ func (s *Streamer) Stats() Stats {
 		Received: pglogrepl.LSN(s.received.Load()), Flushed: pglogrepl.LSN(s.flushed.Load()),
 		Confirmed: pglogrepl.LSN(s.confirmed.Load()), ServerSent: pglogrepl.LSN(s.serverEnd.Load()), SourceWALEnd: s.sourceWALEnd(),
 		Transactions: s.transactions.Load(), Changes: s.changes.Load(),
+		StreamedOpen: s.streamedOpen.Load(), StagedBytes: s.stagedBytes.Load(), StreamedCommitted: s.streamedCommitted.Load(),
 	}
 }
 
@@ -228,8 +243,9 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 	if cfg.StartBound != nil {
 		sctx, answered = cfg.StartBound(ctx)
 	}
+	streams := cfg.Stager != nil && pgsession.MajorVersion(conn) >= MinStreamingVersion
 	err := pglogrepl.StartReplication(sctx, conn, cfg.Slot, cfg.Start, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'"},
+		PluginArgs: pluginArgs(cfg.Publication, pgsession.MajorVersion(conn), streams),
 	})
 	answered()
 	if err != nil {
@@ -244,15 +260,43 @@ func (s *Streamer) Run(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 	}
-	return s.stream(ctx, pgReplicationConn{conn})
+	if streams {
+		if err := cfg.Stager.Clear(ctx); err != nil {
+			return fmt.Errorf("discard the staging of slot %q's earlier sessions: %w", cfg.Slot, err)
+		}
+	}
+	return s.stream(ctx, pgReplicationConn{conn}, streams)
+}
+
+// MinStreamingVersion is the first major version of PostgreSQL whose pgoutput streams
+// in-progress transactions (protocol version 2).
+const MinStreamingVersion = 14
+
+// pluginArgs are pgoutput's options for publication on a server of major version v: protocol
+// version 1, or with streams the streaming of in-progress transactions, in protocol version 2 (4
+// from PostgreSQL 16, the version that may stream for parallel apply; with streaming 'on' its
+// messages are those of 2).
+func pluginArgs(publication string, v int, streams bool) []string {
+	args := []string{"proto_version '1'", "publication_names '" + publication + "'"}
+	if streams {
+		args[0] = "proto_version '2'"
+		if v >= 16 {
+			args[0] = "proto_version '4'"
+		}
+		args = append(args, "streaming 'on'")
+	}
+	return args
 }
 
 // stream runs the receive loop on conn, a connection START_REPLICATION put in streaming mode, and
 // finishes as Run documents.
-func (s *Streamer) stream(ctx context.Context, conn replicationConn) error {
+func (s *Streamer) stream(ctx context.Context, conn replicationConn, streams bool) error {
 	cfg := s.cfg
-	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String())
+	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String(), "in_progress_transactions", streams)
 	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables, cfg.DescribedAt, cfg.ReloadFences)}
+	if streams {
+		l.streaming = &streaming{stager: cfg.Stager, seq: map[uint32]int64{}, bytes: map[uint32]int64{}}
+	}
 	defer l.asm.release()
 	// An apply that started finishes even when ctx ends, within a grace period.
 	applyCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

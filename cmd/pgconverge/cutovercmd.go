@@ -63,6 +63,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 	f.StringVar(&cfg.Run.Slot, "slot", "pgconverge", "the daemon's logical replication slot")
 	f.StringVar(&cfg.Run.Publication, "publication", "pgconverge", "the daemon's publication")
 	addFailoverSlotFlag(f, &cfg.Run.FailoverSlot)
+	addStreamInProgressFlag(f, &cfg.Run.StreamInProgress)
 	addBackfillFlags(f, &cfg.Run.BackfillWorkers, &cfg.Run.ChunkRows, &cfg.Run.SnapshotWarn)
 	f.BoolVar(&cfg.SkipVerify, "skip-verify", false, "leave out the verify step")
 	f.BoolVar(&cfg.DropSlot, "drop-slot", true, "drop the slot once the tables are retired (false keeps it, and the source's WAL with it)")

@@ -65,6 +65,12 @@ func addFailoverSlotFlag(f *pflag.FlagSet, on *bool) {
 	f.BoolVar(on, "failover-slot", true, "on a source of PostgreSQL 17 or later, make the slot a failover slot (FAILOVER), which physical standbys with sync_replication_slots = on keep a copy of, so the daemon continues from a promoted standby with no gap; false creates a plain slot and turns failover off on an existing one; ignored before 17")
 }
 
+// addStreamInProgressFlag defines --stream-in-progress (engine.Config.StreamInProgress), shared by
+// run and cutover, whose catch-up streams as run does.
+func addStreamInProgressFlag(f *pflag.FlagSet, on *bool) {
+	f.BoolVar(on, "stream-in-progress", true, "on a source of PostgreSQL 14 or later, have it stream a transaction before its commit once it passes logical_decoding_work_mem (pgoutput protocol 2, 4 from 16): its changes are staged on the target and applied at its commit, and the source spills nothing to its disk; false: the source holds each transaction until its commit")
+}
+
 // addStandbyFlag defines --standby (operator.CoverageConfig.Standbys), shared by status and
 // coverage.
 func addStandbyFlag(f *pflag.FlagSet, urls *[]string) {

@@ -59,13 +59,23 @@ var (
 		"Bytes of WAL between the latest known source position and the position the target committed; absent while not streaming.", nil, nil)
 	watermarkDesc = prometheus.NewDesc("pgconverge_watermark_lsn",
 		"The stream's watermark, the LSN up to which the target holds every change, as a number; absent while not streaming.", nil, nil)
+	streamedOpenDesc = prometheus.NewDesc("pgconverge_streamed_transactions_open",
+		"Transactions the source streams before their commit (--stream-in-progress) that have not committed or aborted yet; absent while not streaming.", nil, nil)
+	stagedBytesDesc = prometheus.NewDesc("pgconverge_streamed_staged_bytes",
+		"Bytes of pgoutput messages those open transactions staged on the target (pgconverge.stream_staging); absent while not streaming.", nil, nil)
+	streamedCommittedDesc = prometheus.NewDesc("pgconverge_streamed_transactions_committed",
+		"Streamed transactions committed and applied at their commit during the current stream; absent while not streaming.", nil, nil)
 )
 
 // streamCollector reports the current stream's lag and watermark, and nothing between streams
 // (during loads and reconnects), so that a dashboard never reads a made-up 0.
 type streamCollector struct{ m *metrics }
 
-func (c streamCollector) Describe(ch chan<- *prometheus.Desc) { ch <- lagDesc; ch <- watermarkDesc }
+func (c streamCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{lagDesc, watermarkDesc, streamedOpenDesc, stagedBytesDesc, streamedCommittedDesc} {
+		ch <- d
+	}
+}
 
 func (c streamCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
@@ -77,6 +87,9 @@ func (c streamCollector) Collect(ch chan<- prometheus.Metric) {
 	st := stream()
 	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(st.LagBytes))
 	ch <- prometheus.MustNewConstMetric(watermarkDesc, prometheus.GaugeValue, float64(st.Flushed))
+	ch <- prometheus.MustNewConstMetric(streamedOpenDesc, prometheus.GaugeValue, float64(st.StreamedOpen))
+	ch <- prometheus.MustNewConstMetric(stagedBytesDesc, prometheus.GaugeValue, float64(st.StagedBytes))
+	ch <- prometheus.MustNewConstMetric(streamedCommittedDesc, prometheus.GaugeValue, float64(st.StreamedCommitted))
 }
 
 // newMetrics registers every metric in a new registry.

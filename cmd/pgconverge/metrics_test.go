@@ -72,6 +72,9 @@ func TestMetrics(t *testing.T) {
 		`pgconverge_apply_batch_seconds_count`:                                      "",
 		`pgconverge_replication_lag_bytes`:                                          "",
 		`pgconverge_watermark_lsn`:                                                  "",
+		`pgconverge_streamed_transactions_open`:                                     "0",
+		`pgconverge_streamed_staged_bytes`:                                          "0",
+		`pgconverge_streamed_transactions_committed`:                                "0",
 		// Series a first increment must be seen against: they exist at 0 from the start.
 		`pgconverge_session_retries_total{reason="constraint"}`:                 "0",
 		`pgconverge_discrepancies_found_total{kind="missing",table="public.a"}`: "0",

@@ -81,6 +81,7 @@ such a table is loaded again when it is selected.`,
 	f.StringVar(&cfg.Slot, "slot", "pgconverge", "logical replication slot name")
 	f.StringVar(&cfg.Publication, "publication", "pgconverge", "publication name")
 	addFailoverSlotFlag(f, &cfg.FailoverSlot)
+	addStreamInProgressFlag(f, &cfg.StreamInProgress)
 	addBackfillFlags(f, &cfg.BackfillWorkers, &cfg.ChunkRows, &cfg.SnapshotWarn)
 	f.StringVar(&scheduleSpec, "backfill-schedule", "", `backfill every selected table again on this cron schedule while streaming, for example "0 3 * * *" or @daily (5 fields, an optional leading seconds field, or @every 6h); a tick while the previous backfill runs is skipped`)
 	f.StringVar(&snapshotSpec, "snapshot-schedule", "@hourly", `backfill the tables no publication can carry (UNLOGGED, REPLICA IDENTITY NOTHING, or without a key and without REPLICA IDENTITY FULL: kept by snapshots only) again on this cron schedule; "" loads them only when they were never loaded`)

@@ -33,6 +33,13 @@ type Config struct {
 	Tables      []string
 	Slot        string
 	Publication string
+	// StreamInProgress asks a source of PostgreSQL 14 or later to stream transactions before they
+	// commit (pgoutput streaming, protocol 2, 4 from 16) once they pass its
+	// logical_decoding_work_mem: their changes are staged on the target as they come
+	// (package staging) and applied at their commit, so the source spills nothing to its disk and
+	// the commit is applied without waiting for the whole transaction to be decoded. Off, the
+	// source holds each transaction until its commit.
+	StreamInProgress bool
 	// FailoverSlot makes the slot a failover slot on a source of PostgreSQL 17 or later (created
 	// with FAILOVER, or an existing slot altered to it; false alters it back): physical standbys
 	// that sync replication slots keep a copy, so a promoted standby continues the stream with no

@@ -112,6 +112,14 @@ func crashKnobs(point string, at int) (Knobs, error) {
 				}
 			}
 		}
+	case "mid-stream": // messages of a transaction streamed before its commit staged
+		k.Stream.AfterStage = hit
+	case "mid-streamed-commit": // a streamed transaction read back after its commit, in part
+		k.Stream.OnMessage = func(m pglogrepl.Message) {
+			if _, ok := m.(*pglogrepl.InsertMessage); ok {
+				hit()
+			}
+		}
 	case "after-commit": // the target committed a group, the source was not told
 		k.Stream.AfterApply = func(pglogrepl.LSN) { hit() }
 	case "during-load": // a chunk of the initial load committed
@@ -141,7 +149,7 @@ func crashChild(point string) int {
 		Source: os.Getenv(envCrashSrc), Target: os.Getenv(envCrashTgt),
 		Primary: os.Getenv(envCrashPrimary),
 		Slot:    os.Getenv(envCrashSlot), Publication: os.Getenv(envCrashSlot), BackfillWorkers: 2, ChunkRows: 1000,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Knobs: knobs, StreamInProgress: true,
 	}
 	cfg.Knobs.Lease = childLease()
 	if point == "during-gap-repair" {

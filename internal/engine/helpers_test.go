@@ -15,7 +15,7 @@ import (
 func testConfig(t *testing.T, env *pgtest.Env) Config {
 	return Config{
 		Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name, Publication: env.Name,
-		BackfillWorkers: 2, ChunkRows: 1000, OnGap: OnGapBackfill,
+		BackfillWorkers: 2, ChunkRows: 1000, OnGap: OnGapBackfill, StreamInProgress: true,
 		Logger: slog.New(slog.NewTextHandler(pgtest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }

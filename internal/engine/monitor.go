@@ -45,17 +45,20 @@ type Monitor interface {
 
 // StreamStats are a streamer's counters (cdc.Stats): Flushed is the watermark, the LSN up to which
 // the target holds every change; LagBytes the WAL between the source's latest known position and
-// it; Transactions and Changes count what was received since the stream started.
+// it; Transactions and Changes count what was received since the stream started; StreamedOpen,
+// StagedBytes and StreamedCommitted are cdc.Stats' (transactions streamed before their commit).
 type StreamStats struct {
-	Flushed                         uint64
-	LagBytes, Transactions, Changes int64
+	Flushed                                      uint64
+	LagBytes, Transactions, Changes              int64
+	StreamedOpen, StagedBytes, StreamedCommitted int64
 }
 
 // SlotHealth is what the source says of a replication slot's hold on WAL (coverage.SlotHealth).
 type SlotHealth = coverage.SlotHealth
 
 func streamStats(st cdc.Stats) StreamStats {
-	return StreamStats{Flushed: uint64(st.Flushed), LagBytes: st.Lag(), Transactions: st.Transactions, Changes: st.Changes}
+	return StreamStats{Flushed: uint64(st.Flushed), LagBytes: st.Lag(), Transactions: st.Transactions, Changes: st.Changes,
+		StreamedOpen: st.StreamedOpen, StagedBytes: st.StagedBytes, StreamedCommitted: st.StreamedCommitted}
 }
 
 // NopMonitor counts nothing: the Monitor of a Config without one; embed it in a Monitor that

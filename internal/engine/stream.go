@@ -12,6 +12,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/lease"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/staging"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -45,8 +46,14 @@ func (s *session) stream(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	stager, closeStager, err := s.stager(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStager()
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
-		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: st.tables, DescribedAt: st.describedAt,
+		Stager: stager,
+		Slot:   cfg.Slot, Publication: cfg.Publication, Start: start, Tables: st.tables, DescribedAt: st.describedAt,
 		ReloadFences: fences, Apply: sink.apply, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream, StatusInterval: cfg.Knobs.StatusInterval,
 		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/16, 1<<20)),
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
@@ -115,4 +122,18 @@ func (s *session) enumChange(ctx context.Context) (changed, err error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return s.labelsChanged(ctx, conn)
+}
+
+// stager returns the staging of in-progress transactions the source streams
+// (Config.StreamInProgress), on a target connection of its own that the returned func closes;
+// nil when the daemon does not ask for them.
+func (s *session) stager(ctx context.Context) (cdc.Stager, func(), error) {
+	if !s.cfg.StreamInProgress {
+		return nil, func() {}, nil
+	}
+	conn, err := pgsession.Connect(ctx, s.cfg.Target, "target")
+	if err != nil {
+		return nil, nil, err
+	}
+	return staging.New(conn, s.cfg.Slot), func() { conn.Close(context.WithoutCancel(ctx)) }, nil
 }
