@@ -137,6 +137,11 @@ func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 			fmt.Fprintf(w, "  note: %s\n", s.HolderNote)
 		}
 	}
+	if st := s.Streaming; st != nil {
+		fmt.Fprintf(w, "  decoding: %d transaction(s) spilled to the source's disk (%s), %d streamed before their commit (%s); open now: %d, staged on the target: %d messages (%s)\n",
+			st.SpillTransactions, coverage.HumanBytes(uint64(st.SpillBytes)), st.StreamTransactions, coverage.HumanBytes(uint64(st.StreamBytes)),
+			st.OpenTransactions, st.StagedMessages, coverage.HumanBytes(uint64(st.StagedBytes)))
+	}
 	if l := s.Leader; l != nil {
 		state := "led by"
 		if !l.Alive {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 )
 
@@ -73,6 +74,9 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
 		return n > 0, fmt.Sprintf("%d staged messages", n)
 	})
+	if st := streamingStatus(t, env); st.OpenTransactions != 1 || st.StagedMessages == 0 {
+		t.Errorf("status while the transaction is open: %+v; want 1 open transaction with staged messages", st)
+	}
 	pgtest.Exec(t, env.Source, "insert into small values (1)")
 	pgtest.WaitConverged(t, env, "small", "id")
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from big where id > 1000 or v <> 'loaded' or _cdc_deleted`); n != 0 {
@@ -95,13 +99,8 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
 		return n == 0, fmt.Sprintf("%d staged messages", n)
 	})
-	var spill, stream int64
-	err = env.Source.QueryRow(ctx, `select spill_bytes, stream_bytes from pg_stat_replication_slots where slot_name = $1`, env.Name).Scan(&spill, &stream)
-	if err != nil && err != pgx.ErrNoRows {
-		t.Fatal(err)
-	}
-	if spill != 0 || stream == 0 {
-		t.Errorf("slot statistics: spill_bytes %d, stream_bytes %d; want 0 spilled and some streamed", spill, stream)
+	if st := streamingStatus(t, env); st.SpillBytes != 0 || st.StreamTransactions < 2 || st.OpenTransactions != 0 {
+		t.Errorf("status at the end: %+v; want nothing spilled, both transactions streamed, none open", st)
 	}
 }
 
@@ -240,4 +239,20 @@ func TestInterleavedStreamedTransactions(t *testing.T) {
 	pgtest.WaitConverged(t, env, "small", "id")
 	pgtest.WaitConverged(t, env, "b", "id")
 	pgtest.WaitConverged(t, env, "a", "id")
+}
+
+// streamingStatus returns pgconverge status's streaming view of the test's slot.
+func streamingStatus(t *testing.T, env *pgtest.Env) operator.StreamingStatus {
+	t.Helper()
+	rep, err := operator.Status(t.Context(), operator.StatusConfig{Source: env.SourceURL, Target: env.TargetURL, Slot: env.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Slots {
+		if s.Name == env.Name && s.Streaming != nil {
+			return *s.Streaming
+		}
+	}
+	t.Fatalf("status has no streaming view of slot %s: %+v", env.Name, rep.Slots)
+	return operator.StreamingStatus{}
 }

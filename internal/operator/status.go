@@ -110,6 +110,51 @@ type SlotStatus struct {
 	// Leader is the daemon that leads the slot on the target (pgconverge.leaders,
 	// docs/high-availability.md); nil when no daemon ever led it there.
 	Leader *LeaderStatus `json:"leader"`
+	// Streaming is the slot's streaming of transactions before their commit
+	// (--stream-in-progress); nil when the source keeps no statistics of the slot (before
+	// PostgreSQL 14, or the slot is missing).
+	Streaming *StreamingStatus `json:"streaming,omitempty"`
+}
+
+// StreamingStatus is what the source counted of a slot's decoding (pg_stat_replication_slots,
+// PostgreSQL 14 and later, since its statistics were last reset) and what the target stages of
+// the transactions the source streams before their commit (pgconverge.stream_staging).
+type StreamingStatus struct {
+	// SpillBytes is how many bytes of decoded transactions the source wrote to its disk because
+	// they passed logical_decoding_work_mem (0 while streaming takes them); StreamBytes how many
+	// it streamed before their commit; SpillTransactions and StreamTransactions count them.
+	SpillBytes         int64 `json:"spill_bytes"`
+	SpillTransactions  int64 `json:"spill_transactions"`
+	StreamBytes        int64 `json:"stream_bytes"`
+	StreamTransactions int64 `json:"stream_transactions"`
+	// OpenTransactions, StagedMessages and StagedBytes are the streamed transactions not
+	// committed or aborted yet and what they staged on the target.
+	OpenTransactions int64 `json:"open_transactions"`
+	StagedMessages   int64 `json:"staged_messages"`
+	StagedBytes      int64 `json:"staged_bytes"`
+}
+
+// readStreaming fills in s.Streaming from src's pg_stat_replication_slots and tgt's staging.
+func readStreaming(ctx context.Context, src, tgt *pgx.Conn, s *SlotStatus) error {
+	if !s.Exists || pgsession.MajorVersion(src.PgConn()) < 14 {
+		return nil
+	}
+	st := &StreamingStatus{}
+	err := src.QueryRow(ctx, `select spill_bytes, spill_txns, stream_bytes, stream_txns from pg_stat_replication_slots where slot_name = $1`, s.Name).
+		Scan(&st.SpillBytes, &st.SpillTransactions, &st.StreamBytes, &st.StreamTransactions)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the decoding statistics of slot %q (pg_stat_replication_slots): %w", s.Name, err)
+	}
+	err = tgt.QueryRow(ctx, `select count(distinct xid), count(*), coalesce(sum(length(data)), 0) from pgconverge.stream_staging where slot = $1`, s.Name).
+		Scan(&st.OpenTransactions, &st.StagedMessages, &st.StagedBytes)
+	if err != nil {
+		return fmt.Errorf("read the stream staging of slot %q: %w", s.Name, err)
+	}
+	s.Streaming = st
+	return nil
 }
 
 // LeaderStatus is a slot's leading daemon and its standbys, from the target.
@@ -152,6 +197,9 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 	for i, s := range out.Slots {
 		if l, ok := leaders[s.Name]; ok {
 			out.Slots[i].Leader = &LeaderStatus{Holder: l.Holder, Epoch: l.Epoch, Since: l.AcquiredAt, Alive: l.Alive, Standbys: l.Standbys}
+		}
+		if err := readStreaming(ctx, src, tgt, &out.Slots[i]); err != nil {
+			return StatusReport{}, err
 		}
 	}
 	bySlot := map[string]SlotStatus{}
