@@ -35,6 +35,7 @@ CONFORMANCE=(
 	TestStandbyTakesOverFromAKilledLeader # HA
 	TestPromotedStandbyContinuesTheFailoverSlot TestStandbyPromotedBehindTheTargetIsRefused TestStandbySourceIsRefused # source failover (the first from 17 on)
 	TestStandbySourceConverges TestStandbySourceWithoutPrimary TestStandbySourceLoadSurvivesARecoveryConflict TestCutoverFromAStandbySource # decoding on a standby (16 and later)
+	TestStreamedTransactionIsAppliedAtItsCommit TestStreamedTransactionSurvivesKills TestInterleavedStreamedTransactions # streaming of in-progress transactions (14 and later)
 	TestPartitionedTableIsOneTargetTable TestSlotIsConfirmedByProbesBetweenFullChecks
 )
 regex="^($(
