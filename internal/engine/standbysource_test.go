@@ -144,6 +144,10 @@ func TestStandbySourceWithoutPrimary(t *testing.T) {
 	requireRefusal(t, wrong, "--primary at", "name the primary of that standby")
 
 	pgtest.Exec(t, env.Source, "create publication "+env.Name+" for table items")
+	standby := pgtest.Connect(t, cfg.Source)
+	pgtest.Eventually(t, 30*time.Second, "the standby replays the publication", func() (bool, string) {
+		return pgtest.Scalar[bool](t, standby, `select exists (select 1 from pg_publication where pubname = $1)`, env.Name), "not yet"
+	})
 	// What the warning tells the operator to run while the daemon waits for a slot, every 0.5 s.
 	ctx, cancel := context.WithCancel(t.Context())
 	logged := make(chan error, 1)

@@ -99,8 +99,9 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
 		return n == 0, fmt.Sprintf("%d staged messages", n)
 	})
-	if st := streamingStatus(t, env); st.SpillBytes != 0 || st.StreamTransactions < 2 || st.OpenTransactions != 0 {
-		t.Errorf("status at the end: %+v; want nothing spilled, both transactions streamed, none open", st)
+	// PostgreSQL 18 may skip a transaction it finds aborted before streaming it.
+	if st := streamingStatus(t, env); st.SpillBytes != 0 || st.StreamTransactions < 1 || st.OpenTransactions != 0 {
+		t.Errorf("status at the end: %+v; want nothing spilled, the committed transaction streamed, none open", st)
 	}
 }
 
