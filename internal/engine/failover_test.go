@@ -84,8 +84,7 @@ from pg_replication_slots where slot_name = $1`, env.Name, progress).Scan(&ready
 	requireFailoverReady(t, rep, env.Name, sb.Slot)
 
 	d.Stop(t)
-	backfills := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills`)
-	segments := pgtest.Rows(t, env.Target, `select id || ' ' || start_lsn || ' ' || coalesce(end_lsn::text, 'open') from pgconverge.stream_segments where slot = '`+env.Name+`'`)
+	before := takeStreamState(t, env)
 	sb.Promote(t)
 	promoted := *env
 	promoted.SourceURL = sb.URL(t, env.Name)
@@ -102,28 +101,10 @@ from pg_replication_slots where slot_name = $1`, env.Name, progress).Scan(&ready
 	pgtest.WaitConverged(t, &promoted, "items", "id")
 	t.Logf("the daemon pointed at the promoted standby converged %s after it started", time.Since(began).Round(time.Millisecond))
 
-	if got := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills`); got != backfills {
-		t.Errorf("backfills after the failover: %d, want %d (no reload)", got, backfills)
-	}
-	after := pgtest.Rows(t, env.Target, `select id || ' ' || start_lsn || ' ' || coalesce(end_lsn::text, 'open') from pgconverge.stream_segments where slot = '`+env.Name+`'`)
-	if d := pgtest.Diff(segments, after); d != "" {
-		t.Errorf("stream segments changed across the failover: %s (before %v, after %v)", d, segments, after)
-	}
-	if strings.Contains(log.String(), "creating replication slot") {
-		t.Errorf("the daemon created a slot on the promoted standby:\n%s", log.String())
-	}
 	if !strings.Contains(log.String(), "the source is on a new timeline") {
 		t.Errorf("the daemon did not log that it checked the new timeline:\n%s", log.String())
 	}
-	rep, err = operator.CoverageReport(ctx, operator.CoverageConfig{Source: promoted.SourceURL, Target: env.TargetURL, Slot: env.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tr := range rep.Tables {
-		if tr.Status != coverage.Covered || len(tr.Gaps) != 0 {
-			t.Errorf("after the failover %s is %s with gaps %v, want covered without gaps", tr.Table, tr.Status, tr.Gaps)
-		}
-	}
+	requireSlotContinued(t, env, promoted.SourceURL, before, log.String())
 }
 
 // TestStandbyPromotedBehindTheTargetIsRefused promotes a standby that stopped receiving WAL
@@ -214,5 +195,47 @@ func TestStandbySourceIsRefused(t *testing.T) {
 	requireRefusal(t, cfg, "is a standby in recovery", "decoding from a standby needs PostgreSQL 16 or later", "point --source at the primary")
 	if n := pgtest.Scalar[int](t, env.Target, `select count(*) from pg_namespace where nspname = 'pgconverge'`); n != 0 {
 		t.Errorf("the refused run created the pgconverge schema on the target")
+	}
+}
+
+// streamState is what a daemon that continues its slot must leave unchanged: the backfills
+// recorded and the slot's stream segments.
+type streamState struct {
+	backfills int64
+	segments  []string
+}
+
+// takeStreamState reads the test slot's streamState from the target.
+func takeStreamState(t *testing.T, env *pgtest.Env) streamState {
+	t.Helper()
+	return streamState{
+		backfills: pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills`),
+		segments:  pgtest.Rows(t, env.Target, `select id || ' ' || start_lsn || ' ' || coalesce(end_lsn::text, 'open') from pgconverge.stream_segments where slot = '`+env.Name+`'`),
+	}
+}
+
+// requireSlotContinued requires that a daemon pointed at the promoted standby sourceURL continued
+// the slot: no backfill since before, the same stream segments, no slot created (log is the
+// daemon's log since it started), and coverage without a gap.
+func requireSlotContinued(t *testing.T, env *pgtest.Env, sourceURL string, before streamState, log string) {
+	t.Helper()
+	after := takeStreamState(t, env)
+	if after.backfills != before.backfills {
+		t.Errorf("backfills after the promotion: %d, want %d (no reload)", after.backfills, before.backfills)
+	}
+	if d := pgtest.Diff(before.segments, after.segments); d != "" {
+		t.Errorf("stream segments changed across the promotion: %s (before %v, after %v)", d, before.segments, after.segments)
+	}
+	if strings.Contains(log, "creating replication slot") {
+		t.Errorf("the daemon created a slot on the promoted standby:\n%s", log)
+	}
+	rep, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: sourceURL, Target: env.TargetURL, Slot: env.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range rep.Tables {
+		if tr.Status != coverage.Covered || len(tr.Gaps) != 0 {
+			t.Errorf("after the promotion %s is %s with gaps %v, want covered without gaps", tr.Table, tr.Status, tr.Gaps)
+		}
 	}
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 	"github.com/pgconverge/pgconverge/internal/verify"
@@ -86,8 +85,7 @@ func TestStandbySourceConverges(t *testing.T) {
 	}
 
 	d.Stop(t)
-	backfills := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills`)
-	segments := pgtest.Rows(t, env.Target, `select id || ' ' || start_lsn || ' ' || coalesce(end_lsn::text, 'open') from pgconverge.stream_segments where slot = '`+env.Name+`'`)
+	before := takeStreamState(t, env)
 	sb.Promote(t)
 	promoted := *env
 	promoted.SourceURL = standbyURL
@@ -101,25 +99,7 @@ func TestStandbySourceConverges(t *testing.T) {
 	for _, table := range []string{"acct", "ledger", "docs"} {
 		pgtest.WaitConverged(t, &promoted, table, "id")
 	}
-	if got := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.backfills`); got != backfills {
-		t.Errorf("backfills after the promotion: %d, want %d (no reload)", got, backfills)
-	}
-	after := pgtest.Rows(t, env.Target, `select id || ' ' || start_lsn || ' ' || coalesce(end_lsn::text, 'open') from pgconverge.stream_segments where slot = '`+env.Name+`'`)
-	if d := pgtest.Diff(segments, after); d != "" {
-		t.Errorf("stream segments changed across the promotion: %s (before %v, after %v)", d, segments, after)
-	}
-	if strings.Contains(log.String()[mark:], "creating replication slot") {
-		t.Errorf("the daemon created a slot on the promoted standby:\n%s", log.String()[mark:])
-	}
-	cov, err := operator.CoverageReport(t.Context(), operator.CoverageConfig{Source: promoted.SourceURL, Target: env.TargetURL, Slot: env.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tr := range cov.Tables {
-		if tr.Status != coverage.Covered || len(tr.Gaps) != 0 {
-			t.Errorf("after the promotion %s is %s with gaps %v, want covered without gaps", tr.Table, tr.Status, tr.Gaps)
-		}
-	}
+	requireSlotContinued(t, env, promoted.SourceURL, before, log.String()[mark:])
 }
 
 // TestStandbySourceWithoutPrimary runs the daemon on a standby without --primary: it refuses a
