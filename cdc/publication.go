@@ -14,7 +14,8 @@ import (
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
-// PublicationExists reports whether publication name exists on the server of conn.
+// PublicationExists reports whether publication name exists on the server of conn; the error
+// is the catalog read's, naming the publication.
 func PublicationExists(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
 	var exists bool
 	err := conn.QueryRow(ctx, `select exists (select 1 from pg_publication where pubname = $1)`, name).Scan(&exists)

@@ -295,7 +295,7 @@ func (s *Streamer) stream(ctx context.Context, conn replicationConn, streams boo
 	cfg.Logger.Info("streaming", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", cfg.Start.String(), "in_progress_transactions", streams)
 	l := &loop{s: s, conn: conn, asm: newAssembler(memory.DefaultAllocator, cfg.Tables, cfg.DescribedAt, cfg.ReloadFences)}
 	if streams {
-		l.streaming = &streaming{stager: cfg.Stager, seq: map[uint32]int64{}, bytes: map[uint32]int64{}}
+		l.streaming = &streaming{stager: cfg.Stager, open: map[uint32]*openTxn{}}
 	}
 	defer l.asm.release()
 	// An apply that started finishes even when ctx ends, within a grace period.

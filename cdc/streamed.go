@@ -69,22 +69,22 @@ type streaming struct {
 	// inBlock is true between Stream Start and Stream Stop, for transaction xid.
 	inBlock bool
 	xid     uint32
-	// seq is the last Seq staged per open transaction.
-	seq map[uint32]int64
-	// bytes is how many bytes each open transaction staged.
-	bytes map[uint32]int64
-	buf   []StagedMessage
-	held  int
+	// open are the transactions streamed and neither committed nor aborted yet, by xid.
+	open map[uint32]*openTxn
+	buf  []StagedMessage
+	held int
 	// replay is the committed transaction being read back, nil when none is.
 	replay *replaying
 }
 
-// replaying is a streamed transaction read back after its Stream Commit.
+// openTxn is what an open streamed transaction staged: its last Seq and its bytes.
+type openTxn struct{ seq, bytes int64 }
+
+// replaying is a streamed transaction read back after its Stream Commit, up to Seq after.
 type replaying struct {
 	commit *pglogrepl.StreamCommitMessageV2
 	after  int64
 	began  time.Time
-	bytes  int64
 }
 
 // streamMessage handles raw, a message received while streaming of in-progress transactions is
@@ -107,8 +107,8 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 		if l.asm.inTxn {
 			return true, fmt.Errorf("pgoutput: Stream Start of transaction %d inside transaction at %s", m.Xid, l.asm.finalLSN)
 		}
-		if _, open := st.seq[m.Xid]; !open {
-			st.seq[m.Xid], st.bytes[m.Xid] = 0, 0
+		if st.open[m.Xid] == nil {
+			st.open[m.Xid] = &openTxn{}
 			l.s.streamedOpen.Add(1)
 		}
 		st.inBlock, st.xid = true, m.Xid
@@ -127,13 +127,13 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 		if st.inBlock {
 			return true, fmt.Errorf("pgoutput: Stream Commit of transaction %d inside a stream block", m.Xid)
 		}
-		if _, open := st.seq[m.Xid]; !open {
+		if st.open[m.Xid] == nil {
 			return true, fmt.Errorf("pgoutput: Stream Commit of transaction %d, which streamed nothing", m.Xid)
 		}
 		if err := l.flushStaged(ctx); err != nil {
 			return true, err
 		}
-		st.replay = &replaying{commit: &m, began: time.Now(), bytes: st.bytes[m.Xid]}
+		st.replay = &replaying{commit: &m, began: time.Now()}
 		// The transaction begins now, at its commit's LSN, as a whole one received at its commit.
 		_, err := l.asm.handle(&pglogrepl.BeginMessage{FinalLSN: m.CommitLSN, CommitTime: m.CommitTime, Xid: m.Xid})
 		return true, err
@@ -145,7 +145,7 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 		if err := l.flushStaged(ctx); err != nil {
 			return true, err
 		}
-		if _, open := st.seq[m.Xid]; !open {
+		if st.open[m.Xid] == nil {
 			return true, nil // nothing of it was staged
 		}
 		if m.SubXid != m.Xid {
@@ -160,12 +160,13 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 	if len(raw) < 5 {
 		return true, errShort
 	}
-	st.seq[st.xid]++
+	t := st.open[st.xid]
+	t.seq++
 	data := make([]byte, 0, len(raw)-4)
 	data = append(append(data, raw[0]), raw[5:]...)
-	st.buf = append(st.buf, StagedMessage{Xid: st.xid, SubXid: binary.BigEndian.Uint32(raw[1:5]), Seq: st.seq[st.xid], Data: data})
+	st.buf = append(st.buf, StagedMessage{Xid: st.xid, SubXid: binary.BigEndian.Uint32(raw[1:5]), Seq: t.seq, Data: data})
 	st.held += len(data)
-	st.bytes[st.xid] += int64(len(data))
+	t.bytes += int64(len(data))
 	l.s.stagedBytes.Add(int64(len(data)))
 	if st.held >= stageBatchBytes {
 		return true, l.flushStaged(ctx)
@@ -206,9 +207,8 @@ func (l *loop) flushStaged(ctx context.Context) error {
 // closeStreamed forgets the open streamed transaction xid (committed or aborted).
 func (l *loop) closeStreamed(xid uint32) {
 	st := l.streaming
-	l.s.stagedBytes.Add(-st.bytes[xid])
-	delete(st.seq, xid)
-	delete(st.bytes, xid)
+	l.s.stagedBytes.Add(-st.open[xid].bytes)
+	delete(st.open, xid)
 	l.s.streamedOpen.Add(-1)
 }
 
@@ -244,10 +244,11 @@ func (l *loop) replayStep(ctx context.Context) error {
 	}
 	l.s.transactions.Store(l.asm.committed)
 	st.replay = nil
+	staged := st.open[r.commit.Xid].bytes
 	l.closeStreamed(r.commit.Xid)
 	l.s.streamedCommitted.Add(1)
 	l.s.cfg.Logger.Info("streamed transaction committed: its staged changes are applied at its commit", "slot", l.s.cfg.Slot,
-		"xid", r.commit.Xid, "commit_lsn", r.commit.CommitLSN.String(), "messages", r.after, "staged_bytes", r.bytes,
+		"xid", r.commit.Xid, "commit_lsn", r.commit.CommitLSN.String(), "messages", r.after, "staged_bytes", staged,
 		"read_back_seconds", fmt.Sprintf("%.1f", time.Since(r.began).Seconds()))
 	return st.stager.Discard(ctx, r.commit.Xid)
 }
