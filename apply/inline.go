@@ -77,11 +77,17 @@ func (c copyOnlyIn) has(tab changebatch.TableName) bool { return c.set.has(c.db,
 type source struct {
 	stage   string
 	records []string
+	// streamed, when set, is the rows of a streamed transaction staged ahead of its commit
+	// (StreamedRows), whose versions take the commit's LSN.
+	streamed *streamedSource
 }
 
 // from returns the FROM item (aliased stg) that yields the piece's rows in the staging table's
 // columns, and args with its parameter appended when it takes one.
 func (s source) from(args []any) (string, []any) {
+	if s.streamed != nil {
+		return s.streamed.from(args)
+	}
 	q := pgx.Identifier{"pg_temp", s.stage}.Sanitize()
 	if s.records == nil {
 		return q + " as stg", args

@@ -96,12 +96,32 @@ func copySQL(t changebatch.Table, stage string) string {
 // left them unchanged since before the snapshot, so the snapshot holds their value (docs/design.md,
 // "The version rule").
 func upsertSQL(t changebatch.Table, src source, moved bool) (string, []any) {
+	u := upsertOf(t, src, moved)
+	return "insert into " + t.Quoted() + " as tgt (" + u.cols + ")\n" +
+		"select " + u.cols + " from (" + newestSQL(u.cols, u.keyList, u.from) + ") as newest\n" +
+		"where " + qMoved + " = $3\n" + u.onConflict, u.args
+}
+
+// upsert holds the parts of a guarded merge (upsertSQL): the staged columns, the key columns
+// (quoted, comma-separated), the FROM item of the staged rows (aliased stg), the ON CONFLICT
+// clause and the statement's arguments ($1 schema, $2 table name, $3 moved, then those of the
+// columns and of the FROM item).
+type upsert struct {
+	cols, keyList, from, onConflict string
+	args                            []any
+}
+
+// upsertOf returns the parts of upsertSQL(t, src, moved).
+func upsertOf(t changebatch.Table, src source, moved bool) upsert {
 	cols := strings.Join(copyColumns(t), ", ")
 	args := []any{t.Schema, t.Name, moved}
 	newer := "(tgt." + qLSN + ", tgt." + qSeq + ") < (excluded." + qLSN + ", excluded." + qSeq + ")"
+	// A streamed transaction's rows staged ahead carry every value (EncodeStreamedRows) and a
+	// version above the snapshots': each column is written as staged, as a moved row's are.
+	whole := moved || src.streamed != nil
 	// ifNewer keeps the target's value of column q when the staged row only fills unknown columns.
 	ifNewer := func(q, expr string) string {
-		if moved {
+		if whole {
 			return q + " = " + expr
 		}
 		return q + " = case when " + newer + " then " + expr + " else tgt." + q + " end"
@@ -115,7 +135,7 @@ func upsertSQL(t changebatch.Table, src source, moved bool) (string, []any) {
 			sets = append(sets, ifNewer(q, "excluded."+q))
 			continue
 		}
-		if moved {
+		if whole {
 			sets = append(sets, q+" = excluded."+q)
 			continue
 		}
@@ -125,28 +145,28 @@ func upsertSQL(t changebatch.Table, src source, moved bool) (string, []any) {
 			" when "+p+" = any (tgt."+qUnknown+") then excluded."+q+" else tgt."+q+" end")
 	}
 	unknown := qUnknown + " = excluded." + qUnknown
-	if !moved {
+	if !whole {
 		unknown = qUnknown + " = case when not " + newer + " then null when excluded." + qUnknown + " is null then null when tgt." + qDeleted + " then excluded." + qUnknown +
 			" else nullif(array(select unnest(excluded." + qUnknown + ") intersect select unnest(tgt." + qUnknown + ")), '{}') end"
 	}
 	sets = append(sets, ifNewer(qLSN, "excluded."+qLSN), ifNewer(qSeq, "excluded."+qSeq), ifNewer(qDeleted, "excluded."+qDeleted), unknown)
 	keyList := strings.Join(keys, ", ")
 	from, args := src.from(args)
-	var b strings.Builder
-	b.WriteString("insert into " + t.Quoted() + " as tgt (" + cols + ")\n")
-	b.WriteString("select " + cols + " from (select distinct on (" + keyList + ") " + cols + ", " + qMoved +
-		" from " + from + "\n")
-	b.WriteString("  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
-		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n")
-	b.WriteString("  order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted + ") as newest\n")
-	b.WriteString("where " + qMoved + " = $3\n")
-	b.WriteString("on conflict (" + keyList + ") do update set\n  ")
-	b.WriteString(strings.Join(sets, ",\n  "))
-	b.WriteString("\nwhere " + newer)
-	if !moved {
-		b.WriteString("\n  or (excluded." + qSeq + " = 0 and not excluded." + qDeleted + " and not tgt." + qDeleted + " and tgt." + qUnknown + " is not null)")
+	onConflict := "on conflict (" + keyList + ") do update set\n  " + strings.Join(sets, ",\n  ") + "\nwhere " + newer
+	if !whole {
+		onConflict += "\n  or (excluded." + qSeq + " = 0 and not excluded." + qDeleted + " and not tgt." + qDeleted + " and tgt." + qUnknown + " is not null)"
 	}
-	return b.String(), args
+	return upsert{cols: cols, keyList: keyList, from: from, onConflict: onConflict, args: args}
+}
+
+// newestSQL returns the query of the newest staged row of each key (keyList) of from (aliased
+// stg) above the table's TRUNCATE fence ($1 schema, $2 table name): the staged columns cols and
+// _cdc_moved.
+func newestSQL(cols, keyList, from string) string {
+	return "select distinct on (" + keyList + ") " + cols + ", " + qMoved + " from " + from + "\n" +
+		"  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
+		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n" +
+		"  order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted
 }
 
 // lookupSQL returns the query for the non-key columns (as text), _cdc_unknown and version of the

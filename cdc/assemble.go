@@ -126,10 +126,7 @@ func (a *assembler) handle(m pglogrepl.Message) (bool, error) {
 //     written (the target keeps such columns, unwritten);
 //   - otherwise the transaction's values cannot all be written: SchemaChangeError with Reload set.
 func (a *assembler) relation(m *pglogrepl.RelationMessage) error {
-	t, ok := a.byOID[m.RelationID]
-	if !ok {
-		t, ok = a.tables[changebatch.TableName{Schema: m.Namespace, Name: m.RelationName}.String()]
-	}
+	t, ok := a.described(m)
 	name := t.TableName
 	if !ok {
 		a.rels[m.RelationID] = &relation{}

@@ -104,6 +104,15 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		if now.Sub(l.lastLog) >= cfg.StatusInterval {
 			l.logProgress(now)
 		}
+		if st := l.streaming; st != nil && st.rowsCommit != nil {
+			// A committed streamed transaction whose rows are staged is merged.
+			rc := st.rowsCommit
+			st.rowsCommit = nil
+			if err := l.commitRows(ctx, applyCtx, rc); err != nil {
+				return err
+			}
+			continue
+		}
 		if l.streaming != nil && l.streaming.replay != nil {
 			// A committed streamed transaction is read back before the next message is received.
 			if err := l.replayStep(ctx); err != nil {

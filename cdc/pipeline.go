@@ -19,6 +19,9 @@ type applying struct {
 	batches  []arrow.RecordBatch
 	progress pglogrepl.LSN
 	toast    map[string]toastInsert
+	// rows, when set, is the streamed transaction whose staged rows the apply merges
+	// (streamedrows.go), in place of batches.
+	rows *rowsCommit
 	// returned is set once the apply returned; the goroutine then wakes the loop from the
 	// receive it may wait in (loop.wake). The loop looks at it after arming its read deadline,
 	// so that a wake-up before the deadline was armed is not lost.
@@ -95,6 +98,11 @@ func (l *loop) reap(ctx context.Context, wait bool) error {
 	for table, ti := range a.toast {
 		l.s.cfg.Logger.Warn("the source sent INSERTs without some TOASTed values (PostgreSQL 15 does so for an UPDATE that moves a row into the publication's row filter, with a value it left unchanged): the target rows lack those values, NULL meanwhile and named in _cdc_unknown, until they are read again from a snapshot (the daemon does so at once; else pgconverge verify --repair --table "+table+")",
 			"table", table, "rows", ti.Rows, "first_lsn", ti.First.String(), "slot", l.s.cfg.Slot)
+	}
+	if a.rows != nil {
+		if err := l.rowsCommitted(ctx, a.rows); err != nil {
+			return err
+		}
 	}
 	if k := l.s.cfg.Knobs.AfterApply; k != nil {
 		k(a.progress)

@@ -26,6 +26,11 @@ import (
 // returns.
 type ApplyFunc func(ctx context.Context, batches []arrow.RecordBatch, end pglogrepl.LSN) error
 
+// ApplyStreamedFunc merges the rows streamed transaction xid staged (Stager.StageRows) at versions
+// (commit, ordinal) and records end as the position up to which the target holds every change,
+// all in one target transaction, and returns only after it committed.
+type ApplyStreamedFunc func(ctx context.Context, xid uint32, commit, end pglogrepl.LSN) error
+
 // ErrSourceSilent ends Run when the source sent nothing, not even the keepalive every status
 // update asks for, for three status intervals of waiting: the connection is dead though no error
 // says so (a network that drops packets without resetting the connection, a hung server or
@@ -46,7 +51,7 @@ type Knobs struct {
 	// OnGroup runs in the apply goroutine before ApplyFunc, with the group's changes and whether
 	// the stream was at the head when the group was formed (StreamConfig.HeadGroupRows).
 	OnGroup func(changes int, head bool)
-	// AfterStage runs after messages of a streamed transaction were written to the Stager.
+	// AfterStage runs after messages or rows of a streamed transaction were written to the Stager.
 	AfterStage func()
 }
 
@@ -110,6 +115,10 @@ type StreamConfig struct {
 	// there and applied at its commit. Nil, or an older source: protocol 1, and the source holds
 	// every transaction until its commit (spilling past logical_decoding_work_mem to its disk).
 	Stager Stager
+	// ApplyStreamed, when set with Stager, lets a streamed transaction be staged as rows while it
+	// runs and merged set-based at its commit (streamedrows.go); nil: its messages are decoded at
+	// its commit.
+	ApplyStreamed ApplyStreamedFunc
 	// StatusInterval is the period of standby status updates and progress log lines (default 10 s).
 	StatusInterval time.Duration
 	Logger         *slog.Logger
@@ -168,8 +177,9 @@ type Stats struct {
 	// Transactions and Changes count whole transactions and row changes received.
 	Transactions, Changes int64
 	// StreamedOpen is how many transactions the source is streaming before their commit now,
-	// StagedBytes the bytes of pgoutput messages they staged on the target, StreamedCommitted
-	// how many streamed transactions committed and were applied (StreamConfig.Stager).
+	// StagedBytes the bytes of the pgoutput messages they sent, staged on the target (as rows or
+	// messages), StreamedCommitted how many streamed transactions committed and were applied
+	// (StreamConfig.Stager).
 	StreamedOpen, StagedBytes, StreamedCommitted int64
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
 )
 
@@ -42,6 +43,13 @@ type Stager interface {
 	Discard(ctx context.Context, xid uint32) error
 	// Read returns up to limit messages of transaction xid with Seq above after, in Seq order.
 	Read(ctx context.Context, xid uint32, after int64, limit int) ([]StagedMessage, error)
+	// StageRows appends rec, changes of one table made by subtransaction subXid of transaction
+	// xid, decoded ahead of the commit, at versions with a placeholder LSN (streamedrows.go);
+	// inserts is true when every change of rec is an INSERT, and so was every change of xid
+	// before. DiscardSub and Discard discard them as they do messages.
+	StageRows(ctx context.Context, xid, subXid uint32, rec arrow.RecordBatch, inserts bool) error
+	// Flush returns once every row StageRows was given is written (StageRows may return before).
+	Flush(ctx context.Context) error
 }
 
 // StagedMessage is one pgoutput message of a streamed transaction.
@@ -75,10 +83,28 @@ type streaming struct {
 	held int
 	// replay is the committed transaction being read back, nil when none is.
 	replay *replaying
+	// rowsCommit is the committed transaction whose staged rows are to be merged, nil when none
+	// is (streamedrows.go).
+	rowsCommit *rowsCommit
 }
 
-// openTxn is what an open streamed transaction staged: its last Seq and its bytes.
-type openTxn struct{ seq, bytes int64 }
+// openTxn is what an open streamed transaction staged: its last Seq and its bytes; and its rows
+// decoded ahead of the commit (streamedrows.go).
+type openTxn struct {
+	seq, bytes int64
+	// rows assembles the transaction's changes as they arrive, nil before the first or once it
+	// takes the general path.
+	rows *assembler
+	// sub is the subtransaction of the changes rows holds; changed is set once the transaction
+	// updated or deleted a row.
+	sub     uint32
+	changed bool
+	// general, when set, is why the transaction's changes from some point on are applied from
+	// their messages at its commit; ordinals 1..typed are those of the changes before it, staged
+	// as rows.
+	general string
+	typed   uint64
+}
 
 // replaying is a streamed transaction read back after its Stream Commit, up to Seq after.
 type replaying struct {
@@ -118,6 +144,9 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 			return true, errors.New("pgoutput: Stream Stop outside a stream block")
 		}
 		st.inBlock = false
+		if err := l.flushRows(ctx, st.xid, st.open[st.xid]); err != nil {
+			return true, err
+		}
 		return true, l.flushStaged(ctx)
 	case pglogrepl.MessageTypeStreamCommit:
 		var m pglogrepl.StreamCommitMessageV2
@@ -133,10 +162,28 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 		if err := l.flushStaged(ctx); err != nil {
 			return true, err
 		}
-		st.replay = &replaying{commit: &m, began: time.Now()}
-		// The transaction begins now, at its commit's LSN, as a whole one received at its commit.
-		_, err := l.asm.handle(&pglogrepl.BeginMessage{FinalLSN: m.CommitLSN, CommitTime: m.CommitTime, Xid: m.Xid})
-		return true, err
+		t := st.open[m.Xid]
+		if t.rows != nil {
+			if err := l.flushRows(ctx, m.Xid, t); err != nil {
+				return true, err
+			}
+			l.asm.changes += t.rows.changes
+			l.s.changes.Store(l.asm.changes)
+			t.typed = t.rows.seq
+			t.releaseRows()
+		}
+		if err := st.stager.Flush(ctx); err != nil {
+			return true, fmt.Errorf("stage rows of streamed transaction %d on the target: %w", m.Xid, err)
+		}
+		rc := &rowsCommit{commit: &m, began: time.Now()}
+		if t.general != "" || l.s.cfg.ApplyStreamed == nil {
+			rc.then = &replaying{commit: &m, began: rc.began}
+			if t.typed == 0 {
+				return true, l.beginReplay(rc)
+			}
+		}
+		st.rowsCommit = rc
+		return true, nil
 	case pglogrepl.MessageTypeStreamAbort:
 		var m pglogrepl.StreamAbortMessageV2
 		if err := decodeV2(&m, raw); err != nil {
@@ -149,6 +196,10 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 			return true, nil // nothing of it was staged
 		}
 		if m.SubXid != m.Xid {
+			// Its rows held in memory are staged first, for the discard to take them too.
+			if err := l.flushRows(ctx, m.Xid, st.open[m.Xid]); err != nil {
+				return true, err
+			}
 			return true, st.stager.DiscardSub(ctx, m.Xid, m.SubXid)
 		}
 		l.closeStreamed(m.Xid)
@@ -164,10 +215,16 @@ func (l *loop) streamMessage(ctx context.Context, raw []byte) (bool, error) {
 	t.seq++
 	data := make([]byte, 0, len(raw)-4)
 	data = append(append(data, raw[0]), raw[5:]...)
-	st.buf = append(st.buf, StagedMessage{Xid: st.xid, SubXid: binary.BigEndian.Uint32(raw[1:5]), Seq: t.seq, Data: data})
-	st.held += len(data)
+	sub := binary.BigEndian.Uint32(raw[1:5])
 	t.bytes += int64(len(data))
 	l.s.stagedBytes.Add(int64(len(data)))
+	if rows, err := l.stageRows(ctx, st.xid, sub, t, data); err != nil || rows && data[0] != 'R' && data[0] != 'Y' {
+		// A change staged as a row is not staged as a message too; Relation and Type messages
+		// are, for the messages of a part that takes the general path.
+		return true, err
+	}
+	st.buf = append(st.buf, StagedMessage{Xid: st.xid, SubXid: sub, Seq: t.seq, Data: data})
+	st.held += len(data)
 	if st.held >= stageBatchBytes {
 		return true, l.flushStaged(ctx)
 	}
@@ -208,6 +265,7 @@ func (l *loop) flushStaged(ctx context.Context) error {
 func (l *loop) closeStreamed(xid uint32) {
 	st := l.streaming
 	l.s.stagedBytes.Add(-st.open[xid].bytes)
+	st.open[xid].releaseRows()
 	delete(st.open, xid)
 	l.s.streamedOpen.Add(-1)
 }

@@ -15,12 +15,15 @@
 #    (pgconverge keeps a target column the source lacks, and native apply fills its default); resets
 #    the slot's statistics; then, while a background loop commits a small transaction every 50 ms,
 #    runs one transaction inserting BENCH_ROWS rows (default 2,000,000) into `big`, and then one
-#    updating every row of it; after each COMMIT returns it times until the transaction's last row
+#    updating every row of it; after each COMMIT returns it times until the source's walsender has
+#    sent the whole transaction (pg_stat_replication.sent_lsn at the source's WAL position after the
+#    COMMIT: "delivered", what the consumer cannot speed up) and until the transaction's last row
 #    is visible on the target (pgconverge applies a large transaction's parts in order, native in one
 #    commit); then reads the slot's spill_bytes and stream_bytes (pg_stat_replication_slots), the
 #    small transactions' latency from source commit to target row (p50, p99: seen - at), and
 #    pgconverge's peak RSS (VmHWM);
-# 3. prints a table and the ratios: pgconverge streaming / native and / pgconverge protocol 1.
+# 3. prints a table and the ratios: pgconverge streaming / native and / pgconverge protocol 1, of
+#    the time to visible and of its part after delivery.
 #
 # Environment: BENCH_ROWS (default 2000000), BENCH_PORT (source port, default 54421; the target uses
 # the next one), BENCH_ROOT (default /tmp/pgconverge-bench-streaming), PGCONVERGE_KEEP=1, PGBIN.
@@ -82,6 +85,24 @@ visible() {
 	done
 }
 
+# delivered_then_visible NAME SQL: polls every 0.05 s until the walsender of slot $SLOT has sent
+# the source's WAL up to its position now, and until SQL is true on the target database NAME;
+# prints the seconds each took.
+delivered_then_visible() {
+	local lsn t0 delivered=
+	lsn=$(q "$SRC" "SELECT pg_current_wal_lsn()")
+	t0=$(now)
+	while [ -z "$delivered" ]; do
+		if [ "$(q "$SRC" "SELECT r.sent_lsn >= '$lsn' FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = '$SLOT'")" = t ]; then
+			delivered=$(since "$t0")
+		else
+			sleep 0.05
+		fi
+	done
+	visible "$1" "$2"
+	echo "$delivered $(since "$t0")"
+}
+
 # start_consumer NAME: starts the consumer NAME and waits until it streams, with `seen` added.
 start_consumer() {
 	case $1 in
@@ -120,7 +141,7 @@ stop_consumer() {
 	esac
 }
 
-declare -A INS UPD SPILL STREAMED P50 P99 RSS
+declare -A INS UPD INS_D UPD_D SPILL STREAMED P50 P99 RSS
 for c in stream proto1 native; do
 	echo "== $c"
 	q "$SRC" "TRUNCATE big, small"
@@ -128,13 +149,9 @@ for c in stream proto1 native; do
 	small_loop &
 	SMALL_PID=$!
 	q "$SRC" "INSERT INTO big SELECT g, 'inserted', repeat('x', 100) FROM generate_series(1, $ROWS) g"
-	t0=$(now)
-	visible "$c" "SELECT EXISTS (SELECT 1 FROM big WHERE id = $ROWS)"
-	INS[$c]=$(since "$t0")
+	read -r INS_D[$c] INS[$c] < <(delivered_then_visible "$c" "SELECT EXISTS (SELECT 1 FROM big WHERE id = $ROWS)")
 	q "$SRC" "UPDATE big SET v = 'updated'"
-	t0=$(now)
-	visible "$c" "SELECT EXISTS (SELECT 1 FROM big WHERE id = $ROWS AND v = 'updated')"
-	UPD[$c]=$(since "$t0")
+	read -r UPD_D[$c] UPD[$c] < <(delivered_then_visible "$c" "SELECT EXISTS (SELECT 1 FROM big WHERE id = $ROWS AND v = 'updated')")
 	kill "$SMALL_PID"
 	wait "$SMALL_PID" 2>/dev/null || true
 	SMALL_PID=
@@ -144,18 +161,21 @@ for c in stream proto1 native; do
 	read -r P50[$c] P99[$c] < <(q "$(tgt "$c")" "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM seen - at))::numeric, 3), round(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM seen - at))::numeric, 3) FROM small" | tr '|' ' ')
 	RSS[$c]=-
 	[ -n "$DAEMON_PID" ] && RSS[$c]=$(awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$DAEMON_PID/status")
-	printf '   insert visible after %7.2f s, update %7.2f s; spill_bytes %s, stream_bytes %s; small txns p50 %s s, p99 %s s; peak RSS %s\n' \
-		"${INS[$c]}" "${UPD[$c]}" "${SPILL[$c]}" "${STREAMED[$c]}" "${P50[$c]}" "${P99[$c]}" "${RSS[$c]}"
+	printf '   insert delivered after %.2f s, visible after %7.2f s; update %.2f s, %7.2f s; spill_bytes %s, stream_bytes %s; small txns p50 %s s, p99 %s s; peak RSS %s\n' \
+		"${INS_D[$c]}" "${INS[$c]}" "${UPD_D[$c]}" "${UPD[$c]}" "${SPILL[$c]}" "${STREAMED[$c]}" "${P50[$c]}" "${P99[$c]}" "${RSS[$c]}"
 	stop_consumer "$c"
 done
 
 echo
-echo "== results ($ROWS rows in one transaction, then one update of them; each consumer alone; time from the source's COMMIT to the last row visible)"
-printf '   %-34s %12s %12s %14s %14s %10s %10s %10s\n' consumer insert_s update_s spill_bytes stream_bytes small_p50 small_p99 peak_rss
+echo "== results ($ROWS rows in one transaction, then one update of them; each consumer alone; seconds from the source's COMMIT to the walsender's last byte (delivered) and to the last row visible)"
+printf '   %-8s %11s %10s %11s %10s %14s %14s %10s %10s %10s\n' consumer insert_dlvd insert_vis update_dlvd update_vis spill_bytes stream_bytes small_p50 small_p99 peak_rss
 for c in stream proto1 native; do
-	printf '   %-34s %12.2f %12.2f %14s %14s %10s %10s %10s\n' "$c" "${INS[$c]}" "${UPD[$c]}" "${SPILL[$c]}" "${STREAMED[$c]}" "${P50[$c]}" "${P99[$c]}" "${RSS[$c]}"
+	printf '   %-8s %11.2f %10.2f %11.2f %10.2f %14s %14s %10s %10s %10s\n' "$c" "${INS_D[$c]}" "${INS[$c]}" "${UPD_D[$c]}" "${UPD[$c]}" "${SPILL[$c]}" "${STREAMED[$c]}" "${P50[$c]}" "${P99[$c]}" "${RSS[$c]}"
 done
 printf '   pgconverge streaming / native: insert %.2fx, update %.2fx (goal: at most 0.5x)\n' \
 	"$(echo "${INS[stream]} / ${INS[native]}" | bc -l)" "$(echo "${UPD[stream]} / ${UPD[native]}" | bc -l)"
+printf '   after delivery, pgconverge streaming / native: insert %.2fx, update %.2fx\n' \
+	"$(echo "(${INS[stream]} - ${INS_D[stream]}) / (${INS[native]} - ${INS_D[native]})" | bc -l)" \
+	"$(echo "(${UPD[stream]} - ${UPD_D[stream]}) / (${UPD[native]} - ${UPD_D[native]})" | bc -l)"
 printf '   pgconverge streaming / protocol 1: insert %.2fx, update %.2fx\n' \
 	"$(echo "${INS[stream]} / ${INS[proto1]}" | bc -l)" "$(echo "${UPD[stream]} / ${UPD[proto1]}" | bc -l)"

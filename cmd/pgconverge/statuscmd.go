@@ -138,9 +138,9 @@ func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 		}
 	}
 	if st := s.Streaming; st != nil {
-		fmt.Fprintf(w, "  decoding: %d transaction(s) spilled to the source's disk (%s), %d streamed before their commit (%s); open now: %d, staged on the target: %d messages (%s)\n",
+		fmt.Fprintf(w, "  decoding: %d transaction(s) spilled to the source's disk (%s), %d streamed before their commit (%s); open now: %d, staged on the target: %d messages (%s), %d row table(s) (%s)\n",
 			st.SpillTransactions, coverage.HumanBytes(uint64(st.SpillBytes)), st.StreamTransactions, coverage.HumanBytes(uint64(st.StreamBytes)),
-			st.OpenTransactions, st.StagedMessages, coverage.HumanBytes(uint64(st.StagedBytes)))
+			st.OpenTransactions, st.StagedMessages, coverage.HumanBytes(uint64(st.StagedBytes)), st.StagedRowTables, coverage.HumanBytes(uint64(st.StagedRowBytes)))
 	}
 	if l := s.Leader; l != nil {
 		state := "led by"

@@ -115,6 +115,9 @@ type Knobs struct {
 	// (--on-gap=repair), with the table's rows written so far.
 	AfterLoadChunk       func(table string, rows int64)
 	BeforeGapRepairBatch func(table string, written int64)
+	// BeforeStreamedCommit runs after a streamed transaction's staged rows were merged, before
+	// the target transaction commits.
+	BeforeStreamedCommit func()
 	// Schedule runs at each event of a scheduled backfill tick (schedule.Backfills.OnEvent);
 	// AfterScheduledChunk after each committed chunk of a scheduled backfill.
 	Schedule            func(schedule.Event)

@@ -114,6 +114,8 @@ func crashKnobs(point string, at int) (Knobs, error) {
 		}
 	case "mid-stream": // messages of a transaction streamed before its commit staged
 		k.Stream.AfterStage = hit
+	case "streamed-merge": // a streamed transaction's staged rows merged, the target not committed
+		k.BeforeStreamedCommit = hit
 	case "mid-streamed-commit": // a streamed transaction read back after its commit, in part
 		k.Stream.OnMessage = func(m pglogrepl.Message) {
 			if _, ok := m.(*pglogrepl.InsertMessage); ok {

@@ -9,6 +9,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/staging"
 )
 
 // streamSink is the stream's member that writes what the streamer hands it (apply, called on the
@@ -21,6 +22,9 @@ type streamSink struct {
 	ap        *apply.Applier
 	confirmer *spanConfirmer
 	filler    *unknownFiller
+	// rows is the staging of streamed transactions' rows (applyStreamed), nil when the daemon
+	// does not ask for streamed transactions.
+	rows *staging.Table
 }
 
 // apply is the stream's ApplyFunc: one target transaction with the batches, the progress
@@ -99,4 +103,49 @@ func (s *streamSink) noteReplay(replays []coverage.SuppressedReplay, t changebat
 	}
 	return append(replays, coverage.SuppressedReplay{Path: coverage.ReplayStream, Slot: s.st.cfg.Slot, Table: t,
 		First: first, Last: last, Offered: int64(v.Len()), Suppressed: suppressed}), nil
+}
+
+// applyStreamed is the stream's ApplyStreamedFunc: one target transaction that merges the rows
+// streamed transaction xid staged ahead of its commit (staging.Table.StreamedRows) at versions
+// (commit, ordinal), with the progress, the audit of rows that had no effect and the confirm
+// limit, as apply does for batches.
+func (s *streamSink) applyStreamed(ctx context.Context, xid uint32, commit, end pglogrepl.LSN) error {
+	began := time.Now()
+	staged := s.rows.StreamedRows(xid)
+	tx, err := s.ap.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	results, err := tx.ApplyStreamed(ctx, staged, commit, apply.Progress{Slot: s.st.cfg.Slot, LSN: end, Epoch: s.st.epoch})
+	if err != nil {
+		return err
+	}
+	rows := map[string]apply.RowCounts{}
+	var replays []coverage.SuppressedReplay
+	for i, sr := range staged {
+		rows[sr.Table.String()] = results[i].Counts()
+		if results[i].Suppressed > 0 {
+			replays = append(replays, coverage.SuppressedReplay{Path: coverage.ReplayStream, Slot: s.st.cfg.Slot, Table: sr.Table.TableName,
+				First: commit, Last: commit, Offered: sr.Rows, Suppressed: results[i].Suppressed})
+		}
+	}
+	if err := coverage.RecordSuppressedReplays(ctx, tx.Conn(), replays); err != nil {
+		return err
+	}
+	confirmed, err := s.confirmer.record(ctx, tx.Conn())
+	if err != nil {
+		return err
+	}
+	if k := s.st.cfg.Knobs.BeforeStreamedCommit; k != nil {
+		k()
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	s.confirmer.committed(confirmed)
+	s.mon.StreamApplied(rows, time.Since(began))
+	s.st.cfg.Logger.Debug("applied a streamed transaction's staged rows", "xid", xid, "lsn", end.String(), "applied", tx.Result.Applied,
+		"suppressed", tx.Result.Suppressed, "merged", tx.Result.Merged)
+	return nil
 }

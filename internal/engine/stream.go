@@ -51,9 +51,14 @@ func (s *session) stream(ctx context.Context) error {
 		return err
 	}
 	defer closeStager()
+	var cdcStager cdc.Stager
+	var applyStreamed cdc.ApplyStreamedFunc
+	if stager != nil {
+		sink.rows, cdcStager, applyStreamed = stager, stager, sink.applyStreamed
+	}
 	streamer, err := cdc.NewStreamer(cdc.StreamConfig{
-		Stager: stager,
-		Slot:   cfg.Slot, Publication: cfg.Publication, Start: start, Tables: st.tables, DescribedAt: st.describedAt,
+		Stager: cdcStager, ApplyStreamed: applyStreamed,
+		Slot: cfg.Slot, Publication: cfg.Publication, Start: start, Tables: st.tables, DescribedAt: st.describedAt,
 		ReloadFences: fences, Apply: sink.apply, Logger: cfg.Logger, Knobs: cfg.Knobs.Stream, StatusInterval: cfg.Knobs.StatusInterval,
 		MaxPendingBytes: int(max(cmp.Or(cfg.MemoryBudget, DefaultMemoryBudget)/16, 1<<20)),
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
@@ -127,7 +132,7 @@ func (s *session) enumChange(ctx context.Context) (changed, err error) {
 // stager returns the staging of in-progress transactions the source streams
 // (Config.StreamInProgress), on a target connection of its own that the returned func closes;
 // nil when the daemon does not ask for them.
-func (s *session) stager(ctx context.Context) (cdc.Stager, func(), error) {
+func (s *session) stager(ctx context.Context) (*staging.Table, func(), error) {
 	if !s.cfg.StreamInProgress {
 		return nil, func() {}, nil
 	}
@@ -135,5 +140,9 @@ func (s *session) stager(ctx context.Context) (cdc.Stager, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return staging.New(conn, s.cfg.Slot), func() { conn.Close(context.WithoutCancel(ctx)) }, nil
+	st := staging.New(conn, s.cfg.Slot)
+	return st, func() {
+		st.Close()
+		conn.Close(context.WithoutCancel(ctx))
+	}, nil
 }

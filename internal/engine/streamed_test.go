@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,7 +36,8 @@ func smallDecodingMemory(t *testing.T, sourceURL string) string {
 // commit (PostgreSQL 14 and later): its changes are staged on the target, none visible there while
 // it runs, while a small transaction committed meanwhile is applied at once; a rolled-back
 // subtransaction's changes are discarded; at its commit everything else appears, the staging is
-// empty and the source spilled nothing. A large transaction rolled back leaves nothing behind.
+// empty and the source spilled nothing. A large transaction rolled back leaves nothing behind; one
+// of INSERTs only of keys the target holds as tombstones is merged.
 func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
@@ -77,6 +79,12 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 	if st := streamingStatus(t, env); st.OpenTransactions != 1 || st.StagedMessages == 0 {
 		t.Errorf("status while the transaction is open: %+v; want 1 open transaction with staged messages", st)
 	}
+	// Its rows are staged ahead of the commit (inserts, updates and deletes of a keyed table), and
+	// status shows them.
+	pgtest.Eventually(t, 30*time.Second, "the open transaction's rows staged", func() (bool, string) {
+		st := streamingStatus(t, env)
+		return rowStagingTables(t, env) == 1 && st.StagedRowTables == 1 && st.StagedRowBytes > 0, fmt.Sprintf("status %+v", st)
+	})
 	pgtest.Exec(t, env.Source, "insert into small values (1)")
 	pgtest.WaitConverged(t, env, "small", "id")
 	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from big where id > 1000 or v <> 'loaded' or _cdc_deleted`); n != 0 {
@@ -86,8 +94,8 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgtest.WaitConverged(t, env, "big", "id")
-	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name); n != 0 {
-		t.Errorf("%d messages left in the staging after the commit", n)
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name); n != 0 || rowStagingTables(t, env) != 0 {
+		t.Errorf("%d messages and %d row staging tables left after the commit", n, rowStagingTables(t, env))
 	}
 
 	// A large transaction rolled back: nothing applied, nothing left staged.
@@ -99,6 +107,13 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
 		return n == 0, fmt.Sprintf("%d staged messages", n)
 	})
+	// A large transaction of INSERTs only, two of whose keys the target holds as tombstones (deleted
+	// above): its plain INSERT meets them, and the guarded merge takes over.
+	pgtest.Exec(t, env.Source, "insert into big select g, 'again', null from (select 1 as g union all select 2 union all select g from generate_series(300001, 306000) g) k")
+	pgtest.WaitConverged(t, env, "big", "id")
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from big where v = 'again' and not _cdc_deleted`); n != 6002 {
+		t.Errorf("%d rows of the insert-only transaction live on the target, want 6002", n)
+	}
 	// PostgreSQL 18 may skip a transaction it finds aborted before streaming it.
 	if st := streamingStatus(t, env); st.SpillBytes != 0 || st.StreamTransactions < 1 || st.OpenTransactions != 0 {
 		t.Errorf("status at the end: %+v; want nothing spilled, the committed transaction streamed, none open", st)
@@ -106,22 +121,26 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 }
 
 // TestStreamedTransactionSurvivesKills kills the daemon (SIGKILL) while the source streams a large
-// transaction before its commit (its changes half staged), and while its staged changes are read
-// back and applied after its commit: the restarted daemon discards the earlier staging, the source
-// streams the transaction again, and the target ends equal to the source, nothing lost or doubled.
+// transaction before its commit (its changes half staged), while its staged rows are merged at its
+// commit (the target transaction not committed), and, for a transaction that takes the general
+// path (a TRUNCATE), while its staged messages are read back and applied after its commit: the
+// restarted daemon discards the earlier staging, the source streams the transaction again, and the
+// target ends equal to the source, nothing lost or doubled.
 func TestStreamedTransactionSurvivesKills(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		point string
 		at    int
-	}{{"mid-stream", 3}, {"mid-streamed-commit", 4000}} {
+		// general has the transaction truncate a table first, so it takes the general path.
+		general bool
+	}{{"mid-stream", 3, false}, {"streamed-merge", 1, false}, {"mid-streamed-commit", 4000, true}} {
 		t.Run(c.point, func(t *testing.T) {
 			t.Parallel()
 			env := pgtest.New(t)
 			pgtest.RequireSourceVersion(t, env, 14, "streaming of in-progress transactions")
 			ctx := context.Background()
-			pgtest.Exec(t, env.Source, "create table big (id int primary key, v text)",
-				"insert into big select g, 'loaded' from generate_series(1, 100) g")
+			pgtest.Exec(t, env.Source, "create table big (id int primary key, v text)", "create table aside (id int primary key)",
+				"insert into big select g, 'loaded' from generate_series(1, 100) g", "insert into aside values (1)")
 			source := smallDecodingMemory(t, env.SourceURL)
 			child := crashChildCmd(env, c.point, c.at)
 			child.Env = append(child.Env, envCrashSrc+"="+source)
@@ -139,6 +158,11 @@ func TestStreamedTransactionSurvivesKills(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tx.Rollback(ctx)
+			if c.general {
+				if _, err := tx.Exec(ctx, "truncate aside"); err != nil {
+					t.Fatal(err)
+				}
+			}
 			for _, q := range []string{
 				"insert into big select g, 'streamed ' || g from generate_series(1001, 9000) g",
 				"update big set v = 'updated' where id % 7 = 0",
@@ -161,13 +185,18 @@ func TestStreamedTransactionSurvivesKills(t *testing.T) {
 			if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name); n == 0 {
 				t.Fatalf("nothing staged when the daemon was killed at %s", c.point)
 			}
+			// Rows were staged ahead of the commit unless the transaction took the general path.
+			if n := rowStagingTables(t, env); (n > 0) == c.general {
+				t.Fatalf("%d row staging tables when the daemon was killed at %s (general path: %v)", n, c.point, c.general)
+			}
 			cfg := testConfig(t, env)
 			cfg.Source = source
 			startDaemon(t, cfg)
 			pgtest.WaitConverged(t, env, "big", "id")
+			pgtest.WaitConverged(t, env, "aside", "id")
 			pgtest.Eventually(t, 30*time.Second, "the staging emptied", func() (bool, string) {
 				n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
-				return n == 0, fmt.Sprintf("%d staged messages", n)
+				return n == 0 && rowStagingTables(t, env) == 0, fmt.Sprintf("%d staged messages, %d row staging tables", n, rowStagingTables(t, env))
 			})
 		})
 	}
@@ -256,4 +285,138 @@ func streamingStatus(t *testing.T, env *pgtest.Env) operator.StreamingStatus {
 	}
 	t.Fatalf("status has no streaming view of slot %s: %+v", env.Name, rep.Slots)
 	return operator.StreamingStatus{}
+}
+
+// rowStagingTables returns how many row staging tables of streamed transactions the target holds.
+func rowStagingTables(t *testing.T, env *pgtest.Env) int64 {
+	t.Helper()
+	return pgtest.Scalar[int64](t, env.Target, `select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where n.nspname = 'pgconverge' and starts_with(c.relname, 'stream_rows_')`)
+}
+
+// TestStreamedTransactionRacesABackfill has a backfill of a table race a large transaction the
+// source streams before its commit: the backfill starts while the transaction is open (its
+// temporary slot waits for the transaction to end, so its snapshot has it), and writes while the
+// merge of the transaction's staged rows holds its target transaction open, waiting for its locks.
+// The target ends equal to the source.
+func TestStreamedTransactionRacesABackfill(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 14, "streaming of in-progress transactions")
+	ctx := context.Background()
+	pgtest.Exec(t, env.Source, "create table big (id int primary key, v text)",
+		"insert into big select g, 'loaded' from generate_series(1, 20000) g")
+	cfg := testConfig(t, env)
+	cfg.Source = smallDecodingMemory(t, env.SourceURL)
+	merging, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.Knobs.BeforeStreamedCommit = func() {
+		once.Do(func() {
+			close(merging)
+			<-release
+		})
+	}
+	startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "big", "id")
+
+	tx, err := pgtest.Connect(t, env.SourceURL).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, q := range []string{
+		"update big set v = 'streamed' where id % 3 = 0",
+		"delete from big where id % 5 = 0",
+		"insert into big select g, 'inserted' from generate_series(20001, 30000) g",
+	} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	pgtest.Eventually(t, time.Minute, "the open transaction's rows staged", func() (bool, string) {
+		n := rowStagingTables(t, env)
+		return n == 1, fmt.Sprintf("%d row staging tables", n)
+	})
+	done := make(chan error, 1)
+	bcfg := testBackfillConfig(t, env, "public.big")
+	go func() {
+		_, err := operator.Backfill(ctx, bcfg)
+		done <- err
+	}()
+	pgtest.Eventually(t, time.Minute, "the backfill's slot waits for the open transaction", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Source, `select count(*) from pg_replication_slots where slot_name like 'pgconverge_snap_%'`)
+		return n > 0, fmt.Sprintf("%d temporary slots", n)
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-merging:
+	case <-time.After(time.Minute):
+		t.Fatal("the streamed transaction's rows were not merged within a minute of its commit")
+	}
+	pgtest.Eventually(t, time.Minute, "the backfill waits for the merge's locks", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)
+		return n > 0, fmt.Sprintf("%d sessions wait for a lock", n)
+	})
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("backfill: %v", err)
+	}
+	pgtest.WaitConverged(t, env, "big", "id")
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from big where not _cdc_deleted`); n != 26000 {
+		t.Errorf("%d live rows on the target, want 26000", n)
+	}
+}
+
+// TestStreamedTransactionTakesTheGeneralPathPartWay has the source stream a large transaction
+// whose first changes are staged as rows and whose later ones only the general path handles: an
+// UPDATE that leaves a TOASTed value, which the transaction itself inserted, out as unchanged, then
+// a TRUNCATE. At the commit the rows are merged first, and the messages after them are applied on
+// top: the target ends equal to the source, every value known.
+func TestStreamedTransactionTakesTheGeneralPathPartWay(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.RequireSourceVersion(t, env, 14, "streaming of in-progress transactions")
+	ctx := context.Background()
+	pgtest.Exec(t, env.Source, "create table docs (id int primary key, v text, doc text)", "create table aside (id int primary key)",
+		"alter table docs alter column doc set storage external", "insert into aside values (1)")
+	cfg := testConfig(t, env)
+	cfg.Source = smallDecodingMemory(t, env.SourceURL)
+	startDaemon(t, cfg)
+	pgtest.WaitConverged(t, env, "aside", "id")
+
+	tx, err := pgtest.Connect(t, env.SourceURL).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, q := range []string{
+		"insert into docs select g, 'inserted', repeat(md5(g::text), 100) from generate_series(1, 3000) g",
+		"update docs set v = 'touched' where id % 2 = 0", // doc is sent as unchanged TOAST
+		"truncate aside",
+		"insert into aside select g from generate_series(10, 20) g",
+		"insert into docs select g, 'after', repeat(md5(g::text), 100) from generate_series(3001, 4000) g",
+	} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	pgtest.Eventually(t, time.Minute, "the first changes staged as rows, the rest as messages", func() (bool, string) {
+		n := rowStagingTables(t, env)
+		m := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1 and kind = 'U'`, env.Name)
+		return n == 1 && m > 0, fmt.Sprintf("%d row staging tables, %d UPDATE messages staged", n, m)
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitConverged(t, env, "docs", "id")
+	pgtest.WaitConverged(t, env, "aside", "id")
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from docs where _cdc_unknown is not null or doc is null`); n != 0 {
+		t.Errorf("%d target rows of docs lack their TOASTed value", n)
+	}
+	pgtest.Eventually(t, 30*time.Second, "the staging emptied", func() (bool, string) {
+		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
+		return n == 0 && rowStagingTables(t, env) == 0, fmt.Sprintf("%d staged messages, %d row staging tables", n, rowStagingTables(t, env))
+	})
 }

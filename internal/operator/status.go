@@ -14,6 +14,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/staging"
 )
 
 // StatusConfig configures Status (`pgconverge status`): the coverage report's inputs, whose
@@ -132,6 +133,10 @@ type StreamingStatus struct {
 	OpenTransactions int64 `json:"open_transactions"`
 	StagedMessages   int64 `json:"staged_messages"`
 	StagedBytes      int64 `json:"staged_bytes"`
+	// StagedRowTables and StagedRowBytes are the row staging tables of those transactions (one
+	// per transaction and table, pgconverge.stream_rows_…) and their size on disk.
+	StagedRowTables int64 `json:"staged_row_tables"`
+	StagedRowBytes  int64 `json:"staged_row_bytes"`
 }
 
 // readStreaming fills in s.Streaming from src's pg_stat_replication_slots and tgt's staging.
@@ -152,6 +157,11 @@ func readStreaming(ctx context.Context, src, tgt *pgx.Conn, s *SlotStatus) error
 		Scan(&st.OpenTransactions, &st.StagedMessages, &st.StagedBytes)
 	if err != nil {
 		return fmt.Errorf("read the stream staging of slot %q: %w", s.Name, err)
+	}
+	err = tgt.QueryRow(ctx, `select count(*), coalesce(sum(pg_total_relation_size(c.oid)), 0) from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where n.nspname = 'pgconverge' and c.relkind = 'r' and starts_with(c.relname, $1)`, staging.RowsPrefix(s.Name)).Scan(&st.StagedRowTables, &st.StagedRowBytes)
+	if err != nil {
+		return fmt.Errorf("read the row staging tables of slot %q: %w", s.Name, err)
 	}
 	s.Streaming = st
 	return nil
