@@ -52,13 +52,7 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 	startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "big", "id")
 
-	writer := pgtest.Connect(t, env.SourceURL)
-	tx, err := writer.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	for _, q := range []string{
+	tx := openTransaction(t, env,
 		"insert into big select g, 'streamed ' || g, case when g % 500 = 0 then repeat(md5(g::text), 300) end from generate_series(1001, 6000) g",
 		"savepoint s1",
 		"insert into big select g, 'rolled back', null from generate_series(100001, 103000) g",
@@ -67,11 +61,7 @@ func TestStreamedTransactionIsAppliedAtItsCommit(t *testing.T) {
 		"update big set v = 'updated in the transaction' where id % 10 = 0",
 		"delete from big where id between 1 and 20",
 		"insert into big select g, 'after the rollback', null from generate_series(6001, 9000) g",
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	pgtest.Eventually(t, time.Minute, "the open transaction staged on the target", func() (bool, string) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
 		return n > 0, fmt.Sprintf("%d staged messages", n)
@@ -152,26 +142,15 @@ func TestStreamedTransactionSurvivesKills(t *testing.T) {
 			exited := make(chan error, 1)
 			go func() { exited <- child.Wait() }()
 			pgtest.WaitConverged(t, env, "big", "id")
-			writer := pgtest.Connect(t, env.SourceURL)
-			tx, err := writer.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			if c.general {
-				if _, err := tx.Exec(ctx, "truncate aside"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, q := range []string{
+			stmts := []string{
 				"insert into big select g, 'streamed ' || g from generate_series(1001, 9000) g",
 				"update big set v = 'updated' where id % 7 = 0",
 				"delete from big where id % 11 = 0",
-			} {
-				if _, err := tx.Exec(ctx, q); err != nil {
-					t.Fatalf("%s: %v", q, err)
-				}
 			}
+			if c.general {
+				stmts = append([]string{"truncate aside"}, stmts...)
+			}
+			tx := openTransaction(t, env, stmts...)
 			if c.point == "mid-stream" {
 				requireKilled(t, <-exited, []byte(out.String()))
 			}
@@ -222,14 +201,6 @@ func TestInterleavedStreamedTransactions(t *testing.T) {
 	startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "b", "id")
 
-	begin := func() pgx.Tx {
-		tx, err := pgtest.Connect(t, env.SourceURL).Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tx.Rollback(ctx) })
-		return tx
-	}
 	exec := func(tx pgx.Tx, qs ...string) {
 		t.Helper()
 		for _, q := range qs {
@@ -238,7 +209,7 @@ func TestInterleavedStreamedTransactions(t *testing.T) {
 			}
 		}
 	}
-	txA, txB := begin(), begin()
+	txA, txB := openTransaction(t, env), openTransaction(t, env)
 	small := 0
 	commitSmall := func() {
 		small++
@@ -319,20 +290,11 @@ func TestStreamedTransactionRacesABackfill(t *testing.T) {
 	startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "big", "id")
 
-	tx, err := pgtest.Connect(t, env.SourceURL).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	for _, q := range []string{
+	tx := openTransaction(t, env,
 		"update big set v = 'streamed' where id % 3 = 0",
 		"delete from big where id % 5 = 0",
 		"insert into big select g, 'inserted' from generate_series(20001, 30000) g",
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	pgtest.Eventually(t, time.Minute, "the open transaction's rows staged", func() (bool, string) {
 		n := rowStagingTables(t, env)
 		return n == 1, fmt.Sprintf("%d row staging tables", n)
@@ -386,22 +348,13 @@ func TestStreamedTransactionTakesTheGeneralPathPartWay(t *testing.T) {
 	startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "aside", "id")
 
-	tx, err := pgtest.Connect(t, env.SourceURL).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	for _, q := range []string{
+	tx := openTransaction(t, env,
 		"insert into docs select g, 'inserted', repeat(md5(g::text), 100) from generate_series(1, 3000) g",
 		"update docs set v = 'touched' where id % 2 = 0", // doc is sent as unchanged TOAST
 		"truncate aside",
 		"insert into aside select g from generate_series(10, 20) g",
 		"insert into docs select g, 'after', repeat(md5(g::text), 100) from generate_series(3001, 4000) g",
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	pgtest.Eventually(t, time.Minute, "the first changes staged as rows, the rest as messages", func() (bool, string) {
 		n := rowStagingTables(t, env)
 		m := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1 and kind = 'U'`, env.Name)
@@ -419,4 +372,22 @@ func TestStreamedTransactionTakesTheGeneralPathPartWay(t *testing.T) {
 		n := pgtest.Scalar[int64](t, env.Target, `select count(*) from pgconverge.stream_staging where slot = $1`, env.Name)
 		return n == 0 && rowStagingTables(t, env) == 0, fmt.Sprintf("%d staged messages, %d row staging tables", n, rowStagingTables(t, env))
 	})
+}
+
+// openTransaction begins a transaction on a new connection to the source, runs stmts in it and
+// returns it open; it is rolled back at the test's end unless committed before.
+func openTransaction(t *testing.T, env *pgtest.Env, stmts ...string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pgtest.Connect(t, env.SourceURL).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	for _, q := range stmts {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return tx
 }
