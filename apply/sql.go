@@ -164,10 +164,14 @@ func upsertOf(t changebatch.Table, src source, moved bool) upsert {
 // _cdc_moved.
 func newestSQL(cols, keyList, from string) string {
 	return "select distinct on (" + keyList + ") " + cols + ", " + qMoved + " from " + from + "\n" +
-		"  where not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
-		" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))\n" +
+		"  where " + aboveFenceSQL + "\n" +
 		"  order by " + keyList + ", stg." + qLSN + " desc, stg." + qSeq + " desc, stg." + qDeleted
 }
+
+// aboveFenceSQL is the condition that staged row stg's version is above its table's TRUNCATE
+// fence ($1 schema, $2 table name).
+var aboveFenceSQL = "not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2" +
+	" and (f.fence_lsn, f.fence_seq) >= (stg." + qLSN + ", stg." + qSeq + "))"
 
 // lookupSQL returns the query for the non-key columns (as text), _cdc_unknown and version of the
 // live target row with key $1..$k (text, cast to the key types) and a version in

@@ -68,7 +68,7 @@ func EncodeStreamedRows(buf *bytes.Buffer, rec arrow.RecordBatch, subXid uint32)
 	for i := 0; i < v.Len(); i++ {
 		c := v.Change(i)
 		if c.Op == changebatch.OpTruncate || anyUnchanged(c.Values) {
-			return 0, fmt.Errorf("stage streamed changes of %s: change %d is a TRUNCATE or lacks an unchanged TOAST value, which cannot be staged ahead of the commit", v.Table, i)
+			return 0, fmt.Errorf("stage streamed changes of %s: change %d is a TRUNCATE or has a value the source left out as unchanged TOAST, which only the messages' path applies", v.Table, i)
 		}
 		row[0] = stagedRow{op: c.Op, version: c.Version, values: c.Values}
 		encodeCopyText(buf, v.Table, row)
@@ -128,12 +128,7 @@ func (t *Tx) ApplyStreamed(ctx context.Context, staged []StreamedRows, commit pg
 		if err != nil || s.Inserts {
 			continue
 		}
-		var newest, written int64
-		if err = br.QueryRow().Scan(&newest, &written); err != nil {
-			err = upsertError(t.copyOnly(), s.Table, int(s.Rows), source{}, err)
-			continue
-		}
-		results[i] = Result{Applied: written, Suppressed: newest - written, Merged: max(s.Rows-newest, 0)}
+		results[i], err = streamedResult(t, s, br.QueryRow())
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -186,9 +181,7 @@ func (t *Tx) insertStreamed(ctx context.Context, s StreamedRows, commit pglogrep
 	if _, err := t.tx.Exec(ctx, "savepoint pgconverge_streamed_insert"); err != nil {
 		return Result{}, err
 	}
-	tag, err := t.tx.Exec(ctx, "insert into "+s.Table.Quoted()+" ("+cols+")\nselect "+cols+" from "+from+
-		"\nwhere not exists (select 1 from pgconverge.tables as f where f.schema_name = $1 and f.table_name = $2"+
-		" and (f.fence_lsn, f.fence_seq) >= (stg."+qLSN+", stg."+qSeq+"))", args...)
+	tag, err := t.tx.Exec(ctx, "insert into "+s.Table.Quoted()+" ("+cols+")\nselect "+cols+" from "+from+"\nwhere "+aboveFenceSQL, args...)
 	if err == nil {
 		_, err = t.tx.Exec(ctx, "release savepoint pgconverge_streamed_insert")
 		return Result{Applied: tag.RowsAffected(), Suppressed: s.Rows - tag.RowsAffected()}, err
@@ -205,8 +198,13 @@ func (t *Tx) insertStreamed(ctx context.Context, s StreamedRows, commit pglogrep
 // mergeStreamed merges s's changes at commit (streamedMergeSQL) on its own.
 func (t *Tx) mergeStreamed(ctx context.Context, s StreamedRows, commit pglogrepl.LSN) (Result, error) {
 	sql, args := streamedMergeSQL(s, commit)
+	return streamedResult(t, s, t.tx.QueryRow(ctx, sql, args...))
+}
+
+// streamedResult reads the counts streamedMergeSQL returns for s from row.
+func streamedResult(t *Tx, s StreamedRows, row pgx.Row) (Result, error) {
 	var newest, written int64
-	if err := t.tx.QueryRow(ctx, sql, args...).Scan(&newest, &written); err != nil {
+	if err := row.Scan(&newest, &written); err != nil {
 		return Result{}, upsertError(t.copyOnly(), s.Table, int(s.Rows), source{}, err)
 	}
 	return Result{Applied: written, Suppressed: newest - written, Merged: max(s.Rows-newest, 0)}, nil
