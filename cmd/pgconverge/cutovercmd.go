@@ -27,10 +27,12 @@ writes to the source and the daemon (pgconverge run) first. cutover then:
  3. stops streaming and records the cutover in the target: the tables are retired, so coverage
     reports no gap for them, and a run that selects them again loads them anew;
  4. drops the slot (--drop-slot, the default: a slot left behind keeps the source's WAL forever),
-    with --drop-publication the publication, and with --finalize makes the target tables plain:
-    tombstones deleted, _cdc_ columns and live views dropped (the source's NOT NULL constraints,
-    defaults, indexes and foreign keys are not copied: add them, for example from pg_dump
-    --schema-only of the source).
+    with --drop-publication the publication, and with --finalize makes the target tables plain
+    (tombstones deleted, _cdc_ columns and live views dropped) and gives them the source's schema
+    objects: NOT NULL, defaults, identities with their sequences' positions, check, unique,
+    exclusion and foreign-key constraints (checks and foreign keys added NOT VALID, then
+    validated), indexes, triggers (firing only from then on) and comments, then analyzes them and
+    compares each table's schema with the source's (as verify --schema does).
 
 Run again after a crash or an error, it resumes: before step 3 it starts over, after it, it does
 what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut over before step
@@ -68,7 +70,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 	f.BoolVar(&cfg.SkipVerify, "skip-verify", false, "leave out the verify step")
 	f.BoolVar(&cfg.DropSlot, "drop-slot", true, "drop the slot once the tables are retired (false keeps it, and the source's WAL with it)")
 	f.BoolVar(&cfg.DropPublication, "drop-publication", false, "drop the publication too")
-	f.BoolVar(&cfg.Finalize, "finalize", false, "make the target tables plain tables: delete tombstones, drop the _cdc_ columns and the live views")
+	f.BoolVar(&cfg.Finalize, "finalize", false, "make the target tables plain tables (delete tombstones, drop the _cdc_ columns and the live views) with the source's constraints, defaults, indexes, triggers and comments")
 	f.DurationVar(&cfg.Timeout, "timeout", 0, "how long to wait for the target to catch up (default 10m)")
 	f.StringVar(&format, "format", "table", "output format: table or json")
 	addLogFlags(f, &logFormat, &logLevel)
@@ -91,5 +93,11 @@ func printCutover(w io.Writer, rep operator.CutoverReport) {
 	fmt.Fprintf(w, "slot dropped: %v; publication dropped: %v\n", rep.SlotDropped, rep.PublicationDropped)
 	if len(rep.Finalized) > 0 {
 		fmt.Fprintf(w, "made plain: %s\n", strings.Join(rep.Finalized, ", "))
+	}
+	for _, c := range rep.Carried {
+		fmt.Fprintf(w, "carried over from the source: %s\n", c)
+	}
+	for _, c := range rep.TargetOnly {
+		fmt.Fprintf(w, "left as it is, only on the target: %s\n", c)
 	}
 }

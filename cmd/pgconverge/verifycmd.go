@@ -19,6 +19,7 @@ const exitOpen = 4
 func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := verify.Config{}
 	var logFormat, logLevel, format string
+	var schema bool
 	cmd := &cobra.Command{
 		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--incremental] [--format table|json] [--no-values]",
 		Short: "Compare the target with an exact snapshot of the source, record each discrepancy once, and repair it",
@@ -36,8 +37,14 @@ every open discrepancy's key is read again from a fresh exact snapshot S' and wr
 same version-guarded apply step at version (S', 0) (a tombstone where the source has no row), closing
 the discrepancy in the same target transaction; a newer streamed change still wins.
 
-Exit status: 0 when no discrepancy is left open, 4 when some are, 1 on an error (also when a table
-named with --table could not be compared). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
+With --schema, verify compares the tables' schemas instead of their rows: each table's columns and
+types, NOT NULL, defaults, identities, constraints, indexes, triggers and comments on the target
+against the source's, object by object, and prints each difference with the statements that fix
+it. For a table pgconverge still replicates into, what cutover --finalize carries over (all but
+the columns, types and non-unique indexes) is listed as pending, not as a difference.
+
+Exit status: 0 when no discrepancy is left open (with --schema: no difference), 4 when some are, 1
+on an error (also when a table named with --table could not be compared). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
 The JSON format is documented in docs/verify.md and stays stable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -46,8 +53,11 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 				return err
 			}
 			cfg.Logger = logger
-			if err := errors.Join(cfg.Validate(), validateFormat(format)); err != nil {
+			if err := errors.Join(cfg.Validate(), validateFormat(format), validateSchemaFlags(schema, cfg)); err != nil {
 				return err
+			}
+			if schema {
+				return verifySchema(cmd, cfg, format, stdout)
 			}
 			rep, err := verify.Run(cmd.Context(), cfg)
 			if err == nil || errors.Is(err, verify.ErrNotVerified) {
@@ -72,6 +82,7 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	addURLFlags(f, &cfg.Source, &cfg.Target)
 	addPrimaryFlag(f, &cfg.Primary)
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to verify, schema.table (repeat it or separate with commas; default: every table replicated into the target)")
+	f.BoolVar(&schema, "schema", false, "compare the tables' schemas (columns, constraints, indexes, triggers, ...) instead of their rows")
 	f.BoolVar(&cfg.Repair, "repair", false, "rewrite every open discrepancy's key from a fresh exact snapshot of the source")
 	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")
 	f.BoolVar(&cfg.Incremental, "incremental", false, "skip the key-hash groups unchanged since the last verify found them equal (pays on tables that mostly stand still; with any change since, slower than the default full verify)")
@@ -80,6 +91,81 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	addAuditRetentionFlag(f, &cfg.AuditRetention)
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
+}
+
+// validateSchemaFlags refuses the flags of a row comparison with --schema.
+func validateSchemaFlags(schema bool, cfg verify.Config) error {
+	if schema && (cfg.Repair || cfg.Incremental) {
+		return errors.New("--schema compares schemas and repairs nothing: leave out --repair and --incremental (its differences name the statements that fix them)")
+	}
+	return nil
+}
+
+// verifySchema runs verify --schema and prints its report; it exits 4 on a difference.
+func verifySchema(cmd *cobra.Command, cfg verify.Config, format string, stdout io.Writer) error {
+	rep, err := verify.Schema(cmd.Context(), cfg)
+	if err == nil || errors.Is(err, verify.ErrNotVerified) {
+		if format == "json" {
+			if encErr := writeJSON(stdout, rep); encErr != nil && err == nil {
+				err = encErr
+			}
+		} else {
+			printSchema(stdout, rep)
+		}
+	}
+	switch {
+	case err != nil:
+		return err
+	case rep.Differences > 0:
+		return exitError{Code: exitOpen, Err: fmt.Errorf("%d schema differences (each printed with its fix)", rep.Differences)}
+	}
+	return nil
+}
+
+// printSchema writes verify --schema's report for a terminal: one line per table, then each
+// difference with its fix.
+func printSchema(w io.Writer, rep verify.SchemaReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tSTATE\tDIFFERENCES\tPENDING")
+	for _, t := range rep.Tables {
+		pending := 0
+		for _, d := range t.Differences {
+			if d.Pending {
+				pending++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", t.Table, t.State, len(t.Differences)-pending, pending)
+	}
+	tw.Flush()
+	for _, t := range rep.Tables {
+		if t.Error != "" {
+			fmt.Fprintf(w, "%s: %s\n", t.Table, t.Error)
+		}
+		for _, d := range t.Differences {
+			what := "differs"
+			switch {
+			case d.Pending:
+				what = "pending finalize"
+			case d.TargetOnly:
+				what = "only on the target"
+			case d.Target == "":
+				what = "missing on the target"
+			}
+			fmt.Fprintf(w, "%s: %s %s %s\n  source: %s\n  target: %s\n", t.Table, d.Kind, d.Object, what, orNone(d.Source), orNone(d.Target))
+			for _, f := range d.Fix {
+				fmt.Fprintf(w, "  fix: %s;\n", f)
+			}
+		}
+	}
+	fmt.Fprintf(w, "differences %d, pending finalize %d\n", rep.Differences, rep.Pending)
+}
+
+// orNone returns s, or "-" when it is empty.
+func orNone(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // printVerify writes the report for a terminal: one line per table, then the totals.

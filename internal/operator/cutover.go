@@ -27,7 +27,7 @@ type CutoverConfig struct {
 	Run engine.Config
 	// SkipVerify leaves out the verify step; DropSlot drops the slot once the tables are retired
 	// (else it keeps the source's WAL: the report says so), DropPublication the publication,
-	// Finalize turns the target tables into plain tables (apply.Finalize).
+	// Finalize turns the target tables into plain tables with the source's schema objects (finalize).
 	SkipVerify, DropSlot, DropPublication, Finalize bool
 	// Timeout bounds the catch-up (default 10m).
 	Timeout time.Duration
@@ -57,6 +57,10 @@ type CutoverReport struct {
 	SlotDropped        bool     `json:"slot_dropped"`
 	PublicationDropped bool     `json:"publication_dropped"`
 	Finalized          []string `json:"finalized,omitempty"`
+	// Carried are the source's schema objects finalize gave the target tables, "table: kind
+	// object" (tableschema.Carry); TargetOnly the objects only the target has, which it left.
+	Carried    []string `json:"carried,omitempty"`
+	TargetOnly []string `json:"target_only,omitempty"`
 	// Resumed is true when an earlier run had cut over already and this one did the rest.
 	Resumed bool `json:"resumed"`
 }
@@ -306,21 +310,7 @@ func finishCutover(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, d
 		rep.PublicationDropped = true
 	}
 	if cfg.Finalize {
-		for _, t := range done.Tables {
-			changed, err := apply.Finalize(ctx, tgt, t)
-			if err != nil {
-				return err
-			}
-			if changed {
-				rep.Finalized = append(rep.Finalized, t.String())
-				log.Info("cutover: target table made plain (tombstones and _cdc_ columns gone)", "table", t.String())
-				cfg.step("finalized-table")
-			}
-		}
-		if err := coverage.MarkCutoverStep(ctx, tgt, rc.Slot, "finalized"); err != nil {
-			return err
-		}
-		cfg.step("finalized")
+		return finalize(ctx, cfg, src, tgt, done.Tables, rep)
 	}
 	return nil
 }

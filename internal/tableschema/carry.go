@@ -1,0 +1,69 @@
+package tableschema
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/apply/changebatch"
+)
+
+// Carry makes a target table's schema objects the source's on tx: it runs the Fix of each
+// difference of diffs (Compare's, of one table) that it carries, in diffs' order, and returns
+// those it carried. It carries NOT NULL, defaults, identities, constraints, indexes, triggers and
+// comments; foreignKeys selects the foreign keys alone, or everything but them (a foreign key may
+// reference a unique constraint of another table, carried first). It leaves what only the target
+// has (TargetOnly) and the columns and types, which the stream keeps.
+//
+// An identity whose sequence the target has as a plain sequence (cutover's sequence sync made it)
+// takes that sequence's name and position: the plain sequence is dropped, the identity made
+// with its name, and set to the position it had.
+//
+// A statement's error names the object and the fix; tx is then aborted.
+func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, foreignKeys bool) ([]Difference, error) {
+	var carried []Difference
+	for _, d := range diffs {
+		if d.TargetOnly || d.phase == phaseNone || (d.phase == phaseForeignKey) != foreignKeys {
+			continue
+		}
+		restore, err := freeIdentitySequence(ctx, tx, d)
+		if err != nil {
+			return carried, err
+		}
+		for _, stmt := range append(d.Fix, restore...) {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return carried, fmt.Errorf("carry %s %s of table %s over to the target (%s): %w; create what it needs on the target (a function, type or referenced table the source has) or remove what stands in its way, then run cutover --finalize again: it goes on from here",
+					d.Kind, d.Object, d.Table, stmt, err)
+			}
+		}
+		carried = append(carried, d)
+	}
+	return carried, nil
+}
+
+// freeIdentitySequence drops the plain target sequence that carrying identity d would collide
+// with, and returns the statement that gives the new identity sequence its position. For other
+// differences, and where the target has no such sequence, it does nothing.
+func freeIdentitySequence(ctx context.Context, tx pgx.Tx, d Difference) ([]string, error) {
+	if d.Kind != KindIdentity || d.sequence == "" {
+		return nil, nil
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `select to_regclass($1) is not null`, d.sequence).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("look up sequence %s on the target: %w", d.sequence, err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	var last int64
+	var called bool
+	err := tx.QueryRow(ctx, "select last_value, is_called from "+d.sequence).Scan(&last, &called)
+	if err != nil {
+		return nil, fmt.Errorf("read sequence %s on the target: %w", d.sequence, err)
+	}
+	if _, err := tx.Exec(ctx, "drop sequence "+d.sequence); err != nil {
+		return nil, fmt.Errorf("drop plain sequence %s on the target for the identity of %s.%s (something else uses it: drop that first): %w",
+			d.sequence, d.Table, d.Object, err)
+	}
+	return []string{fmt.Sprintf("select setval(%s, %d, %t)", changebatch.QuoteLiteral(d.sequence), last, called)}, nil
+}
