@@ -33,6 +33,7 @@ type metrics struct {
 	gapBytes     *prometheus.GaugeVec
 	backfillRows *prometheus.CounterVec
 	gapCompared  *prometheus.CounterVec
+	indexes      *prometheus.CounterVec
 	backfillDone *prometheus.GaugeVec
 	conflicts    *prometheus.CounterVec
 	retries      *prometheus.CounterVec
@@ -111,6 +112,8 @@ func newMetrics() *metrics {
 		Help: "Rows read from source snapshots by backfills, by table (of which rows_applied_total{path=\"backfill\"} were written)."}, []string{"table"})
 	m.gapCompared = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_gap_repair_rows_compared_total",
 		Help: "Source rows gap repairs (run --on-gap=repair) compared with the target at their snapshot, by table (of which rows_applied_total{path=\"gap-repair\"} were written)."}, []string{"table"})
+	m.indexes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_target_indexes_total",
+		Help: "Source indexes the daemon built on (result built), failed to build on (failed, tried again each minute), or dropped from (dropped) the target tables (run --copy-indexes), by table."}, []string{"table", "result"})
 	m.backfillDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_backfill_progress_ratio",
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
 	m.conflicts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_conflicts_total",
@@ -119,7 +122,7 @@ func newMetrics() *metrics {
 		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, timeout, slot-busy, schema, watch, restart, leadership, overlap, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
 	m.leader = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_leader",
 		Help: "1 while this daemon leads the slot (streams and writes), 0 while it waits as a standby for the daemon that does; absent before it first tried."}, []string{"slot"})
-	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.gapCompared, m.backfillDone, m.conflicts, m.retries, m.leader} {
+	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.gapCompared, m.indexes, m.backfillDone, m.conflicts, m.retries, m.leader} {
 		f(c)
 	}
 	// Every reason's series exists from the start, so the first retry of a kind is an increase
@@ -232,6 +235,9 @@ func (m *metrics) GapRepaired(table string, compared, written int64) {
 	m.gapCompared.WithLabelValues(table).Add(float64(compared))
 	m.applied.WithLabelValues(table, "gap-repair").Add(float64(written))
 }
+
+// TargetIndex counts what the index follower did to one index of table's target table.
+func (m *metrics) TargetIndex(table, result string) { m.indexes.WithLabelValues(table, result).Inc() }
 
 // BackfillConflict counts one lost and retried backfill transaction of table.
 func (m *metrics) BackfillConflict(table string) { m.conflicts.WithLabelValues(table).Inc() }

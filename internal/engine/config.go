@@ -87,6 +87,10 @@ type Config struct {
 	// at the new snapshot are written; a table it cannot compare is backfilled), OnGapBackfill
 	// backfills it before streaming, OnGapAlert only reports it.
 	OnGap string
+	// CopyIndexes builds the source's secondary indexes on each target table once it is loaded,
+	// and follows the source's new and dropped indexes (indexFollower, every minute); a unique
+	// index or constraint gets a twin without its uniqueness until cutover --finalize.
+	CopyIndexes bool
 	// SyncSequences syncs the sequences of each table after each completed backfill run of it
 	// (initial load, gap and scheduled backfills; sequences.SyncAfterBackfill).
 	SyncSequences bool
@@ -125,6 +129,8 @@ type Knobs struct {
 	// Verified runs after each scheduled verify with its report and error
 	// (schedule.Verifies.Verified).
 	Verified func(verify.Report, error)
+	// IndexFollowEvery, when set, replaces indexFollowEvery.
+	IndexFollowEvery time.Duration
 	// TombstonePruneEvery, when set, replaces tombstonePruneEvery.
 	TombstonePruneEvery time.Duration
 	// StatusInterval, when set, replaces the stream's status interval (10 s), which also sets how

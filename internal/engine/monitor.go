@@ -28,6 +28,9 @@ type Monitor interface {
 	// GapRepaired counts a completed gap repair of table (--on-gap=repair): the source rows it
 	// compared at its snapshot and the target rows it wrote, tombstones included.
 	GapRepaired(table string, compared, written int64)
+	// TargetIndex counts what the index follower did to a source index on table's target table
+	// (Config.CopyIndexes): result "built", "failed" or "dropped".
+	TargetIndex(table, result string)
 	// CoverageGap reports the bytes of WAL in table's coverage gaps, 0 when covered.
 	CoverageGap(table string, bytes uint64)
 	// SessionRetried counts a session that failed and is started again, by reason (see reason in
@@ -73,6 +76,7 @@ func (NopMonitor) SlotHealth(SlotHealth)                                        
 func (NopMonitor) CoverageGap(string, uint64)                                             {}
 func (NopMonitor) GapRepaired(string, int64, int64)                                       {}
 func (NopMonitor) SessionRetried(string)                                                  {}
+func (NopMonitor) TargetIndex(string, string)                                             {}
 func (NopMonitor) Leading(string, bool)                                                   {}
 func (NopMonitor) BackfillProgress(_ string, p backfillrun.Progress) backfillrun.Progress { return p }
 func (NopMonitor) DiscrepanciesFound(string, string, int64)                               {}

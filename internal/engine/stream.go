@@ -88,6 +88,7 @@ func (s *session) stream(ctx context.Context) error {
 	g.Go(func() error { return auditPruner{cfg: cfg}.Run(gctx) })
 	g.Go(func() error { return newTombstonePruner(cfg, st.tables, st.snapshotOnly, &gate).Run(gctx) })
 	g.Go(func() error { return filler.Run(gctx) })
+	g.Go(func() error { return newIndexFollower(cfg, s.mon, st.tables).Run(gctx) })
 	gaps := &gapPublisher{cfg: cfg, mon: s.mon, tables: st.tables, bound: s.bounded}
 	g.Go(func() error { return gaps.Run(gctx) })
 	g.Go(func() error {

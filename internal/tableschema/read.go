@@ -51,12 +51,17 @@ type Constraint struct {
 	Kind      byte
 	Def       string
 	Validated bool
+	// index is the CREATE INDEX statement of a key's, unique or exclusion constraint's index,
+	// and quoted its name as quote_ident spells it there ("" for other kinds).
+	index, quoted string
 }
 
 // Index is an index no constraint owns, with its CREATE INDEX statement (pg_get_indexdef).
 type Index struct {
 	Name, Def string
 	Unique    bool
+	// quoted is Name as quote_ident spells it in Def.
+	quoted string
 }
 
 // Trigger is a user trigger (not an internal one, such as a foreign key's), with its CREATE
@@ -149,15 +154,17 @@ order by a.attnum`, oid)
 }
 
 func readConstraints(ctx context.Context, conn Querier, oid uint32, s *Schema) error {
-	rows, err := conn.Query(ctx, `select conname::text, contype::text, pg_get_constraintdef(oid), convalidated
-from pg_constraint where conrelid = $1 and contype in ('p', 'u', 'c', 'f', 'x') order by conname`, oid)
+	rows, err := conn.Query(ctx, `select conname::text, contype::text, pg_get_constraintdef(k.oid), convalidated,
+  case when contype in ('p', 'u', 'x') then pg_get_indexdef(conindid) else '' end, coalesce(quote_ident(i.relname), '')
+from pg_constraint k left join pg_class i on i.oid = k.conindid and k.contype in ('p', 'u', 'x')
+where conrelid = $1 and contype in ('p', 'u', 'c', 'f', 'x') order by conname`, oid)
 	if err != nil {
 		return err
 	}
 	cons, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Constraint, error) {
 		var c Constraint
 		var kind string
-		err := r.Scan(&c.Name, &kind, &c.Def, &c.Validated)
+		err := r.Scan(&c.Name, &kind, &c.Def, &c.Validated, &c.index, &c.quoted)
 		c.Kind = kind[0]
 		return c, err
 	})
@@ -173,7 +180,7 @@ from pg_constraint where conrelid = $1 and contype in ('p', 'u', 'c', 'f', 'x') 
 }
 
 func readIndexes(ctx context.Context, conn Querier, oid uint32, s *Schema) error {
-	rows, err := conn.Query(ctx, `select c.relname::text, pg_get_indexdef(i.indexrelid), i.indisunique
+	rows, err := conn.Query(ctx, `select c.relname::text, pg_get_indexdef(i.indexrelid), i.indisunique, quote_ident(c.relname)
 from pg_index i join pg_class c on c.oid = i.indexrelid
 where i.indrelid = $1 and not exists (
   select 1 from pg_constraint k where k.conrelid = i.indrelid and k.conindid = i.indexrelid and k.contype in ('p', 'u', 'x'))
@@ -181,7 +188,11 @@ order by 1`, oid)
 	if err != nil {
 		return err
 	}
-	idx, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Index])
+	idx, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Index, error) {
+		var i Index
+		err := r.Scan(&i.Name, &i.Def, &i.Unique, &i.quoted)
+		return i, err
+	})
 	if err != nil {
 		return err
 	}
