@@ -197,6 +197,9 @@ order by 1`, oid)
 		return err
 	}
 	for _, i := range idx {
+		// A partitioned table's index is printed ON ONLY (its partitions' are attached to it);
+		// the target table it replicates into is one plain table.
+		i.Def = strings.Replace(i.Def, " ON ONLY ", " ON ", 1)
 		if !metadata(i.Def) {
 			s.Indexes = append(s.Indexes, i)
 		}
