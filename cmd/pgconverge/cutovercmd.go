@@ -15,7 +15,7 @@ func newCutoverCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := operator.CutoverConfig{Run: engine.Config{OnGap: engine.OnGapRepair}}
 	var logFormat, logLevel, format string
 	cmd := &cobra.Command{
-		Use:   "cutover --source URL --target URL [--slot pgconverge] [--drop-slot=true] [--drop-publication] [--finalize]",
+		Use:   "cutover --source URL --target URL [--slot pgconverge] [--drop-slot=true] [--drop-publication] [--finalize] [--pause-writes ROLE]",
 		Short: "Finish replicating: catch up, verify, sync sequences, stop following, retire the tables",
 		Long: `cutover ends replication into the target, for moving an application to it. Stop the application's
 writes to the source and the daemon (pgconverge run) first. cutover then:
@@ -34,6 +34,15 @@ writes to the source and the daemon (pgconverge run) first. cutover then:
     validated), indexes, triggers (firing only from then on) and comments, then analyzes them and
     compares each table's schema with the source's (as verify --schema does).
 
+With --pause-writes ROLE it is a switchover that needs no hand in between: before step 1 it pauses
+the application's writes on the source by revoking ROLE's INSERT, UPDATE, DELETE and TRUNCATE on
+the publication's tables (recorded in the target first; a role that could still write, as a
+superuser can, is refused), waits for ROLE's open write transactions to end, rehearses the
+finalize before step 3 (in a transaction it rolls back), finalizes (--finalize is implied) and
+prints how long the writes were paused. The writes stay revoked after it: the application writes
+to the target now. On a failure before step 3 it gives them back and cuts over nothing;
+--resume-writes only gives back what an interrupted switchover left revoked.
+
 Run again after a crash or an error, it resumes: before step 3 it starts over, after it, it does
 what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut over before step
 3 succeeds). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
@@ -47,9 +56,16 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 			if err := errors.Join(cfg.Run.Validate(), validateFormat(format)); err != nil {
 				return err
 			}
+			if cfg.ResumeWrites && cfg.PauseWrites != "" {
+				return errors.New("--resume-writes gives back a pause and does nothing else: leave out --pause-writes")
+			}
 			rep, err := operator.Cutover(cmd.Context(), cfg)
 			if err != nil {
 				return err
+			}
+			if cfg.ResumeWrites {
+				fmt.Fprintln(stdout, "the writes an interrupted switchover had paused are given back (the log says which, if any)")
+				return nil
 			}
 			if format == "json" {
 				return writeJSON(stdout, rep)
@@ -71,6 +87,8 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 	f.BoolVar(&cfg.DropSlot, "drop-slot", true, "drop the slot once the tables are retired (false keeps it, and the source's WAL with it)")
 	f.BoolVar(&cfg.DropPublication, "drop-publication", false, "drop the publication too")
 	f.BoolVar(&cfg.Finalize, "finalize", false, "make the target tables plain tables (delete tombstones, drop the _cdc_ columns and the live views) with the source's constraints, defaults, indexes, triggers and comments")
+	f.StringVar(&cfg.PauseWrites, "pause-writes", "", "ROLE: pause the writes of the application's role on the source for the switchover (revoked; given back on a failure; implies --finalize)")
+	f.BoolVar(&cfg.ResumeWrites, "resume-writes", false, "only give back the writes an interrupted --pause-writes left revoked, and do nothing else")
 	f.DurationVar(&cfg.Timeout, "timeout", 0, "how long to wait for the target to catch up (default 10m)")
 	f.StringVar(&format, "format", "table", "output format: table or json")
 	addLogFlags(f, &logFormat, &logLevel)
@@ -99,5 +117,8 @@ func printCutover(w io.Writer, rep operator.CutoverReport) {
 	}
 	for _, c := range rep.TargetOnly {
 		fmt.Fprintf(w, "left as it is, only on the target: %s\n", c)
+	}
+	if rep.PausedRole != "" {
+		fmt.Fprintf(w, "writes of role %s paused for %.1fs; they stay revoked on the source: point the application at the target\n", rep.PausedRole, rep.WritePauseSeconds)
 	}
 }

@@ -29,10 +29,17 @@ type CutoverConfig struct {
 	// (else it keeps the source's WAL: the report says so), DropPublication the publication,
 	// Finalize turns the target tables into plain tables with the source's schema objects (finalize).
 	SkipVerify, DropSlot, DropPublication, Finalize bool
+	// PauseWrites, when set, names the role the application writes as: the switchover pauses
+	// its writes on the source first (pauseWrites), rehearses the finalize before it records the
+	// cutover, finalizes (Finalize is implied), and on a failure before the cutover is recorded
+	// gives the writes back. ResumeWrites only gives back the writes a pause left revoked.
+	PauseWrites  string
+	ResumeWrites bool
 	// Timeout bounds the catch-up (default 10m).
 	Timeout time.Duration
 	// AfterStep, a test hook, runs after each step is done: "caught-up", "verified",
-	// "sequences", "recorded", "slot-dropped", "finalized-table" (each table), "finalized".
+	// "sequences", "recorded", "slot-dropped", "finalized-table" (each table), "finalized"; with
+	// PauseWrites also "paused" (first) and "rehearsed" (before "recorded").
 	AfterStep func(step string)
 }
 
@@ -63,6 +70,12 @@ type CutoverReport struct {
 	TargetOnly []string `json:"target_only,omitempty"`
 	// Resumed is true when an earlier run had cut over already and this one did the rest.
 	Resumed bool `json:"resumed"`
+	// PausedRole is the role whose writes were paused (PauseWrites); WritePauseSeconds how long
+	// they were, from the revoke to the end of the finalize (0 when the pause began in an
+	// earlier run); WritesGivenBack is set when the cutover failed and gave them back.
+	PausedRole        string  `json:"paused_role,omitempty"`
+	WritePauseSeconds float64 `json:"write_pause_seconds,omitempty"`
+	WritesGivenBack   bool    `json:"writes_given_back,omitempty"`
 }
 
 // ErrDaemonRunning is wrapped by Cutover's error when a walsender holds the slot: the daemon must
@@ -81,8 +94,13 @@ var ErrDaemonRunning = errors.New("a daemon streams from the slot")
 //     reports no gap for them;
 //  4. optionally it drops the slot and the publication, and finalizes the target tables.
 //
-// Run again after a crash, it resumes: before step 3 it starts over (every step is idempotent),
-// after it, it does the optional steps still to do.
+// With PauseWrites it is a switchover: it pauses the role's writes on the source before step 1
+// (pauseWrites), rehearses the finalize before step 3 (rehearseFinalize), finalizes, and reports
+// the write pause; a failure before step 3 gives the writes back (WritesGivenBack).
+//
+// Run again after a crash, it resumes: before step 3 it starts over (every step is idempotent;
+// a pause left open is taken over, or given back when PauseWrites is not set), after it, it does
+// the optional steps still to do.
 func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Minute
@@ -102,12 +120,30 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 	if err := migrations.Apply(ctx, tgt); err != nil {
 		return rep, err
 	}
+	if cfg.ResumeWrites {
+		return rep, giveBack(ctx, cfg, src, tgt)
+	}
+	if cfg.PauseWrites != "" {
+		cfg.Finalize = true
+		rep.PausedRole = cfg.PauseWrites
+	}
 	done, resumed, err := coverage.ReadCutover(ctx, tgt, rc.Slot)
 	if err != nil {
 		return rep, err
 	}
+	pause, err := openPause(ctx, tgt, rc.Slot)
+	if err != nil {
+		return rep, err
+	}
 	if !resumed {
+		if pause, err = startPause(ctx, cfg, src, tgt); err != nil {
+			return rep, err
+		}
 		if done, err = cutOver(ctx, cfg, src, tgt, &rep); err != nil {
+			if pause != nil {
+				rep.WritesGivenBack = true
+				err = errors.Join(err, giveBack(context.WithoutCancel(ctx), cfg, src, tgt))
+			}
 			return rep, err
 		}
 	}
@@ -119,7 +155,41 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 	for _, t := range done.Tables {
 		rep.Tables = append(rep.Tables, t.String())
 	}
-	return rep, finishCutover(ctx, cfg, src, tgt, done, &rep)
+	if err := finishCutover(ctx, cfg, src, tgt, done, &rep); err != nil {
+		return rep, err
+	}
+	if pause != nil {
+		rep.PausedRole = pause.role
+		rep.WritePauseSeconds = time.Since(pause.at).Seconds()
+		rc.Logger.Info("cutover: done; the role's writes stay revoked on the source (the application writes to the target now)",
+			"role", pause.role, "write_pause_seconds", fmt.Sprintf("%.1f", rep.WritePauseSeconds))
+	}
+	return rep, endPause(ctx, tgt, rc.Slot, "cut over")
+}
+
+// startPause pauses the application's writes when cfg.PauseWrites is set (pauseWrites); without
+// it, it gives back the writes an earlier, interrupted switchover left paused. It returns the
+// pause, or nil.
+func startPause(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) (*writePause, error) {
+	if cfg.PauseWrites == "" {
+		return nil, giveBack(ctx, cfg, src, tgt)
+	}
+	p, err := pauseWrites(ctx, cfg, src, tgt)
+	if err == nil {
+		cfg.step("paused")
+	}
+	return p, err
+}
+
+// giveBack gives back the writes the open pause of the slot revoked (giveBackWrites), on the
+// source's writable server.
+func giveBack(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) error {
+	w, done, err := writer(ctx, src, cfg.Run.Primary)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return giveBackWrites(ctx, w, tgt, cfg.Run.Slot, cfg.Run.Logger.Warn)
 }
 
 // cutOver does steps 1 to 3 of Cutover and returns the recorded cutover.
@@ -207,6 +277,12 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 	}
 	if err := stop(); err != nil {
 		return coverage.Cutover{}, err
+	}
+	if cfg.PauseWrites != "" {
+		if err := rehearseFinalize(ctx, src, tgt, tables); err != nil {
+			return coverage.Cutover{}, err
+		}
+		cfg.step("rehearsed")
 	}
 	cut, _, err := apply.ReadProgress(ctx, tgt, rc.Slot)
 	if err != nil {

@@ -22,29 +22,14 @@ import (
 // does what is left.
 func finalize(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, tables []changebatch.TableName, rep *CutoverReport) error {
 	log := cfg.Run.Logger
-	sources := make([]tableschema.Schema, len(tables))
-	for i, t := range tables {
-		s, err := tableschema.Read(ctx, src, t)
-		if err != nil {
-			return fmt.Errorf("finalize: source: %w", err)
-		}
-		sources[i] = s
+	sources, err := readSchemas(ctx, src, tables)
+	if err != nil {
+		return fmt.Errorf("finalize: %w", err)
 	}
 	for _, foreignKeys := range []bool{false, true} {
 		for i, t := range tables {
 			err := pgx.BeginFunc(ctx, tgt, func(tx pgx.Tx) error {
-				changed := false
-				if !foreignKeys {
-					var err error
-					if changed, err = apply.Finalize(ctx, tx, t); err != nil {
-						return err
-					}
-				}
-				target, err := tableschema.Read(ctx, tx, t)
-				if err != nil {
-					return fmt.Errorf("finalize: target: %w", err)
-				}
-				carried, err := tableschema.Carry(ctx, tx, tableschema.Compare(sources[i], target, false), foreignKeys)
+				changed, carried, err := finalizeTable(ctx, tx, sources[i], tableschema.CarryOptions{ForeignKeys: foreignKeys})
 				if err != nil {
 					return err
 				}
@@ -103,4 +88,65 @@ func checkSchemas(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.
 		return errors.New("finalize: the target's schema still differs from the source's after finalizing (pgconverge verify --schema lists it):\n  " + strings.Join(left, "\n  "))
 	}
 	return nil
+}
+
+// errRehearsed rolls back rehearseFinalize's transaction.
+var errRehearsed = errors.New("rehearsed")
+
+// rehearseFinalize runs what finalize would do to the tables, but index builds and validations
+// (tableschema.CarryOptions.Rehearse), in one target transaction that it rolls back: a
+// switchover (--pause-writes) learns that finalizing will work before it records the cutover,
+// so that a failure cuts over nothing. The tables' locks are held meanwhile: the stream must be
+// stopped.
+func rehearseFinalize(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName) error {
+	sources, err := readSchemas(ctx, src, tables)
+	if err != nil {
+		return fmt.Errorf("rehearse finalize: %w", err)
+	}
+	err = pgx.BeginFunc(ctx, tgt, func(tx pgx.Tx) error {
+		for _, foreignKeys := range []bool{false, true} {
+			for _, s := range sources {
+				if _, _, err := finalizeTable(ctx, tx, s, tableschema.CarryOptions{ForeignKeys: foreignKeys, Rehearse: true}); err != nil {
+					return err
+				}
+			}
+		}
+		return errRehearsed
+	})
+	if errors.Is(err, errRehearsed) {
+		return nil
+	}
+	return fmt.Errorf("rehearse finalize (nothing was cut over): %w", err)
+}
+
+// readSchemas reads the tables' schemas on src.
+func readSchemas(ctx context.Context, src *pgx.Conn, tables []changebatch.TableName) ([]tableschema.Schema, error) {
+	out := make([]tableschema.Schema, len(tables))
+	for i, t := range tables {
+		s, err := tableschema.Read(ctx, src, t)
+		if err != nil {
+			return nil, fmt.Errorf("source: %w", err)
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// finalizeTable makes the target table of source plain (apply.Finalize, unless opts select the
+// foreign keys, which come after every table's) and carries source's objects over as opts say,
+// in tx. It reports whether it made the table plain, and what it carried.
+func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, opts tableschema.CarryOptions) (bool, []tableschema.Difference, error) {
+	changed := false
+	if !opts.ForeignKeys {
+		var err error
+		if changed, err = apply.Finalize(ctx, tx, source.Table); err != nil {
+			return false, nil, err
+		}
+	}
+	target, err := tableschema.Read(ctx, tx, source.Table)
+	if err != nil {
+		return false, nil, fmt.Errorf("target: %w", err)
+	}
+	carried, err := tableschema.Carry(ctx, tx, tableschema.Compare(source, target, false), opts)
+	return changed, carried, err
 }

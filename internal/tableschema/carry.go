@@ -3,27 +3,39 @@ package tableschema
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
+// CarryOptions say what Carry runs.
+type CarryOptions struct {
+	// ForeignKeys selects the foreign keys alone; else everything but them (a foreign key may
+	// reference a unique constraint of another table, carried first).
+	ForeignKeys bool
+	// Rehearse leaves out the statements that only take time and cannot fail on rows the source
+	// holds too: index builds and VALIDATE CONSTRAINT. Run in a transaction rolled back after,
+	// it shows that the rest (a trigger's function, a referenced table, an expression's type)
+	// works on the target.
+	Rehearse bool
+}
+
 // Carry makes a target table's schema objects the source's on tx: it runs the Fix of each
 // difference of diffs (Compare's, of one table) that it carries, in diffs' order, and returns
 // those it carried. It carries NOT NULL, defaults, identities, constraints, indexes, triggers and
-// comments; foreignKeys selects the foreign keys alone, or everything but them (a foreign key may
-// reference a unique constraint of another table, carried first). It leaves what only the target
-// has (TargetOnly) and the columns and types, which the stream keeps.
+// comments, the part opts select. It leaves what only the target has (TargetOnly) and the columns
+// and types, which the stream keeps.
 //
 // An identity whose sequence the target has as a plain sequence (cutover's sequence sync made it)
 // takes that sequence's name and position: the plain sequence is dropped, the identity made
 // with its name, and set to the position it had.
 //
 // A statement's error names the object and the fix; tx is then aborted.
-func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, foreignKeys bool) ([]Difference, error) {
+func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, opts CarryOptions) ([]Difference, error) {
 	var carried []Difference
 	for _, d := range diffs {
-		if d.TargetOnly || d.phase == phaseNone || (d.phase == phaseForeignKey) != foreignKeys {
+		if d.TargetOnly || d.phase == phaseNone || (d.phase == phaseForeignKey) != opts.ForeignKeys {
 			continue
 		}
 		restore, err := freeIdentitySequence(ctx, tx, d)
@@ -31,6 +43,9 @@ func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, foreignKeys bool)
 			return carried, err
 		}
 		for _, stmt := range append(d.Fix, restore...) {
+			if opts.Rehearse && onlyTakesTime(stmt) {
+				continue
+			}
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return carried, fmt.Errorf("carry %s %s of table %s over to the target (%s): %w; create what it needs on the target (a function, type or referenced table the source has) or remove what stands in its way, then run cutover --finalize again: it goes on from here",
 					d.Kind, d.Object, d.Table, stmt, err)
@@ -66,4 +81,11 @@ func freeIdentitySequence(ctx context.Context, tx pgx.Tx, d Difference) ([]strin
 			d.sequence, d.Table, d.Object, err)
 	}
 	return []string{fmt.Sprintf("select setval(%s, %d, %t)", changebatch.QuoteLiteral(d.sequence), last, called)}, nil
+}
+
+// onlyTakesTime reports whether stmt, one of a Fix, builds an index (pg_get_indexdef's CREATE
+// INDEX) or validates a constraint (addConstraint's).
+func onlyTakesTime(stmt string) bool {
+	return strings.HasPrefix(stmt, "CREATE INDEX ") || strings.HasPrefix(stmt, "CREATE UNIQUE INDEX ") ||
+		strings.Contains(stmt, " validate constraint ")
 }
