@@ -16,9 +16,10 @@
 # 4. prints the cutover's time, the write pause it reports, pgbench's transactions, and
 #    `verify --schema`'s exit status (0: the target's schema is the source's).
 #
-# Environment: BENCH_SCALE (default 20), BENCH_RATE (default 200), BENCH_PORT (source port,
-# default 54431; the target uses the next one), BENCH_ROOT (default
-# /tmp/pgconverge-bench-switchover), PGCONVERGE_KEEP=1, PGBIN.
+# Environment: BENCH_SCALE (default 20), BENCH_RATE (default 200), BENCH_SOURCE_PG and
+# BENCH_TARGET_PG (the clusters' major versions, default 15; 14–18 from scripts/pgservers.sh: a
+# major-version upgrade, docs/upgrade.md), BENCH_PORT (source port, default 54431; the target uses
+# the next one), BENCH_ROOT (default /tmp/pgconverge-bench-switchover), PGCONVERGE_KEEP=1, PGBIN.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -40,8 +41,8 @@ trap cleanup EXIT
 command -v bc >/dev/null || apt-get install -y bc >/dev/null
 mkdir -p "$ROOT/bin"
 go build -o "$BIN" ./cmd/pgconverge
-"$PGCLUSTER" start source "$SRC_PORT" "$ROOT" logical
-"$PGCLUSTER" start target "$TGT_PORT" "$ROOT"
+PG_SERVER_VERSION=${BENCH_SOURCE_PG:-15} "$PGCLUSTER" start source "$SRC_PORT" "$ROOT" logical
+PG_SERVER_VERSION=${BENCH_TARGET_PG:-15} "$PGCLUSTER" start target "$TGT_PORT" "$ROOT"
 SRC=$("$PGCLUSTER" url source "$SRC_PORT")
 TGT=$("$PGCLUSTER" url target "$TGT_PORT")
 

@@ -34,6 +34,7 @@ CONFORMANCE=(
 	TestPublishedGeneratedColumnsAreRefused # PostgreSQL 18 and later
 	TestStandbyTakesOverFromAKilledLeader   # HA
 	TestPartitionedTableIsOneTargetTable TestSlotIsConfirmedByProbesBetweenFullChecks
+	TestCutoverCarriesTheSourceSchema TestCopyIndexesFollowsTheSource # schema objects as each version prints them
 )
 # Tests of what only the source's version changes (its slots, standbys and walsender): run on the
 # pairs whose source and target are the same major, where each source major 14, 16, 17 and 18

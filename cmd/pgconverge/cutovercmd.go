@@ -87,6 +87,7 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 	f.BoolVar(&cfg.DropSlot, "drop-slot", true, "drop the slot once the tables are retired (false keeps it, and the source's WAL with it)")
 	f.BoolVar(&cfg.DropPublication, "drop-publication", false, "drop the publication too")
 	f.BoolVar(&cfg.Finalize, "finalize", false, "make the target tables plain tables (delete tombstones, drop the _cdc_ columns and the live views) with the source's constraints, defaults, indexes, triggers and comments")
+	f.BoolVar(&cfg.CarryOwnership, "carry-ownership", false, "with --finalize, give each table the source table's owner and grants (the roles must exist on the target, and the target role must be a member of the owner)")
 	f.StringVar(&cfg.PauseWrites, "pause-writes", "", "ROLE: pause the writes of the application's role on the source for the switchover (revoked; given back on a failure; implies --finalize)")
 	f.BoolVar(&cfg.ResumeWrites, "resume-writes", false, "only give back the writes an interrupted --pause-writes left revoked, and do nothing else")
 	f.DurationVar(&cfg.Timeout, "timeout", 0, "how long to wait for the target to catch up (default 10m)")

@@ -83,6 +83,7 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	addPrimaryFlag(f, &cfg.Primary)
 	f.StringArrayVar(&cfg.Tables, "table", nil, "table to verify, schema.table (repeat it or separate with commas; default: every table replicated into the target)")
 	f.BoolVar(&schema, "schema", false, "compare the tables' schemas (columns, constraints, indexes, triggers, ...) instead of their rows")
+	f.BoolVar(&cfg.Ownership, "ownership", false, "with --schema, compare the tables' owners and grants too (the roles must exist on the target)")
 	f.BoolVar(&cfg.Repair, "repair", false, "rewrite every open discrepancy's key from a fresh exact snapshot of the source")
 	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")
 	f.BoolVar(&cfg.Incremental, "incremental", false, "skip the key-hash groups unchanged since the last verify found them equal (pays on tables that mostly stand still; with any change since, slower than the default full verify)")
@@ -97,6 +98,9 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 func validateSchemaFlags(schema bool, cfg verify.Config) error {
 	if schema && (cfg.Repair || cfg.Incremental) {
 		return errors.New("--schema compares schemas and repairs nothing: leave out --repair and --incremental (its differences name the statements that fix them)")
+	}
+	if cfg.Ownership && !schema {
+		return errors.New("--ownership is a part of --schema's comparison: add --schema")
 	}
 	return nil
 }

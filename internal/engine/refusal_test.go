@@ -53,7 +53,7 @@ func tempRole(t *testing.T, env *pgtest.Env, source bool, name, attrs string, gr
 		conn = env.Source
 	}
 	pgtest.Exec(t, conn, append([]string{`create role ` + name + ` login ` + attrs}, grants...)...)
-	t.Cleanup(func() { pgtest.Exec(t, conn, `drop owned by `+name, `drop role `+name) })
+	t.Cleanup(func() { pgtest.Exec(t, conn, `drop owned by `+name+` cascade`, `drop role `+name) })
 }
 
 // Every refusal that a check can find without writing comes before the run writes anything: on

@@ -44,6 +44,13 @@ func TestCutoverCarriesTheSourceSchema(t *testing.T) {
 	pgtest.Exec(t, env.Source, schemaCarrySource...)
 	// The trigger's function is the application's to create on the target, as pg_dump would.
 	pgtest.Exec(t, env.Target, schemaCarrySource[0])
+	owner, reader := env.Name+"_own", env.Name+"_read"
+	for _, source := range []bool{true, false} {
+		tempRole(t, env, source, owner, "")
+		tempRole(t, env, source, reader, "")
+	}
+	pgtest.Exec(t, env.Source, `alter table parent owner to `+owner, `grant select on child to `+reader+` with grant option`,
+		`grant select on parent to public`)
 	cfg := testConfig(t, env)
 	d := startDaemon(t, cfg)
 	pgtest.WaitConverged(t, env, "child", "id")
@@ -62,13 +69,14 @@ func TestCutoverCarriesTheSourceSchema(t *testing.T) {
 	d.Stop(t)
 	pgtest.Exec(t, env.Source, `insert into child (parent_id, amount) values (2, 7)`)
 
-	cut, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg, DropSlot: true, Finalize: true})
+	cut, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg, DropSlot: true, Finalize: true, CarryOwnership: true})
 	if err != nil {
 		t.Fatalf("cutover --finalize: %v", err)
 	}
 	if len(cut.Carried) == 0 || len(cut.TargetOnly) != 0 {
 		t.Errorf("cutover carried %v, left %v; want objects carried and none only on the target", cut.Carried, cut.TargetOnly)
 	}
+	vcfg.Ownership = true
 	rep, err = verify.Schema(context.Background(), vcfg)
 	if err != nil || rep.Differences != 0 || rep.Pending != 0 || len(rep.Tables) != 3 {
 		t.Fatalf("verify --schema after the cutover: %v, %+v; want the three tables without a difference", err, rep)
@@ -101,6 +109,12 @@ func TestCutoverCarriesTheSourceSchema(t *testing.T) {
 	if c := pgtest.Scalar[string](t, env.Target, `select obj_description('parent'::regclass, 'pg_class')`); c != "the parents" {
 		t.Errorf("table comment %q on the target", c)
 	}
+	if o := pgtest.Scalar[string](t, env.Target, `select pg_get_userbyid(relowner)::text from pg_class where oid = 'parent'::regclass`); o != owner {
+		t.Errorf("the target's parent is owned by %s, want %s", o, owner)
+	}
+	if !pgtest.Scalar[bool](t, env.Target, `select has_table_privilege($1, 'child', 'SELECT WITH GRANT OPTION')`, reader) {
+		t.Error("the reader's grant on child was not carried over")
+	}
 }
 
 // verify --schema finds a difference of each kind planted on the target, names a fix for each,
@@ -120,22 +134,25 @@ func TestVerifySchemaFindsEachDifference(t *testing.T) {
 		`alter table child disable trigger child_stamp`,       // trigger state
 		`comment on column parent.code is 'other'`,            // comment
 		`alter table child alter column tag type varchar(10)`, // type
+		`grant insert on child to public`,                     // a grant only on the target
 	)
-	vcfg := verify.Config{Source: env.SourceURL, Target: env.TargetURL, Tables: []string{"public.parent,public.child"}}
+	pgtest.Exec(t, env.Source, `grant select on parent to public`) // a grant missing on the target
+	vcfg := verify.Config{Source: env.SourceURL, Target: env.TargetURL, Tables: []string{"public.parent,public.child"}, Ownership: true}
 	rep, err := verify.Schema(context.Background(), vcfg)
 	if err != nil {
 		t.Fatalf("verify --schema: %v", err)
 	}
 	got := schemaKinds(rep, true)
 	for _, k := range []string{"parent not null code", "child default note", "parent identity id", "child constraint child_amount_check",
-		"child constraint child_tag_check", "child index child_tag_idx", "child trigger state child_stamp", "parent comment code", "child type tag"} {
+		"child constraint child_tag_check", "child index child_tag_idx", "child trigger state child_stamp", "parent comment code", "child type tag",
+		"parent grant PUBLIC SELECT", "child grant PUBLIC INSERT"} {
 		table, rest, _ := strings.Cut(k, " ")
 		if !strings.Contains(got, "public."+table+" "+rest) {
 			t.Errorf("verify --schema did not report %q; it reported: %s", k, got)
 		}
 	}
-	if rep.Differences != 9 {
-		t.Errorf("%d differences, want 9: %s", rep.Differences, got)
+	if rep.Differences != 11 {
+		t.Errorf("%d differences, want 11: %s", rep.Differences, got)
 	}
 	for _, tab := range rep.Tables {
 		for _, d := range tab.Differences {

@@ -35,6 +35,9 @@ type CutoverConfig struct {
 	// gives the writes back. ResumeWrites only gives back the writes a pause left revoked.
 	PauseWrites  string
 	ResumeWrites bool
+	// CarryOwnership gives each finalized table the source table's owner and grants (the roles
+	// must exist on the target, and the target role must be able to SET ROLE to the owner).
+	CarryOwnership bool
 	// Timeout bounds the catch-up (default 10m).
 	Timeout time.Duration
 	// AfterStep, a test hook, runs after each step is done: "caught-up", "verified",
@@ -279,7 +282,7 @@ func cutOver(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, rep *Cu
 		return coverage.Cutover{}, err
 	}
 	if cfg.PauseWrites != "" {
-		if err := rehearseFinalize(ctx, src, tgt, tables); err != nil {
+		if err := rehearseFinalize(ctx, src, tgt, tables, cfg.CarryOwnership); err != nil {
 			return coverage.Cutover{}, err
 		}
 		cfg.step("rehearsed")

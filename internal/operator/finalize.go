@@ -16,7 +16,8 @@ import (
 // finalize is cutover's --finalize: each target table is made plain (apply.Finalize) and given
 // the source's schema objects (tableschema.Carry), both in one target transaction per table; then
 // the foreign keys, each table's in one transaction, once every table has the unique constraints
-// they may reference; then each table is analyzed. Last it compares every table's schema with the
+// they may reference; then, with CarryOwnership, each table's owner and grants; then each table
+// is analyzed. Last it compares every table's schema with the
 // source's (as verify --schema does) and fails, naming each difference and its fix, unless only
 // objects of the target's own are left, which it reports. Each step is idempotent: run again, it
 // does what is left.
@@ -26,10 +27,10 @@ func finalize(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, tables
 	if err != nil {
 		return fmt.Errorf("finalize: %w", err)
 	}
-	for _, foreignKeys := range []bool{false, true} {
+	for _, pass := range []tableschema.Pass{tableschema.PassObjects, tableschema.PassForeignKeys, tableschema.PassOwnership} {
 		for i, t := range tables {
 			err := pgx.BeginFunc(ctx, tgt, func(tx pgx.Tx) error {
-				changed, carried, err := finalizeTable(ctx, tx, sources[i], tableschema.CarryOptions{ForeignKeys: foreignKeys})
+				changed, carried, err := finalizeTable(ctx, tx, sources[i], tableschema.CarryOptions{Pass: pass}, cfg.CarryOwnership)
 				if err != nil {
 					return err
 				}
@@ -46,7 +47,7 @@ func finalize(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, tables
 			if err != nil {
 				return err
 			}
-			if !foreignKeys {
+			if pass == tableschema.PassObjects {
 				cfg.step("finalized-table")
 			}
 		}
@@ -56,7 +57,7 @@ func finalize(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, tables
 			return fmt.Errorf("finalize: analyze %s: %w", t, err)
 		}
 	}
-	if err := checkSchemas(ctx, src, tgt, tables, rep); err != nil {
+	if err := checkSchemas(ctx, src, tgt, tables, cfg.CarryOwnership, rep); err != nil {
 		return err
 	}
 	if err := coverage.MarkCutoverStep(ctx, tgt, cfg.Run.Slot, "finalized"); err != nil {
@@ -69,10 +70,10 @@ func finalize(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, tables
 // checkSchemas compares each finalized table's schema with the source's: the objects only the
 // target has are reported (rep.TargetOnly), any other difference is an error naming it and its
 // fix.
-func checkSchemas(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName, rep *CutoverReport) error {
+func checkSchemas(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName, ownership bool, rep *CutoverReport) error {
 	var left []string
 	for _, t := range tables {
-		diffs, _, err := tableschema.CompareTable(ctx, src, tgt, t)
+		diffs, _, err := tableschema.CompareTable(ctx, src, tgt, t, ownership)
 		if err != nil {
 			return fmt.Errorf("finalize: compare schemas: %w", err)
 		}
@@ -98,15 +99,15 @@ var errRehearsed = errors.New("rehearsed")
 // switchover (--pause-writes) learns that finalizing will work before it records the cutover,
 // so that a failure cuts over nothing. The tables' locks are held meanwhile: the stream must be
 // stopped.
-func rehearseFinalize(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName) error {
+func rehearseFinalize(ctx context.Context, src, tgt *pgx.Conn, tables []changebatch.TableName, ownership bool) error {
 	sources, err := readSchemas(ctx, src, tables)
 	if err != nil {
 		return fmt.Errorf("rehearse finalize: %w", err)
 	}
 	err = pgx.BeginFunc(ctx, tgt, func(tx pgx.Tx) error {
-		for _, foreignKeys := range []bool{false, true} {
+		for _, pass := range []tableschema.Pass{tableschema.PassObjects, tableschema.PassForeignKeys, tableschema.PassOwnership} {
 			for _, s := range sources {
-				if _, _, err := finalizeTable(ctx, tx, s, tableschema.CarryOptions{ForeignKeys: foreignKeys, Rehearse: true}); err != nil {
+				if _, _, err := finalizeTable(ctx, tx, s, tableschema.CarryOptions{Pass: pass, Rehearse: true}, ownership); err != nil {
 					return err
 				}
 			}
@@ -132,12 +133,12 @@ func readSchemas(ctx context.Context, src *pgx.Conn, tables []changebatch.TableN
 	return out, nil
 }
 
-// finalizeTable makes the target table of source plain (apply.Finalize, unless opts select the
-// foreign keys, which come after every table's) and carries source's objects over as opts say,
-// in tx. It reports whether it made the table plain, and what it carried.
-func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, opts tableschema.CarryOptions) (bool, []tableschema.Difference, error) {
+// finalizeTable makes the target table of source plain (apply.Finalize, in the objects' pass)
+// and carries source's objects over as opts say (the owner and grants too with ownership), in
+// tx. It reports whether it made the table plain, and what it carried.
+func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, opts tableschema.CarryOptions, ownership bool) (bool, []tableschema.Difference, error) {
 	changed := false
-	if !opts.ForeignKeys {
+	if opts.Pass == tableschema.PassObjects {
 		var err error
 		if changed, err = apply.Finalize(ctx, tx, source.Table); err != nil {
 			return false, nil, err
@@ -147,6 +148,6 @@ func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, op
 	if err != nil {
 		return false, nil, fmt.Errorf("target: %w", err)
 	}
-	carried, err := tableschema.Carry(ctx, tx, tableschema.Compare(source, target, false), opts)
+	carried, err := tableschema.Carry(ctx, tx, tableschema.Compare(source, target, tableschema.CompareOptions{Ownership: ownership}), opts)
 	return changed, carried, err
 }

@@ -9,11 +9,27 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 )
 
+// Pass is a part of what Carry carries, in the order a caller carries them over every table.
+type Pass int
+
+// Carry's passes.
+const (
+	// PassObjects carries everything but foreign keys, owners and grants.
+	PassObjects Pass = iota
+	// PassForeignKeys carries the foreign keys, which may reference a unique constraint of
+	// another table, carried in its PassObjects.
+	PassForeignKeys
+	// PassOwnership carries the owner and grants (CompareOptions.Ownership), after which
+	// pgconverge's role may not alter the table any more.
+	PassOwnership
+)
+
+// passes maps each phase past the objects' to its pass.
+var passes = map[int]Pass{phaseForeignKey: PassForeignKeys, phaseOwnership: PassOwnership}
+
 // CarryOptions say what Carry runs.
 type CarryOptions struct {
-	// ForeignKeys selects the foreign keys alone; else everything but them (a foreign key may
-	// reference a unique constraint of another table, carried first).
-	ForeignKeys bool
+	Pass Pass
 	// Rehearse leaves out the statements that only take time and cannot fail on rows the source
 	// holds too: index builds and VALIDATE CONSTRAINT. Run in a transaction rolled back after,
 	// it shows that the rest (a trigger's function, a referenced table, an expression's type)
@@ -24,7 +40,7 @@ type CarryOptions struct {
 // Carry makes a target table's schema objects the source's on tx: it runs the Fix of each
 // difference of diffs (Compare's, of one table) that it carries, in diffs' order, and returns
 // those it carried. It carries NOT NULL, defaults, identities, constraints, indexes, triggers and
-// comments, the part opts select. It leaves what only the target has (TargetOnly) and the columns
+// comments (and, when compared, the owner and grants), the pass opts select. It leaves what only the target has (TargetOnly) and the columns
 // and types, which the stream keeps.
 //
 // An identity whose sequence the target has as a plain sequence (cutover's sequence sync made it)
@@ -35,7 +51,7 @@ type CarryOptions struct {
 func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, opts CarryOptions) ([]Difference, error) {
 	var carried []Difference
 	for _, d := range diffs {
-		if d.TargetOnly || d.phase == phaseNone || (d.phase == phaseForeignKey) != opts.ForeignKeys {
+		if d.TargetOnly || d.phase == phaseNone || passes[d.phase] != opts.Pass {
 			continue
 		}
 		restore, err := freeIdentitySequence(ctx, tx, d)

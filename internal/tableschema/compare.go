@@ -22,6 +22,8 @@ const (
 	KindTrigger      = "trigger"
 	KindTriggerState = "trigger state"
 	KindComment      = "comment"
+	KindOwner        = "owner"
+	KindGrant        = "grant"
 )
 
 // Difference is one object whose target state is not the source's.
@@ -49,7 +51,8 @@ type Difference struct {
 }
 
 // Carry's phases: the columns' properties, the table's constraints and indexes, its triggers and
-// comments; foreign keys after every table's (phaseForeignKey).
+// comments; foreign keys after every table's (phaseForeignKey); the owner and grants last, once
+// pgconverge's role needs the table no more (phaseOwnership).
 const (
 	phaseNotNull = iota + 1
 	phaseDefault
@@ -59,15 +62,28 @@ const (
 	phaseTrigger
 	phaseComment
 	phaseForeignKey
+	phaseOwnership
 	phaseNone // differences Carry does not fix: the stream keeps columns and types
 )
 
+// CompareOptions say how Compare compares.
+type CompareOptions struct {
+	// Replicating says the target table is still one pgconverge replicates into (it has _cdc_
+	// columns): what only cutover --finalize carries over is then Pending.
+	Replicating bool
+	// Ownership compares the tables' owners and grants too (the roles must exist on both
+	// sides); off, a target table owned by pgconverge's role is no difference.
+	Ownership bool
+}
+
 // Compare returns the differences between table src (the source's) and tgt (the target's of the
-// same name), in Carry's order. replicating says the target table is still one pgconverge
-// replicates into (it has _cdc_ columns): what only cutover --finalize carries over is then
-// Pending.
-func Compare(src, tgt Schema, replicating bool) []Difference {
+// same name), in Carry's order.
+func Compare(src, tgt Schema, opts CompareOptions) []Difference {
+	replicating := opts.Replicating
 	c := comparison{t: src.Table}
+	if opts.Ownership {
+		c.ownership(src, tgt)
+	}
 	c.columns(src.Columns, tgt.Columns)
 	c.comment("", src.Comment, tgt.Comment, "comment on table "+src.Table.Quoted())
 	c.constraints(src.Constraints, tgt.Constraints)
@@ -290,6 +306,45 @@ func (c *comparison) indexes(src, tgt []Index) {
 	}
 }
 
+// ownership compares the owners and the grants of other roles.
+func (c *comparison) ownership(src, tgt Schema) {
+	if src.Owner != tgt.Owner {
+		c.add(Difference{Kind: KindOwner, Source: src.Owner, Target: tgt.Owner, phase: phaseOwnership,
+			Fix: []string{c.alter("owner to %s", q(src.Owner))}})
+	}
+	grantee := func(g Grant) string {
+		if g.Grantee == "PUBLIC" {
+			return "public"
+		}
+		return q(g.Grantee)
+	}
+	on := " on table " + c.t.Quoted() + " "
+	have := map[[2]string]Grant{}
+	for _, g := range tgt.Grants {
+		have[[2]string{g.Grantee, g.Privilege}] = g
+	}
+	for _, g := range src.Grants {
+		k := [2]string{g.Grantee, g.Privilege}
+		t, ok := have[k]
+		delete(have, k)
+		if ok && t.Grantable == g.Grantable {
+			continue
+		}
+		fix := "grant " + g.Privilege + on + "to " + grantee(g)
+		if g.Grantable {
+			fix += " with grant option"
+		}
+		c.add(Difference{Kind: KindGrant, Object: g.Grantee + " " + g.Privilege, Source: fmt.Sprint("granted, grant option ", g.Grantable),
+			Target: map[bool]string{true: fmt.Sprint("granted, grant option ", t.Grantable), false: ""}[ok], phase: phaseOwnership, Fix: []string{fix}})
+	}
+	for _, g := range tgt.Grants {
+		if _, ok := have[[2]string{g.Grantee, g.Privilege}]; ok {
+			c.add(Difference{Kind: KindGrant, Object: g.Grantee + " " + g.Privilege, Target: "granted", TargetOnly: true, phase: phaseOwnership,
+				Fix: []string{"revoke " + g.Privilege + on + "from " + grantee(g)}})
+		}
+	}
+}
+
 // triggerStates are the ALTER TABLE clauses that give a trigger each firing state.
 var triggerStates = map[byte]string{'O': "enable trigger", 'D': "disable trigger", 'R': "enable replica trigger", 'A': "enable always trigger"}
 
@@ -328,9 +383,9 @@ func (c *comparison) triggers(src, tgt []Trigger) {
 }
 
 // CompareTable reads table t on src and on tgt and compares them (Compare), as replicated when the
-// target's has _cdc_ columns; it reports which. A table missing on either side is an error
-// wrapping ErrNoTable.
-func CompareTable(ctx context.Context, src, tgt Querier, t changebatch.TableName) (diffs []Difference, replicated bool, err error) {
+// target's has _cdc_ columns; it reports which. ownership is CompareOptions.Ownership. A table
+// missing on either side is an error wrapping ErrNoTable.
+func CompareTable(ctx context.Context, src, tgt Querier, t changebatch.TableName, ownership bool) (diffs []Difference, replicated bool, err error) {
 	s, err := Read(ctx, src, t)
 	if err != nil {
 		return nil, false, fmt.Errorf("source: %w", err)
@@ -339,5 +394,5 @@ func CompareTable(ctx context.Context, src, tgt Querier, t changebatch.TableName
 	if err != nil {
 		return nil, false, fmt.Errorf("target: %w", err)
 	}
-	return Compare(s, g, g.Replicated), g.Replicated, nil
+	return Compare(s, g, CompareOptions{Replicating: g.Replicated, Ownership: ownership}), g.Replicated, nil
 }

@@ -27,6 +27,17 @@ type Schema struct {
 	// Replicated is set when the table has pgconverge's _cdc_ columns: a target table it still
 	// replicates into.
 	Replicated bool
+	// Owner is the table's owner; Grants the privileges the table's ACL gives other roles than
+	// the owner (the owner's own are implied), by grantee and privilege.
+	Owner  string
+	Grants []Grant
+}
+
+// Grant is one privilege on a table given to Grantee ("PUBLIC" for every role), as aclexplode
+// reads it from the table's ACL.
+type Grant struct {
+	Grantee, Privilege string
+	Grantable          bool
 }
 
 // Column is one column: its type as format_type prints it, NOT NULL, its default expression
@@ -91,7 +102,7 @@ func Read(ctx context.Context, conn Querier, t changebatch.TableName) (Schema, e
 	if oid == nil {
 		return s, fmt.Errorf("%w: %s", ErrNoTable, t)
 	}
-	steps := []func(context.Context, Querier, uint32, *Schema) error{readColumns, readConstraints, readIndexes, readTriggers}
+	steps := []func(context.Context, Querier, uint32, *Schema) error{readColumns, readConstraints, readIndexes, readTriggers, readGrants}
 	for _, step := range steps {
 		if err := step(ctx, conn, *oid, &s); err != nil {
 			return s, fmt.Errorf("read the schema of table %s: %w", t, err)
@@ -220,5 +231,19 @@ from pg_trigger where tgrelid = $1 and not tgisinternal order by 1`, oid)
 		t.Enabled = enabled[0]
 		return t, err
 	})
+	return err
+}
+
+func readGrants(ctx context.Context, conn Querier, oid uint32, s *Schema) error {
+	if err := conn.QueryRow(ctx, `select pg_get_userbyid(relowner)::text from pg_class where oid = $1`, oid).Scan(&s.Owner); err != nil {
+		return err
+	}
+	rows, err := conn.Query(ctx, `select case when a.grantee = 0 then 'PUBLIC' else pg_get_userbyid(a.grantee)::text end, a.privilege_type, a.is_grantable
+from pg_class c cross join lateral aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+where c.oid = $1 and a.grantee <> c.relowner order by 1, 2`, oid)
+	if err != nil {
+		return err
+	}
+	s.Grants, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Grant])
 	return err
 }

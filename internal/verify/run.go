@@ -29,6 +29,9 @@ type Config struct {
 	// Tables are comma-separated lists of "schema.table" names; none: every table pgconverge
 	// replicates into the target.
 	Tables []string
+	// Ownership makes Schema compare the tables' owners and grants too (`verify --schema
+	// --ownership`).
+	Ownership bool
 	// Repair rewrites every open discrepancy's key from a fresh exact snapshot S' (Run).
 	Repair bool
 	// NoValues records hashes only, never the rows' values (for regulated data).

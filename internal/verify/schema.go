@@ -52,7 +52,7 @@ func Schema(ctx context.Context, cfg Config) (SchemaReport, error) {
 	failed := 0
 	for _, n := range names {
 		st := SchemaTable{Table: n.String(), State: "plain", Differences: []tableschema.Difference{}}
-		diffs, replicated, err := tableschema.CompareTable(ctx, src, tgt, n)
+		diffs, replicated, err := tableschema.CompareTable(ctx, src, tgt, n, cfg.Ownership)
 		switch {
 		case err != nil:
 			st.State, st.Error = "error", err.Error()
