@@ -60,15 +60,7 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 				return verifySchema(cmd, cfg, format, stdout)
 			}
 			rep, err := verify.Run(cmd.Context(), cfg)
-			if err == nil || errors.Is(err, verify.ErrNotVerified) {
-				if format == "json" {
-					if encErr := writeJSON(stdout, rep); encErr != nil && err == nil {
-						err = encErr
-					}
-				} else {
-					printVerify(stdout, rep)
-				}
-			}
+			err = writeVerifyReport(stdout, format, rep, err, printVerify)
 			switch {
 			case err != nil:
 				return err
@@ -94,6 +86,23 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	return cmd
 }
 
+// writeVerifyReport writes a verify report as JSON or, for a terminal, with print, when err is nil
+// or says that some tables could not be compared (verify.ErrNotVerified); it returns err, or the
+// JSON encoding's error.
+func writeVerifyReport[R any](w io.Writer, format string, rep R, err error, print func(io.Writer, R)) error {
+	if err != nil && !errors.Is(err, verify.ErrNotVerified) {
+		return err
+	}
+	if format != "json" {
+		print(w, rep)
+		return err
+	}
+	if encErr := writeJSON(w, rep); encErr != nil && err == nil {
+		return encErr
+	}
+	return err
+}
+
 // validateSchemaFlags refuses the flags of a row comparison with --schema.
 func validateSchemaFlags(schema bool, cfg verify.Config) error {
 	if schema && (cfg.Repair || cfg.Incremental) {
@@ -108,15 +117,7 @@ func validateSchemaFlags(schema bool, cfg verify.Config) error {
 // verifySchema runs verify --schema and prints its report; it exits 4 on a difference.
 func verifySchema(cmd *cobra.Command, cfg verify.Config, format string, stdout io.Writer) error {
 	rep, err := verify.Schema(cmd.Context(), cfg)
-	if err == nil || errors.Is(err, verify.ErrNotVerified) {
-		if format == "json" {
-			if encErr := writeJSON(stdout, rep); encErr != nil && err == nil {
-				err = encErr
-			}
-		} else {
-			printSchema(stdout, rep)
-		}
-	}
+	err = writeVerifyReport(stdout, format, rep, err, printSchema)
 	switch {
 	case err != nil:
 		return err

@@ -131,12 +131,15 @@ func TestVerifySchemaFindsEachDifference(t *testing.T) {
 		`alter table child drop constraint child_amount_check`,                  // constraint missing
 		`alter table child add constraint child_tag_check check (tag <> '')`,    // constraint only on the target
 		`drop index child_tag_idx`, `create index child_tag_idx on child (tag)`, // index differs
-		`alter table child disable trigger child_stamp`,       // trigger state
-		`comment on column parent.code is 'other'`,            // comment
-		`alter table child alter column tag type varchar(10)`, // type
-		`grant insert on child to public`,                     // a grant only on the target
+		`alter table child disable trigger child_stamp`,                                            // trigger state
+		`comment on column parent.code is 'other'`,                                                 // comment
+		`alter table child alter column tag type varchar(10)`,                                      // type
+		`grant insert on child to public`,                                                          // a grant only on the target
+		`alter table parent add column extra int`,                                                  // a column only on the target
+		`create trigger child_stamp2 before update on child for each row execute function stamp()`, // a trigger only on the target
 	)
-	pgtest.Exec(t, env.Source, `grant select on parent to public`) // a grant missing on the target
+	pgtest.Exec(t, env.Source, `grant select on parent to public`, // a grant missing on the target
+		`select setval('child_id_seq', 100)`) // the target's sequence behind
 	vcfg := verify.Config{Source: env.SourceURL, Target: env.TargetURL, Tables: []string{"public.parent,public.child"}, Ownership: true}
 	rep, err := verify.Schema(context.Background(), vcfg)
 	if err != nil {
@@ -145,14 +148,15 @@ func TestVerifySchemaFindsEachDifference(t *testing.T) {
 	got := schemaKinds(rep, true)
 	for _, k := range []string{"parent not null code", "child default note", "parent identity id", "child constraint child_amount_check",
 		"child constraint child_tag_check", "child index child_tag_idx", "child trigger state child_stamp", "parent comment code", "child type tag",
-		"parent grant PUBLIC SELECT", "child grant PUBLIC INSERT"} {
+		"parent grant PUBLIC SELECT", "child grant PUBLIC INSERT", "parent column extra", "child trigger child_stamp2",
+		"child sequence public.child_id_seq"} {
 		table, rest, _ := strings.Cut(k, " ")
 		if !strings.Contains(got, "public."+table+" "+rest) {
 			t.Errorf("verify --schema did not report %q; it reported: %s", k, got)
 		}
 	}
-	if rep.Differences != 11 {
-		t.Errorf("%d differences, want 11: %s", rep.Differences, got)
+	if rep.Differences != 14 {
+		t.Errorf("%d differences, want 14: %s", rep.Differences, got)
 	}
 	for _, tab := range rep.Tables {
 		for _, d := range tab.Differences {

@@ -3,7 +3,9 @@ package tableschema
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -22,6 +24,7 @@ const (
 	KindTrigger      = "trigger"
 	KindTriggerState = "trigger state"
 	KindComment      = "comment"
+	KindSequence     = "sequence"
 	KindOwner        = "owner"
 	KindGrant        = "grant"
 )
@@ -63,7 +66,8 @@ const (
 	phaseComment
 	phaseForeignKey
 	phaseOwnership
-	phaseNone // differences Carry does not fix: the stream keeps columns and types
+	phaseSequence // pgconverge sequences and cutover sync them; Carry does not
+	phaseNone     // differences Carry does not fix: the stream keeps columns and types
 )
 
 // CompareOptions say how Compare compares.
@@ -126,27 +130,38 @@ func (c *comparison) alter(format string, args ...any) string {
 
 func q(name string) string { return pgx.Identifier{name}.Sanitize() }
 
-func (c *comparison) columns(src, tgt []Column) {
-	have := map[string]Column{}
+// pair calls both(s, t, found) for each of src's objects with the target's object of the same
+// key (the zero T and false when the target has none), then only(t) for each target object that
+// no source object matched, in tgt's order.
+func pair[T any, K comparable](src, tgt []T, key func(T) K, both func(s, t T, found bool), only func(t T)) {
+	have := map[K]T{}
 	for _, t := range tgt {
-		have[t.Name] = t
+		have[key(t)] = t
 	}
 	for _, s := range src {
-		t, ok := have[s.Name]
-		delete(have, s.Name)
-		if !ok {
-			c.add(Difference{Kind: KindColumn, Object: s.Name, Source: s.Type, phase: phaseNone,
-				Fix: []string{c.alter("add column %s %s", q(s.Name), s.Type)}})
-			continue
-		}
-		c.column(s, t)
+		t, ok := have[key(s)]
+		delete(have, key(s))
+		both(s, t, ok)
 	}
 	for _, t := range tgt {
-		if _, ok := have[t.Name]; ok {
-			c.add(Difference{Kind: KindColumn, Object: t.Name, Target: t.Type, TargetOnly: true, phase: phaseNone,
-				Fix: []string{c.alter("drop column %s", q(t.Name))}})
+		if _, ok := have[key(t)]; ok {
+			only(t)
 		}
 	}
+}
+
+func (c *comparison) columns(src, tgt []Column) {
+	pair(src, tgt, func(c Column) string { return c.Name }, func(s, t Column, found bool) {
+		if !found {
+			c.add(Difference{Kind: KindColumn, Object: s.Name, Source: s.Type, phase: phaseNone,
+				Fix: []string{c.alter("add column %s %s", q(s.Name), s.Type)}})
+			return
+		}
+		c.column(s, t)
+	}, func(t Column) {
+		c.add(Difference{Kind: KindColumn, Object: t.Name, Target: t.Type, TargetOnly: true, phase: phaseNone,
+			Fix: []string{c.alter("drop column %s", q(t.Name))}})
+	})
 }
 
 // column compares the properties of column s and t of the same name.
@@ -212,48 +227,37 @@ func (c *comparison) comment(object, src, tgt, on string) {
 }
 
 func (c *comparison) constraints(src, tgt []Constraint) {
-	have := map[string]Constraint{}
-	for _, t := range tgt {
-		have[t.Name] = t
-	}
-	for _, s := range src {
-		t, ok := have[s.Name]
-		if !ok && s.Kind == 'p' {
-			// The target's key is named for the target table: the same key under another name is
-			// renamed.
-			if k, found := primaryKey(tgt); found && k.Def == s.Def {
-				delete(have, k.Name)
-				c.add(Difference{Kind: KindConstraint, Object: s.Name, Source: s.Def, Target: k.Name + " " + k.Def, phase: phaseConstraint,
-					Fix: []string{c.alter("rename constraint %s to %s", q(k.Name), q(s.Name))}})
-				continue
-			}
+	// The target's key is named for the target table: the same key under another name is renamed.
+	if s, found := primaryKey(src); found {
+		if k, found := primaryKey(tgt); found && k.Def == s.Def && k.Name != s.Name {
+			c.add(Difference{Kind: KindConstraint, Object: s.Name, Source: s.Def, Target: k.Name + " " + k.Def, phase: phaseConstraint,
+				Fix: []string{c.alter("rename constraint %s to %s", q(k.Name), q(s.Name))}})
+			tgt = slices.Clone(tgt)
+			tgt[slices.IndexFunc(tgt, func(c Constraint) bool { return c.Kind == 'p' })].Name = s.Name
 		}
-		delete(have, s.Name)
-		if ok && t.Def == s.Def && (t.Validated || !s.Validated) {
-			continue
+	}
+	pair(src, tgt, func(c Constraint) string { return c.Name }, func(s, t Constraint, found bool) {
+		if found && t.Def == s.Def && (t.Validated || !s.Validated) {
+			return
 		}
 		d := Difference{Kind: KindConstraint, Object: s.Name, Source: s.Def, Target: t.Def, phase: phaseConstraint}
 		if s.Kind == 'f' {
 			d.phase = phaseForeignKey
 		}
-		if ok && t.Def == s.Def {
+		switch {
+		case found && t.Def == s.Def:
 			d.Target += " NOT VALID"
 			d.Fix = []string{c.alter("validate constraint %s", q(s.Name))}
-			c.add(d)
-			continue
+		case found:
+			d.Fix = append([]string{c.alter("drop constraint %s", q(s.Name))}, c.addConstraint(s)...)
+		default:
+			d.Fix = c.addConstraint(s)
 		}
-		if ok {
-			d.Fix = append(d.Fix, c.alter("drop constraint %s", q(s.Name)))
-		}
-		d.Fix = append(d.Fix, c.addConstraint(s)...)
 		c.add(d)
-	}
-	for _, t := range tgt {
-		if _, ok := have[t.Name]; ok {
-			c.add(Difference{Kind: KindConstraint, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseConstraint,
-				Fix: []string{c.alter("drop constraint %s", q(t.Name))}})
-		}
-	}
+	}, func(t Constraint) {
+		c.add(Difference{Kind: KindConstraint, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseConstraint,
+			Fix: []string{c.alter("drop constraint %s", q(t.Name))}})
+	})
 }
 
 // addConstraint returns the statements that add constraint s: a check or foreign key NOT VALID
@@ -281,90 +285,36 @@ func primaryKey(cons []Constraint) (Constraint, bool) {
 }
 
 func (c *comparison) indexes(src, tgt []Index) {
-	have := map[string]Index{}
-	for _, t := range tgt {
-		have[t.Name] = t
-	}
 	drop := func(name string) string { return "drop index " + pgx.Identifier{c.t.Schema, name}.Sanitize() }
-	for _, s := range src {
-		t, ok := have[s.Name]
-		delete(have, s.Name)
-		if ok && t.Def == s.Def {
-			continue
+	pair(src, tgt, func(i Index) string { return i.Name }, func(s, t Index, found bool) {
+		if found && t.Def == s.Def {
+			return
 		}
 		d := Difference{Kind: KindIndex, Object: s.Name, Source: s.Def, Target: t.Def, phase: phaseIndex}
-		if ok {
+		if found {
 			d.Fix = append(d.Fix, drop(s.Name))
 		}
 		d.Fix = append(d.Fix, s.Def)
 		c.add(d)
-	}
-	for _, t := range tgt {
-		if _, ok := have[t.Name]; ok {
-			c.add(Difference{Kind: KindIndex, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseIndex, Fix: []string{drop(t.Name)}})
-		}
-	}
-}
-
-// ownership compares the owners and the grants of other roles.
-func (c *comparison) ownership(src, tgt Schema) {
-	if src.Owner != tgt.Owner {
-		c.add(Difference{Kind: KindOwner, Source: src.Owner, Target: tgt.Owner, phase: phaseOwnership,
-			Fix: []string{c.alter("owner to %s", q(src.Owner))}})
-	}
-	grantee := func(g Grant) string {
-		if g.Grantee == "PUBLIC" {
-			return "public"
-		}
-		return q(g.Grantee)
-	}
-	on := " on table " + c.t.Quoted() + " "
-	have := map[[2]string]Grant{}
-	for _, g := range tgt.Grants {
-		have[[2]string{g.Grantee, g.Privilege}] = g
-	}
-	for _, g := range src.Grants {
-		k := [2]string{g.Grantee, g.Privilege}
-		t, ok := have[k]
-		delete(have, k)
-		if ok && t.Grantable == g.Grantable {
-			continue
-		}
-		fix := "grant " + g.Privilege + on + "to " + grantee(g)
-		if g.Grantable {
-			fix += " with grant option"
-		}
-		c.add(Difference{Kind: KindGrant, Object: g.Grantee + " " + g.Privilege, Source: fmt.Sprint("granted, grant option ", g.Grantable),
-			Target: map[bool]string{true: fmt.Sprint("granted, grant option ", t.Grantable), false: ""}[ok], phase: phaseOwnership, Fix: []string{fix}})
-	}
-	for _, g := range tgt.Grants {
-		if _, ok := have[[2]string{g.Grantee, g.Privilege}]; ok {
-			c.add(Difference{Kind: KindGrant, Object: g.Grantee + " " + g.Privilege, Target: "granted", TargetOnly: true, phase: phaseOwnership,
-				Fix: []string{"revoke " + g.Privilege + on + "from " + grantee(g)}})
-		}
-	}
+	}, func(t Index) {
+		c.add(Difference{Kind: KindIndex, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseIndex, Fix: []string{drop(t.Name)}})
+	})
 }
 
 // triggerStates are the ALTER TABLE clauses that give a trigger each firing state.
 var triggerStates = map[byte]string{'O': "enable trigger", 'D': "disable trigger", 'R': "enable replica trigger", 'A': "enable always trigger"}
 
 func (c *comparison) triggers(src, tgt []Trigger) {
-	have := map[string]Trigger{}
-	for _, t := range tgt {
-		have[t.Name] = t
-	}
-	for _, s := range src {
-		t, ok := have[s.Name]
-		delete(have, s.Name)
+	pair(src, tgt, func(t Trigger) string { return t.Name }, func(s, t Trigger, found bool) {
 		state := c.alter("%s %s", triggerStates[s.Enabled], q(s.Name))
 		switch {
-		case ok && t.Def == s.Def && t.Enabled == s.Enabled:
-		case ok && t.Def == s.Def:
+		case found && t.Def == s.Def && t.Enabled == s.Enabled:
+		case found && t.Def == s.Def:
 			c.add(Difference{Kind: KindTriggerState, Object: s.Name, Source: triggerStates[s.Enabled], Target: triggerStates[t.Enabled], phase: phaseTrigger,
 				Fix: []string{state}})
 		default:
 			d := Difference{Kind: KindTrigger, Object: s.Name, Source: s.Def, Target: t.Def, phase: phaseTrigger}
-			if ok {
+			if found {
 				d.Fix = append(d.Fix, "drop trigger "+q(s.Name)+" on "+c.t.Quoted())
 			}
 			d.Fix = append(d.Fix, s.Def)
@@ -373,18 +323,17 @@ func (c *comparison) triggers(src, tgt []Trigger) {
 			}
 			c.add(d)
 		}
-	}
-	for _, t := range tgt {
-		if _, ok := have[t.Name]; ok {
-			c.add(Difference{Kind: KindTrigger, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseTrigger,
-				Fix: []string{"drop trigger " + q(t.Name) + " on " + c.t.Quoted()}})
-		}
-	}
+	}, func(t Trigger) {
+		c.add(Difference{Kind: KindTrigger, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseTrigger,
+			Fix: []string{"drop trigger " + q(t.Name) + " on " + c.t.Quoted()}})
+	})
 }
 
 // CompareTable reads table t on src and on tgt and compares them (Compare), as replicated when the
-// target's has _cdc_ columns; it reports which. ownership is CompareOptions.Ownership. A table
-// missing on either side is an error wrapping ErrNoTable.
+// target's has _cdc_ columns; it reports which. ownership is CompareOptions.Ownership. It also
+// compares the sequences the source table uses with the target's of the same names (options and
+// position: a target sequence behind the source's is a difference; pending while replicated, as
+// the cutover syncs them). A table missing on either side is an error wrapping ErrNoTable.
 func CompareTable(ctx context.Context, src, tgt Querier, t changebatch.TableName, ownership bool) (diffs []Difference, replicated bool, err error) {
 	s, err := Read(ctx, src, t)
 	if err != nil {
@@ -394,5 +343,26 @@ func CompareTable(ctx context.Context, src, tgt Querier, t changebatch.TableName
 	if err != nil {
 		return nil, false, fmt.Errorf("target: %w", err)
 	}
-	return Compare(s, g, CompareOptions{Replicating: g.Replicated, Ownership: ownership}), g.Replicated, nil
+	diffs = Compare(s, g, CompareOptions{Replicating: g.Replicated, Ownership: ownership})
+	seqs, err := compareSequences(ctx, src, tgt, t, s.oid)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, d := range seqs {
+		if identitySequence(diffs, d.Object) {
+			// The identity's fix makes it, with the source's options: only its position is left.
+			d.Fix = slices.DeleteFunc(d.Fix, func(f string) bool { return !strings.HasPrefix(f, "select setval(") })
+			if len(d.Fix) == 0 {
+				continue
+			}
+		}
+		d.Pending = g.Replicated
+		diffs = append(diffs, d)
+	}
+	return diffs, g.Replicated, nil
+}
+
+// identitySequence reports whether an identity difference of diffs makes sequence name.
+func identitySequence(diffs []Difference, name string) bool {
+	return slices.ContainsFunc(diffs, func(d Difference) bool { return d.Kind == KindIdentity && d.sequence == name })
 }

@@ -31,6 +31,8 @@ type Schema struct {
 	// the owner (the owner's own are implied), by grantee and privilege.
 	Owner  string
 	Grants []Grant
+	// oid is the table's, on the side it was read.
+	oid uint32
 }
 
 // Grant is one privilege on a table given to Grantee ("PUBLIC" for every role), as aclexplode
@@ -102,6 +104,7 @@ func Read(ctx context.Context, conn Querier, t changebatch.TableName) (Schema, e
 	if oid == nil {
 		return s, fmt.Errorf("%w: %s", ErrNoTable, t)
 	}
+	s.oid = *oid
 	steps := []func(context.Context, Querier, uint32, *Schema) error{readColumns, readConstraints, readIndexes, readTriggers, readGrants}
 	for _, step := range steps {
 		if err := step(ctx, conn, *oid, &s); err != nil {
