@@ -133,8 +133,8 @@ func readSchemas(ctx context.Context, src *pgx.Conn, tables []changebatch.TableN
 	return out, nil
 }
 
-// finalizeTable makes the target table of source plain (apply.Finalize, in the objects' pass)
-// and carries source's objects over as opts say (the owner and grants too with ownership), in
+// finalizeTable makes the target table of source plain (apply.Finalize, in the objects' pass),
+// partitioned as source is (tableschema.Repartition), and carries source's objects over as opts say (the owner and grants too with ownership), in
 // tx. It reports whether it made the table plain, and what it carried.
 func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, opts tableschema.CarryOptions, ownership bool) (bool, []tableschema.Difference, error) {
 	changed := false
@@ -144,10 +144,28 @@ func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, op
 			return false, nil, err
 		}
 	}
-	target, err := tableschema.Read(ctx, tx, source.Table)
-	if err != nil {
-		return false, nil, fmt.Errorf("target: %w", err)
+	compare := func() ([]tableschema.Difference, error) {
+		target, err := tableschema.Read(ctx, tx, source.Table)
+		if err != nil {
+			return nil, fmt.Errorf("target: %w", err)
+		}
+		return tableschema.Compare(source, target, tableschema.CompareOptions{Ownership: ownership}), nil
 	}
-	carried, err := tableschema.Carry(ctx, tx, tableschema.Compare(source, target, tableschema.CompareOptions{Ownership: ownership}), opts)
+	diffs, err := compare()
+	if err != nil {
+		return false, nil, err
+	}
+	if opts.Pass == tableschema.PassObjects {
+		repartitioned, err := tableschema.Repartition(ctx, tx, diffs)
+		if err != nil {
+			return false, nil, err
+		}
+		if repartitioned {
+			if diffs, err = compare(); err != nil {
+				return false, nil, err
+			}
+		}
+	}
+	carried, err := tableschema.Carry(ctx, tx, diffs, opts)
 	return changed, carried, err
 }

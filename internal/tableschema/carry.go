@@ -51,7 +51,7 @@ type CarryOptions struct {
 func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, opts CarryOptions) ([]Difference, error) {
 	var carried []Difference
 	for _, d := range diffs {
-		if d.TargetOnly || d.phase == phaseNone || d.phase == phaseSequence || passes[d.phase] != opts.Pass {
+		if d.TargetOnly || d.phase == phaseNone || d.phase == phaseSequence || d.phase == phasePartition || passes[d.phase] != opts.Pass {
 			continue
 		}
 		restore, err := freeIdentitySequence(ctx, tx, d)

@@ -25,6 +25,7 @@ const (
 	KindTriggerState = "trigger state"
 	KindComment      = "comment"
 	KindSequence     = "sequence"
+	KindPartitioning = "partitioning"
 	KindOwner        = "owner"
 	KindGrant        = "grant"
 )
@@ -57,7 +58,8 @@ type Difference struct {
 // comments; foreign keys after every table's (phaseForeignKey); the owner and grants last, once
 // pgconverge's role needs the table no more (phaseOwnership).
 const (
-	phaseNotNull = iota + 1
+	phasePartition = iota + 1 // Repartition runs it, before the rest is compared anew
+	phaseNotNull
 	phaseDefault
 	phaseIdentity
 	phaseConstraint
@@ -88,6 +90,7 @@ func Compare(src, tgt Schema, opts CompareOptions) []Difference {
 	if opts.Ownership {
 		c.ownership(src, tgt)
 	}
+	c.partitioning(src, tgt)
 	c.columns(src.Columns, tgt.Columns)
 	c.comment("", src.Comment, tgt.Comment, "comment on table "+src.Table.Quoted())
 	c.constraints(src.Constraints, tgt.Constraints)

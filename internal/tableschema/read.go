@@ -31,6 +31,10 @@ type Schema struct {
 	// the owner (the owner's own are implied), by grantee and privilege.
 	Owner  string
 	Grants []Grant
+	// PartitionKey is a partitioned table's key as pg_get_partkeydef prints it ("RANGE (at)"),
+	// "" for a plain table; Partitions its tree below it.
+	PartitionKey string
+	Partitions   []Partition
 	// oid is the table's, on the side it was read.
 	oid uint32
 }
@@ -105,7 +109,7 @@ func Read(ctx context.Context, conn Querier, t changebatch.TableName) (Schema, e
 		return s, fmt.Errorf("%w: %s", ErrNoTable, t)
 	}
 	s.oid = *oid
-	steps := []func(context.Context, Querier, uint32, *Schema) error{readColumns, readConstraints, readIndexes, readTriggers, readGrants}
+	steps := []func(context.Context, Querier, uint32, *Schema) error{readColumns, readConstraints, readIndexes, readTriggers, readGrants, readPartitions}
 	for _, step := range steps {
 		if err := step(ctx, conn, *oid, &s); err != nil {
 			return s, fmt.Errorf("read the schema of table %s: %w", t, err)
