@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/internal/pgtest"
 	"github.com/pgconverge/pgconverge/internal/verify"
 )
@@ -55,5 +56,40 @@ func TestVerifyCommand(t *testing.T) {
 	_, code, err := verifyCmd(t, env, "--table", "public.nosuch")
 	if code != 1 || err == nil || !strings.Contains(err.Error(), "public.nosuch") {
 		t.Errorf("unknown table: exit %d, %v", code, err)
+	}
+}
+
+// verify --schema exits 0 on equal schemas and 4 on a difference, printing each with its fix
+// (text) or as JSON; flags of a row comparison are refused with it.
+func TestVerifySchemaCommand(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	for _, conn := range []*pgx.Conn{env.Source, env.Target} {
+		pgtest.Exec(t, conn, `create table t (id int primary key, v text not null)`, `create index t_v_idx on t (v)`)
+	}
+	base := []string{"verify", "--schema", "--source", env.SourceURL, "--target", env.TargetURL, "--table", "public.t", "--log-format", "text"}
+	cmd := func(extra ...string) (string, int, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append(base, extra...), &out, pgtest.LogWriter(t))
+		return out.String(), exitCode(err), err
+	}
+	if out, code, err := cmd(); code != 0 || !strings.Contains(out, "differences 0, pending finalize 0") {
+		t.Fatalf("equal schemas: exit %d (%v)\n%s", code, err, out)
+	}
+	pgtest.Exec(t, env.Target, `drop index t_v_idx`)
+	out, code, _ := cmd()
+	if code != exitOpen || !strings.Contains(out, "public.t: index t_v_idx missing on the target") ||
+		!strings.Contains(out, "fix: CREATE INDEX t_v_idx ON public.t USING btree (v);") {
+		t.Errorf("a missing index: exit %d\n%s", code, out)
+	}
+	out, code, _ = cmd("--format", "json")
+	var rep verify.SchemaReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != exitOpen || rep.Differences != 1 || rep.Tables[0].Differences[0].Kind != "index" {
+		t.Errorf("a missing index, JSON: exit %d, %v\n%s", code, err, out)
+	}
+	for _, bad := range [][]string{{"--repair"}, {"--incremental"}} {
+		if _, code, err := cmd(bad...); code != 1 || err == nil || !strings.Contains(err.Error(), "--schema compares schemas") {
+			t.Errorf("verify --schema %s: exit %d, %v; want a refusal", bad[0], code, err)
+		}
 	}
 }
