@@ -29,7 +29,7 @@ func TestBlockPlanReadsEveryRowOnce(t *testing.T) {
 	if !BlockPlanOK(env.Source, tab) {
 		t.Fatal("BlockPlanOK = false for a plain keyed table on PostgreSQL 14 or later")
 	}
-	exp, err := Export(ctx, env.SourceURL, "")
+	exp, err := Export(ctx, env.SourceURL, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

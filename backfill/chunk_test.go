@@ -29,7 +29,7 @@ func readPlan(t *testing.T, env *pgtest.Env, name string, chunkRows int) ([]Chun
 	t.Helper()
 	ctx := context.Background()
 	tab := tables[name]
-	exp, err := Export(ctx, env.SourceURL, "")
+	exp, err := Export(ctx, env.SourceURL, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestChunksReadTheSnapshotOnly(t *testing.T) {
 		`insert into seq select generate_series(1, 10)`)
 	ctx := context.Background()
 	tab := tables["seq"]
-	exp, err := Export(ctx, env.SourceURL, "")
+	exp, err := Export(ctx, env.SourceURL, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestReadStopsWhenTheColumnsChanged(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table one (id int primary key, v text)`, `insert into one values (1, 'a')`,
 		`alter table one add column c int default 7`)
 	ctx := context.Background()
-	exp, err := Export(ctx, env.SourceURL, "")
+	exp, err := Export(ctx, env.SourceURL, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

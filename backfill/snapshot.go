@@ -36,8 +36,9 @@ type Exported struct {
 // standby (PostgreSQL 16 and later), primaryURL names its primary, on which
 // pg_log_standby_snapshot() is called while the slot is created (pgsession.LogStandbySnapshots);
 // "" waits for the primary's own records. The standby's snapshot is as exact as a primary's: the
-// slot's snapshot builder reads the same WAL.
-func Export(ctx context.Context, sourceURL, primaryURL string) (*Exported, error) {
+// slot's snapshot builder reads the same WAL. A creation that waits for transactions open on the
+// source is reported to waits (pgsession.WatchSlotCreation; nil: not reported).
+func Export(ctx context.Context, sourceURL, primaryURL string, waits func(pgsession.SlotWait)) (*Exported, error) {
 	conn, err := pgsession.ConnectReplication(ctx, sourceURL)
 	if err != nil {
 		return nil, err
@@ -50,7 +51,9 @@ func Export(ctx context.Context, sourceURL, primaryURL string) (*Exported, error
 		}
 	}
 	stop := pgsession.LogStandbySnapshots(ctx, primaryURL)
+	unwatch := pgsession.WatchSlotCreation(ctx, sourceURL, name, conn.PID(), waits)
 	slot, err := pgsession.CreateSlot(ctx, conn, name, true, false)
+	unwatch()
 	stop()
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))

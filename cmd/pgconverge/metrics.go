@@ -16,6 +16,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/engine"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -34,6 +35,8 @@ type metrics struct {
 	backfillRows *prometheus.CounterVec
 	gapCompared  *prometheus.CounterVec
 	indexes      *prometheus.CounterVec
+	slotWait     *prometheus.GaugeVec
+	slotBlockers *prometheus.GaugeVec
 	backfillDone *prometheus.GaugeVec
 	conflicts    *prometheus.CounterVec
 	retries      *prometheus.CounterVec
@@ -114,6 +117,10 @@ func newMetrics() *metrics {
 		Help: "Source rows gap repairs (run --on-gap=repair) compared with the target at their snapshot, by table (of which rows_applied_total{path=\"gap-repair\"} were written)."}, []string{"table"})
 	m.indexes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_target_indexes_total",
 		Help: "Source indexes the daemon built on (result built), failed to build on (failed, tried again each minute), or dropped from (dropped) the target tables (run --copy-indexes), by table."}, []string{"table", "result"})
+	m.slotWait = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_creation_wait_seconds",
+		Help: "How long the creation of the daemon's slot has waited for transactions open on the source (reported after 5 s, every 5 s); 0 when it is not waiting."}, []string{"slot"})
+	m.slotBlockers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_slot_creation_blockers",
+		Help: "Source backends the creation of the daemon's slot waits for (pg_blocking_pids of its walsender); 0 when it is not waiting."}, []string{"slot"})
 	m.backfillDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_backfill_progress_ratio",
 		Help: "Rows done over rows estimated of the running backfill run, by trigger (initial, gap, schedule); 1 when it finished."}, []string{"trigger"})
 	m.conflicts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_conflicts_total",
@@ -122,7 +129,7 @@ func newMetrics() *metrics {
 		Help: "Daemon sessions that failed and were started again, by reason (constraint, lock, conflict, resources, connection, timeout, slot-busy, schema, watch, restart, leadership, overlap, other); the log line at ERROR or WARN names the cause and the fix."}, []string{"reason"})
 	m.leader = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_leader",
 		Help: "1 while this daemon leads the slot (streams and writes), 0 while it waits as a standby for the daemon that does; absent before it first tried."}, []string{"slot"})
-	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.gapCompared, m.indexes, m.backfillDone, m.conflicts, m.retries, m.leader} {
+	for _, c := range []prometheus.Collector{m.applied, m.suppressed, m.transactions, m.applySeconds, m.gapBytes, m.backfillRows, m.gapCompared, m.indexes, m.slotWait, m.slotBlockers, m.backfillDone, m.conflicts, m.retries, m.leader} {
 		f(c)
 	}
 	// Every reason's series exists from the start, so the first retry of a kind is an increase
@@ -234,6 +241,12 @@ func (m *metrics) BackfillChunk(table string, read int64, r apply.RowCounts) {
 func (m *metrics) GapRepaired(table string, compared, written int64) {
 	m.gapCompared.WithLabelValues(table).Add(float64(compared))
 	m.applied.WithLabelValues(table, "gap-repair").Add(float64(written))
+}
+
+// SlotCreationWait sets the slot creation's wait gauges (0 once it is done).
+func (m *metrics) SlotCreationWait(slot string, w pgsession.SlotWait) {
+	m.slotWait.WithLabelValues(slot).Set(w.Waited.Seconds())
+	m.slotBlockers.WithLabelValues(slot).Set(float64(len(w.Blockers)))
 }
 
 // TargetIndex counts what the index follower did to one index of table's target table.

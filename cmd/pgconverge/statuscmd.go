@@ -102,6 +102,21 @@ func printStatus(w io.Writer, rep operator.StatusReport) {
 	}
 	printBackfills(w, rep.Backfills)
 	printLastVerify(w, rep.LastVerify)
+	printSlotCreations(w, rep.SlotCreations)
+}
+
+// printSlotCreations writes the slot creations that wait, each with the backends it waits for.
+func printSlotCreations(w io.Writer, cs []operator.SlotCreation) {
+	for _, c := range cs {
+		fmt.Fprintf(w, "\nslot creation waits %.0fs (walsender pid %d, %s) for transactions open on the source:\n", c.WaitingSeconds, c.WalsenderPID, c.Command)
+		for _, b := range c.Blockers {
+			start := "-"
+			if b.XactStart != nil {
+				start = b.XactStart.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "  pid %d, application %q, user %s, %s since %s: %s\n", b.PID, b.Application, b.User, b.State, start, b.Query)
+		}
+	}
 }
 
 // printSlotStatus writes one slot: who holds it and its lag, then its hold on WAL and warning.

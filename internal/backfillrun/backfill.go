@@ -214,7 +214,7 @@ func Run(ctx context.Context, job Job) (rep Report, err error) {
 	}
 	snap := job.Snapshot
 	if snap == nil {
-		exp, err := backfill.Export(leased, job.Source, job.Primary)
+		exp, err := backfill.Export(leased, job.Source, job.Primary, pgsession.LogSlotWait(log))
 		if err != nil {
 			return rep, err
 		}

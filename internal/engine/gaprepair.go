@@ -32,7 +32,7 @@ func (s *session) repairGaps(ctx context.Context, tables []changebatch.Table, sn
 	// exits, which the backfill of the tables not repaired must not wait for.
 	defer ctrl.Exec(context.WithoutCancel(ctx), `select `+advisory.UnlockAll)
 	if snap == nil {
-		exp, err := backfill.Export(ctx, cfg.Source, cfg.Primary)
+		exp, err := backfill.Export(ctx, cfg.Source, cfg.Primary, pgsession.LogSlotWait(cfg.Logger))
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/verify"
 )
 
@@ -28,6 +29,10 @@ type Monitor interface {
 	// GapRepaired counts a completed gap repair of table (--on-gap=repair): the source rows it
 	// compared at its snapshot and the target rows it wrote, tombstones included.
 	GapRepaired(table string, compared, written int64)
+	// SlotCreationWait reports a creation of slot that waits for transactions open on the source
+	// (pgsession.WatchSlotCreation), every few seconds while it waits, and a zero SlotWait once
+	// it is done.
+	SlotCreationWait(slot string, w pgsession.SlotWait)
 	// TargetIndex counts what the index follower did to a source index on table's target table
 	// (Config.CopyIndexes): result "built", "failed" or "dropped".
 	TargetIndex(table, result string)
@@ -77,6 +82,7 @@ func (NopMonitor) CoverageGap(string, uint64)                                   
 func (NopMonitor) GapRepaired(string, int64, int64)                                       {}
 func (NopMonitor) SessionRetried(string)                                                  {}
 func (NopMonitor) TargetIndex(string, string)                                             {}
+func (NopMonitor) SlotCreationWait(string, pgsession.SlotWait)                            {}
 func (NopMonitor) Leading(string, bool)                                                   {}
 func (NopMonitor) BackfillProgress(_ string, p backfillrun.Progress) backfillrun.Progress { return p }
 func (NopMonitor) DiscrepanciesFound(string, string, int64)                               {}

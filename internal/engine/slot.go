@@ -165,8 +165,11 @@ func (s *session) newSlot(ctx context.Context, brk string) (pglogrepl.LSN, error
 	cfg.Logger.Info("creating replication slot: the source first waits for the transactions running now to end", "slot", cfg.Slot)
 	failover := s.wantFailover()
 	stop := pgsession.LogStandbySnapshots(ctx, s.primaryURL())
+	unwatch := pgsession.WatchSlotCreation(ctx, cfg.Source, cfg.Slot, s.repl.PID(), s.reportSlotWait)
 	created, err := pgsession.CreateSlot(ctx, s.repl, cfg.Slot, false, failover)
+	unwatch()
 	stop()
+	s.mon.SlotCreationWait(cfg.Slot, pgsession.SlotWait{Slot: cfg.Slot})
 	if err != nil {
 		return 0, err
 	}
@@ -275,4 +278,11 @@ func (s *session) slotGoneOr(ctx context.Context, err error) error {
 	}
 	return fmt.Errorf("%w: the source invalidated slot %q (%s) while this session used it: the next session creates it anew and backfills the gap (%w)",
 		errSlotLost, s.cfg.Slot, slot.LostBecause(), err)
+}
+
+// reportSlotWait logs a wait of the slot's creation (pgsession.LogSlotWait) and gives it to the
+// Monitor.
+func (s *session) reportSlotWait(w pgsession.SlotWait) {
+	pgsession.LogSlotWait(s.cfg.Logger)(w)
+	s.mon.SlotCreationWait(w.Slot, w)
 }

@@ -90,7 +90,7 @@ func (f *unknownFiller) Run(ctx context.Context) error {
 		case u := <-f.queue:
 			for _, u := range drainUnknown(u, f.queue) {
 				f.gate.begin() // before the fill's snapshot: the pruner's round waits for it (tombstonePruner)
-				filled, at, err := fillKeys(ctx, f.source, f.primary, f.target, f.copyOnly, u)
+				filled, at, err := fillKeys(ctx, f.source, f.primary, f.target, f.copyOnly, u, pgsession.LogSlotWait(f.logger))
 				f.gate.end()
 				switch {
 				case ctx.Err() != nil:
@@ -128,10 +128,10 @@ func drainUnknown(first unknownKeys, queue chan unknownKeys) []unknownKeys {
 
 // fillKeys rewrites u's keys from a fresh exact snapshot in one target transaction and returns
 // the rows written and the snapshot's LSN; primary is Config.Primary, copyOnly the daemon's
-// (apply.New).
-func fillKeys(ctx context.Context, source, primary, target string, copyOnly *apply.CopyOnlyTables, u unknownKeys) (int64, string, error) {
+// (apply.New); waits is told of a snapshot slot's creation that waits (backfill.Export).
+func fillKeys(ctx context.Context, source, primary, target string, copyOnly *apply.CopyOnlyTables, u unknownKeys, waits func(pgsession.SlotWait)) (int64, string, error) {
 	u.keys = distinctKeys(u.keys)
-	exp, err := backfill.Export(ctx, source, primary)
+	exp, err := backfill.Export(ctx, source, primary, waits)
 	if err != nil {
 		return 0, "", err
 	}

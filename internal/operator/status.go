@@ -45,6 +45,45 @@ type StatusReport struct {
 	// LastVerify is the latest verify run (pgconverge.verify_runs); nil when none was recorded
 	// (or the target's schema predates verify).
 	LastVerify *coverage.LastVerify `json:"last_verify"`
+	// SlotCreations are the replication slots being created on the source that wait for
+	// transactions open there (a daemon's slot, or a backfill's or verify's snapshot slot);
+	// empty when none waits.
+	SlotCreations []SlotCreation `json:"slot_creations"`
+}
+
+// SlotCreation is a slot's creation that waits (pgsession.SlotWait): the creating walsender, its
+// command, how long it has run (seconds), and the backends it waits for.
+type SlotCreation struct {
+	WalsenderPID   int32               `json:"walsender_pid"`
+	Command        string              `json:"command"`
+	WaitingSeconds float64             `json:"waiting_seconds"`
+	Blockers       []pgsession.Blocker `json:"blockers"`
+}
+
+// slotCreations returns the slot creations on src that wait for other backends.
+func slotCreations(ctx context.Context, src *pgx.Conn) ([]SlotCreation, error) {
+	rows, err := src.Query(ctx, `select pid, query, extract(epoch from now() - query_start)::float8 from pg_stat_activity
+where backend_type = 'walsender' and query ilike 'CREATE_REPLICATION_SLOT%' and cardinality(pg_blocking_pids(pid)) > 0 order by pid`)
+	if err != nil {
+		return nil, fmt.Errorf("read the slot creations on the source: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SlotCreation, error) {
+		var c SlotCreation
+		err := r.Scan(&c.WalsenderPID, &c.Command, &c.WaitingSeconds)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the slot creations on the source: %w", err)
+	}
+	if out == nil {
+		out = []SlotCreation{}
+	}
+	for i := range out {
+		if out[i].Blockers, err = pgsession.BlockersOf(ctx, src, uint32(out[i].WalsenderPID)); err != nil {
+			return nil, fmt.Errorf("read what a slot creation waits for: %w", err)
+		}
+	}
+	return out, nil
 }
 
 // TableStatus is one table of a StatusReport.
@@ -228,6 +267,9 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 		return StatusReport{}, err
 	}
 	if out.LastVerify, err = coverage.ReadLastVerify(ctx, tgt); err != nil {
+		return StatusReport{}, err
+	}
+	if out.SlotCreations, err = slotCreations(ctx, src); err != nil {
 		return StatusReport{}, err
 	}
 	return out, nil

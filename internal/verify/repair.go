@@ -10,6 +10,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 )
 
@@ -19,7 +20,7 @@ const RepairBatchRows = 1000
 // repairAll repairs the open discrepancies of every compared table from a fresh exact snapshot
 // S', which it records in v.repairLSN.
 func (v *verifyRun) repairAll(ctx context.Context) error {
-	exp, err := backfill.Export(ctx, v.cfg.Source, v.cfg.Primary)
+	exp, err := backfill.Export(ctx, v.cfg.Source, v.cfg.Primary, pgsession.LogSlotWait(v.cfg.Logger))
 	if err != nil {
 		return err
 	}

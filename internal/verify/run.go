@@ -303,7 +303,7 @@ func (t *verifyTable) ok() bool { return t.rep.State == "compared" }
 func (v *verifyRun) run(ctx context.Context) (Report, error) {
 	var rep Report
 	rep.RunID = v.runID
-	exp, err := backfill.Export(ctx, v.cfg.Source, v.cfg.Primary)
+	exp, err := backfill.Export(ctx, v.cfg.Source, v.cfg.Primary, pgsession.LogSlotWait(v.cfg.Logger))
 	if err != nil {
 		return rep, err
 	}
