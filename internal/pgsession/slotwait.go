@@ -3,6 +3,7 @@ package pgsession
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,13 +100,27 @@ func WatchSlotCreation(ctx context.Context, sourceURL, slot string, pid uint32, 
 	}
 }
 
-// LogSlotWait returns a report for WatchSlotCreation that logs each wait at WARN on log, with the
-// backends it waits for and the fix; nil for a nil log.
+// slotWaitLogEvery is how often LogSlotWait logs a wait whose blockers stay the same.
+const slotWaitLogEvery = time.Minute
+
+// LogSlotWait returns a report for WatchSlotCreation that logs a wait at WARN on log, with the
+// backends it waits for and the fix: the first report, then whenever those backends change, and
+// once a minute while they do not. It returns nil for a nil log.
 func LogSlotWait(log *slog.Logger) func(SlotWait) {
 	if log == nil {
 		return nil
 	}
+	var logged time.Time
+	var last []int32
 	return func(w SlotWait) {
+		pids := make([]int32, len(w.Blockers))
+		for i, b := range w.Blockers {
+			pids[i] = b.PID
+		}
+		if slices.Equal(pids, last) && time.Since(logged) < slotWaitLogEvery {
+			return
+		}
+		logged, last = time.Now(), pids
 		attrs := []any{"slot", w.Slot, "waited_seconds", int(w.Waited.Seconds())}
 		for _, b := range w.Blockers {
 			start := ""
