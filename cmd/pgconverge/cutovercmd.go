@@ -64,7 +64,11 @@ what is left of step 4. Exit status: 0 when done, 1 on an error (nothing is cut 
 				return err
 			}
 			if cfg.ResumeWrites {
-				fmt.Fprintln(stdout, "the writes an interrupted switchover had paused are given back (the log says which, if any)")
+				if rep.WritesGivenBack {
+					fmt.Fprintf(stdout, "gave back the writes of role %s that an interrupted switchover of slot %s had paused\n", rep.PausedRole, rep.Slot)
+				} else {
+					fmt.Fprintf(stdout, "no switchover of slot %s left writes paused: nothing to give back\n", rep.Slot)
+				}
 				return nil
 			}
 			if format == "json" {

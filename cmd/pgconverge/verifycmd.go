@@ -21,7 +21,7 @@ func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
 	var logFormat, logLevel, format string
 	var schema bool
 	cmd := &cobra.Command{
-		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--incremental] [--format table|json] [--no-values]",
+		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--incremental] [--schema [--ownership]] [--format table|json] [--no-values]",
 		Short: "Compare the target with an exact snapshot of the source, record each discrepancy once, and repair it",
 		Long: `verify reads the source at an exact snapshot S (a temporary logical slot's exported snapshot),
 waits until the stream has applied the source up to S, and compares each table with the target by

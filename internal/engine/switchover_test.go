@@ -146,6 +146,12 @@ func TestSwitchoverPausesTheApplicationsWrites(t *testing.T) {
 	if canWrite(t, appURL) {
 		t.Error("the application may write on the source after the switchover")
 	}
+	if r, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg, ResumeWrites: true}); err != nil || r.WritesGivenBack {
+		t.Errorf("cutover --resume-writes after the switchover: %v, %+v; want nothing given back", err, r)
+	}
+	if canWrite(t, appURL) {
+		t.Error("cutover --resume-writes gave back the writes of a switchover that cut over")
+	}
 	if d := pgtest.Diff(pgtest.Rows(t, env.Source, `select row(l.*)::text from ledger l order by id`),
 		pgtest.Rows(t, env.Target, `select row(l.*)::text from ledger l order by id`)); d != "" {
 		t.Errorf("the target's ledger differs from the source's:\n%s", d)

@@ -124,7 +124,9 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 		return rep, err
 	}
 	if cfg.ResumeWrites {
-		return rep, giveBack(ctx, cfg, src, tgt)
+		rep.PausedRole, err = giveBack(ctx, cfg, src, tgt)
+		rep.WritesGivenBack = rep.PausedRole != ""
+		return rep, err
 	}
 	if cfg.PauseWrites != "" {
 		cfg.Finalize = true
@@ -145,7 +147,8 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 		if done, err = cutOver(ctx, cfg, src, tgt, &rep); err != nil {
 			if pause != nil {
 				rep.WritesGivenBack = true
-				err = errors.Join(err, giveBack(context.WithoutCancel(ctx), cfg, src, tgt))
+				_, gerr := giveBack(context.WithoutCancel(ctx), cfg, src, tgt)
+				err = errors.Join(err, gerr)
 			}
 			return rep, err
 		}
@@ -175,7 +178,8 @@ func Cutover(ctx context.Context, cfg CutoverConfig) (CutoverReport, error) {
 // pause, or nil.
 func startPause(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) (*writePause, error) {
 	if cfg.PauseWrites == "" {
-		return nil, giveBack(ctx, cfg, src, tgt)
+		_, err := giveBack(ctx, cfg, src, tgt)
+		return nil, err
 	}
 	p, err := pauseWrites(ctx, cfg, src, tgt)
 	if err == nil {
@@ -185,11 +189,11 @@ func startPause(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) (*wr
 }
 
 // giveBack gives back the writes the open pause of the slot revoked (giveBackWrites), on the
-// source's writable server.
-func giveBack(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) error {
+// source's writable server, and returns the paused role ("" when no pause was open).
+func giveBack(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) (string, error) {
 	w, done, err := writer(ctx, src, cfg.Run.Primary)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer done()
 	return giveBackWrites(ctx, w, tgt, cfg.Run.Slot, cfg.Run.Logger.Warn)

@@ -43,7 +43,7 @@ func pauseWrites(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn) (*w
 	}
 	if open != nil && open.role != role {
 		rc.Logger.Warn("cutover: an earlier cutover paused another role's writes and did not end: giving them back first", "role", open.role)
-		if err := giveBackWrites(ctx, w, tgt, rc.Slot, rc.Logger.Info); err != nil {
+		if _, err := giveBackWrites(ctx, w, tgt, rc.Slot, rc.Logger.Info); err != nil {
 			return nil, err
 		}
 		open = nil
@@ -198,15 +198,15 @@ where usename = $1 and backend_xid is not null and pid <> pg_backend_pid()`, rol
 }
 
 // giveBackWrites grants back what the open write pause of slot revoked and records it given
-// back; without an open pause it does nothing.
-func giveBackWrites(ctx context.Context, w, tgt *pgx.Conn, slot string, say func(string, ...any)) error {
+// back, and returns its role; without an open pause it does nothing and returns "".
+func giveBackWrites(ctx context.Context, w, tgt *pgx.Conn, slot string, say func(string, ...any)) (string, error) {
 	p, err := openPause(ctx, tgt, slot)
 	if err != nil || p == nil {
-		return err
+		return "", err
 	}
 	rows, err := tgt.Query(ctx, `select table_name, privilege, grantable from pgconverge.write_pause_grants where slot = $1 order by 1, 2`, slot)
 	if err != nil {
-		return fmt.Errorf("read the privileges to give back: %w", err)
+		return "", fmt.Errorf("read the privileges to give back: %w", err)
 	}
 	var table, privilege string
 	var grantable bool
@@ -220,7 +220,7 @@ func giveBackWrites(ctx context.Context, w, tgt *pgx.Conn, slot string, say func
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("read the privileges to give back: %w", err)
+		return "", fmt.Errorf("read the privileges to give back: %w", err)
 	}
 	err = pgx.BeginFunc(ctx, w, func(tx pgx.Tx) error {
 		for _, s := range stmts {
@@ -231,13 +231,13 @@ func giveBackWrites(ctx context.Context, w, tgt *pgx.Conn, slot string, say func
 		return nil
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := endPause(ctx, tgt, slot, "given back"); err != nil {
-		return err
+		return "", err
 	}
 	say("cutover: gave the application's writes back on the source", "role", p.role, "privileges", len(stmts))
-	return nil
+	return p.role, nil
 }
 
 // endPause records the open write pause of slot ended with outcome.
