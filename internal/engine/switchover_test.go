@@ -84,7 +84,11 @@ func TestSwitchoverPausesTheApplicationsWrites(t *testing.T) {
 		   amount int check (amount <> 0))`,
 		`create index ledger_acct_idx on ledger (acct)`,
 		`create trigger ledger_audit after insert on ledger for each row execute function audit()`,
-		`insert into acct (name) select 'a' || g from generate_series(1, 100) g`)
+		`insert into acct (name) select 'a' || g from generate_series(1, 100) g`,
+		// A partitioned table: the rehearsal partitions it too, without moving its rows.
+		`create table ev (id int, at date, primary key (id, at)) partition by range (at)`,
+		`create table ev_1 partition of ev for values from ('2026-01-01') to ('2027-01-01')`,
+		`insert into ev select g, date '2026-01-01' + g from generate_series(1, 50) g`)
 	tempRole(t, env, true, app, "", `grant select, insert, update, delete on acct, ledger to `+app)
 	appURL := withUser(t, env.SourceURL, app)
 	cfg := testConfig(t, env)
@@ -136,8 +140,8 @@ func TestSwitchoverPausesTheApplicationsWrites(t *testing.T) {
 		t.Fatalf("switchover: %v", err)
 	}
 	w.end()
-	if rep.WritePauseSeconds <= 0 || rep.PausedRole != app || len(rep.Finalized) != 2 {
-		t.Errorf("switchover report %+v; want a write pause, the role and 2 tables finalized", rep)
+	if rep.WritePauseSeconds <= 0 || rep.PausedRole != app || len(rep.Finalized) != 3 {
+		t.Errorf("switchover report %+v; want a write pause, the role and 3 tables finalized", rep)
 	}
 	t.Logf("writes paused for %.2f s; the application committed %d inserts, %d refused", rep.WritePauseSeconds, w.committed.Load(), w.denied.Load())
 	if w.committed.Load() <= committed {
@@ -145,6 +149,9 @@ func TestSwitchoverPausesTheApplicationsWrites(t *testing.T) {
 	}
 	if canWrite(t, appURL) {
 		t.Error("the application may write on the source after the switchover")
+	}
+	if n := pgtest.Scalar[int64](t, env.Target, `select count(*) from ev_1`); n != 50 {
+		t.Errorf("the target's partition ev_1 holds %d rows, want 50", n)
 	}
 	if r, err := operator.Cutover(context.Background(), operator.CutoverConfig{Run: cfg, ResumeWrites: true}); err != nil || r.WritesGivenBack {
 		t.Errorf("cutover --resume-writes after the switchover: %v, %+v; want nothing given back", err, r)

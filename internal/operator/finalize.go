@@ -27,7 +27,7 @@ func finalize(ctx context.Context, cfg CutoverConfig, src, tgt *pgx.Conn, tables
 	if err != nil {
 		return fmt.Errorf("finalize: %w", err)
 	}
-	for _, pass := range []tableschema.Pass{tableschema.PassObjects, tableschema.PassForeignKeys, tableschema.PassOwnership} {
+	for _, pass := range tableschema.Passes() {
 		for i, t := range tables {
 			err := pgx.BeginFunc(ctx, tgt, func(tx pgx.Tx) error {
 				changed, carried, err := finalizeTable(ctx, tx, sources[i], tableschema.CarryOptions{Pass: pass}, cfg.CarryOwnership)
@@ -105,7 +105,7 @@ func rehearseFinalize(ctx context.Context, src, tgt *pgx.Conn, tables []changeba
 		return fmt.Errorf("rehearse finalize: %w", err)
 	}
 	err = pgx.BeginFunc(ctx, tgt, func(tx pgx.Tx) error {
-		for _, pass := range []tableschema.Pass{tableschema.PassObjects, tableschema.PassForeignKeys, tableschema.PassOwnership} {
+		for _, pass := range tableschema.Passes() {
 			for _, s := range sources {
 				if _, _, err := finalizeTable(ctx, tx, s, tableschema.CarryOptions{Pass: pass, Rehearse: true}, ownership); err != nil {
 					return err
@@ -156,7 +156,7 @@ func finalizeTable(ctx context.Context, tx pgx.Tx, source tableschema.Schema, op
 		return false, nil, err
 	}
 	if opts.Pass == tableschema.PassObjects {
-		repartitioned, err := tableschema.Repartition(ctx, tx, diffs)
+		repartitioned, err := tableschema.Repartition(ctx, tx, diffs, opts.Rehearse)
 		if err != nil {
 			return false, nil, err
 		}

@@ -3,7 +3,6 @@ package tableschema
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply/changebatch"
@@ -24,6 +23,9 @@ const (
 	PassOwnership
 )
 
+// Passes returns Carry's passes in the order a caller runs each over every table.
+func Passes() []Pass { return []Pass{PassObjects, PassForeignKeys, PassOwnership} }
+
 // passes maps each phase past the objects' to its pass.
 var passes = map[int]Pass{phaseForeignKey: PassForeignKeys, phaseOwnership: PassOwnership}
 
@@ -31,9 +33,9 @@ var passes = map[int]Pass{phaseForeignKey: PassForeignKeys, phaseOwnership: Pass
 type CarryOptions struct {
 	Pass Pass
 	// Rehearse leaves out the statements that only take time and cannot fail on rows the source
-	// holds too: index builds and VALIDATE CONSTRAINT. Run in a transaction rolled back after,
-	// it shows that the rest (a trigger's function, a referenced table, an expression's type)
-	// works on the target.
+	// holds too (Difference.slow: index builds, VALIDATE CONSTRAINT). Run in a transaction
+	// rolled back after, it shows that the rest (a trigger's function, a referenced table, an
+	// expression's type, a role) works on the target.
 	Rehearse bool
 }
 
@@ -59,11 +61,11 @@ func Carry(ctx context.Context, tx pgx.Tx, diffs []Difference, opts CarryOptions
 			return carried, err
 		}
 		for _, stmt := range append(d.Fix, restore...) {
-			if opts.Rehearse && onlyTakesTime(stmt) {
+			if opts.Rehearse && d.slow[stmt] {
 				continue
 			}
 			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return carried, fmt.Errorf("carry %s %s of table %s over to the target (%s): %w; create what it needs on the target (a function, type or referenced table the source has) or remove what stands in its way, then run cutover --finalize again: it goes on from here",
+				return carried, fmt.Errorf("carry %s %s of table %s over to the target (%s): %w; create what it needs on the target (a role, function, type or referenced table the source has) or remove what stands in its way, then run cutover --finalize again: it goes on from here",
 					d.Kind, d.Object, d.Table, stmt, err)
 			}
 		}
@@ -97,11 +99,4 @@ func freeIdentitySequence(ctx context.Context, tx pgx.Tx, d Difference) ([]strin
 			d.sequence, d.Table, d.Object, err)
 	}
 	return []string{fmt.Sprintf("select setval(%s, %d, %t)", changebatch.QuoteLiteral(d.sequence), last, called)}, nil
-}
-
-// onlyTakesTime reports whether stmt, one of a Fix, builds an index (pg_get_indexdef's CREATE
-// INDEX) or validates a constraint (addConstraint's).
-func onlyTakesTime(stmt string) bool {
-	return strings.HasPrefix(stmt, "CREATE INDEX ") || strings.HasPrefix(stmt, "CREATE UNIQUE INDEX ") ||
-		strings.Contains(stmt, " validate constraint ")
 }

@@ -49,6 +49,10 @@ type Difference struct {
 	TargetOnly bool `json:"target_only,omitempty"`
 	// sequence is the identity sequence an identity difference makes, quoted.
 	sequence string
+	// slow are the statements of Fix that only take time and cannot fail on rows the source
+	// holds too (an index build, a VALIDATE CONSTRAINT, a move of rows): a rehearsal leaves
+	// them out (CarryOptions.Rehearse).
+	slow map[string]bool
 	// phase orders Carry's statements: a NOT NULL before the identity that needs it, a unique
 	// constraint before the foreign keys that reference it.
 	phase int
@@ -132,6 +136,15 @@ func (c *comparison) alter(format string, args ...any) string {
 }
 
 func q(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// fixSlowly appends stmt to d's Fix as a statement that only takes time (Difference.slow).
+func (d *Difference) fixSlowly(stmt string) {
+	if d.slow == nil {
+		d.slow = map[string]bool{}
+	}
+	d.slow[stmt] = true
+	d.Fix = append(d.Fix, stmt)
+}
 
 // pair calls both(s, t, found) for each of src's objects with the target's object of the same
 // key (the zero T and false when the target has none), then only(t) for each target object that
@@ -250,11 +263,12 @@ func (c *comparison) constraints(src, tgt []Constraint) {
 		switch {
 		case found && t.Def == s.Def:
 			d.Target += " NOT VALID"
-			d.Fix = []string{c.alter("validate constraint %s", q(s.Name))}
+			d.fixSlowly(c.alter("validate constraint %s", q(s.Name)))
 		case found:
-			d.Fix = append([]string{c.alter("drop constraint %s", q(s.Name))}, c.addConstraint(s)...)
+			d.Fix = []string{c.alter("drop constraint %s", q(s.Name))}
+			c.addConstraint(&d, s)
 		default:
-			d.Fix = c.addConstraint(s)
+			c.addConstraint(&d, s)
 		}
 		c.add(d)
 	}, func(t Constraint) {
@@ -263,19 +277,19 @@ func (c *comparison) constraints(src, tgt []Constraint) {
 	})
 }
 
-// addConstraint returns the statements that add constraint s: a check or foreign key NOT VALID
-// first, then validated (which takes a lighter lock than checking while adding: PostgreSQL docs,
-// ALTER TABLE, VALIDATE CONSTRAINT), unless the source's is not valid either.
-func (c *comparison) addConstraint(s Constraint) []string {
+// addConstraint appends to d's Fix the statements that add constraint s: a check or foreign key
+// NOT VALID first, then validated (which takes a lighter lock than checking while adding:
+// PostgreSQL docs, ALTER TABLE, VALIDATE CONSTRAINT), unless the source's is not valid either.
+func (c *comparison) addConstraint(d *Difference, s Constraint) {
 	add := c.alter("add constraint %s %s", q(s.Name), s.Def)
 	if s.Kind != 'c' && s.Kind != 'f' {
-		return []string{add}
+		d.Fix = append(d.Fix, add)
+		return
 	}
-	out := []string{add + " not valid"}
+	d.Fix = append(d.Fix, add+" not valid")
 	if s.Validated {
-		out = append(out, c.alter("validate constraint %s", q(s.Name)))
+		d.fixSlowly(c.alter("validate constraint %s", q(s.Name)))
 	}
-	return out
 }
 
 func primaryKey(cons []Constraint) (Constraint, bool) {
@@ -297,7 +311,7 @@ func (c *comparison) indexes(src, tgt []Index) {
 		if found {
 			d.Fix = append(d.Fix, drop(s.Name))
 		}
-		d.Fix = append(d.Fix, s.Def)
+		d.fixSlowly(s.Def)
 		c.add(d)
 	}, func(t Index) {
 		c.add(Difference{Kind: KindIndex, Object: t.Name, Target: t.Def, TargetOnly: true, phase: phaseIndex, Fix: []string{drop(t.Name)}})

@@ -58,7 +58,7 @@ func (c *comparison) partitioning(src, tgt Schema) {
 	}
 	d := Difference{Kind: KindPartitioning, Source: source, Target: target, phase: phasePartition}
 	if source != "" && target == "" {
-		d.Fix = repartitionSQL(src)
+		repartition(&d, src)
 	}
 	if source == "" {
 		d.TargetOnly = true
@@ -66,12 +66,12 @@ func (c *comparison) partitioning(src, tgt Schema) {
 	c.add(d)
 }
 
-// repartitionSQL returns the statements that turn the plain target table of partitioned source
-// table s into a partitioned table of s's layout: the plain table renamed aside, the partitioned
-// one created with its columns (LIKE, generated columns too) and s's partitions, the rows moved,
-// the plain one dropped. The rest of the table's objects (key, indexes, constraints) are left to
-// compare and carry again.
-func repartitionSQL(s Schema) []string {
+// repartition sets d's Fix to the statements that turn the plain target table of partitioned
+// source table s into a partitioned table of s's layout: the plain table renamed aside, the
+// partitioned one created with its columns (LIKE, generated columns too) and s's partitions, the
+// rows moved (slow: a rehearsal leaves it out), the plain one dropped. The rest of the table's
+// objects (key, indexes, constraints) are left to compare and carry again.
+func repartition(d *Difference, s Schema) {
 	aside := TwinName(s.Table.Name)
 	qAside := pgx.Identifier{s.Table.Schema, aside}.Sanitize()
 	var cols []string
@@ -81,7 +81,7 @@ func repartitionSQL(s Schema) []string {
 		}
 	}
 	list := strings.Join(cols, ", ")
-	out := []string{
+	d.Fix = []string{
 		"alter table " + s.Table.Quoted() + " rename to " + q(aside),
 		"create table " + s.Table.Quoted() + " (like " + qAside + " including generated) partition by " + s.PartitionKey,
 	}
@@ -90,21 +90,26 @@ func repartitionSQL(s Schema) []string {
 		if p.Key != "" {
 			stmt += " partition by " + p.Key
 		}
-		out = append(out, stmt)
+		d.Fix = append(d.Fix, stmt)
 	}
-	return append(out, "insert into "+s.Table.Quoted()+" ("+list+") select "+list+" from "+qAside, "drop table "+qAside)
+	d.fixSlowly("insert into " + s.Table.Quoted() + " (" + list + ") select " + list + " from " + qAside)
+	d.Fix = append(d.Fix, "drop table "+qAside)
 }
 
 // Repartition runs, on tx, the fix of diffs' partitioning difference (Compare's, of one table:
 // a partitioned source table whose target table is plain) and reports whether there was one; the
 // caller then reads the table again and compares it anew (its key, indexes and constraints went
-// with the plain table). Its error names the table and the statement.
-func Repartition(ctx context.Context, tx pgx.Tx, diffs []Difference) (bool, error) {
+// with the plain table). A rehearsal does not move the rows. Its error names the table and the
+// statement.
+func Repartition(ctx context.Context, tx pgx.Tx, diffs []Difference, rehearse bool) (bool, error) {
 	for _, d := range diffs {
 		if d.Kind != KindPartitioning || len(d.Fix) == 0 {
 			continue
 		}
 		for _, stmt := range d.Fix {
+			if rehearse && d.slow[stmt] {
+				continue
+			}
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return false, fmt.Errorf("partition target table %s as on the source (%s): %w; a table of a partition's name on the target, or a view over the table, stands in its way: rename or drop it, then run cutover --finalize again",
 					d.Table, stmt, err)
