@@ -120,6 +120,14 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 			}
 			continue
 		}
+		if cfg.Paused != nil && cfg.Paused() {
+			// Nothing more is read from the slot while paused: what was received is still applied
+			// and confirmed, and the status updates keep the walsender from timing out.
+			if err := l.pausedWait(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		// The read waits until the deadline, or until the apply under way ends (startApply) or ctx
 		// does (run's caller), which both move the deadline to now: a deadline on the connection
 		// itself, not a context per message, which pgconn would watch with a goroutine of its own.
@@ -151,6 +159,22 @@ func (l *loop) run(ctx, applyCtx context.Context) error {
 		if err := l.handle(ctx, applyCtx, msg); err != nil {
 			return err
 		}
+	}
+}
+
+// pausePoll is how often a paused stream looks whether it was resumed.
+const pausePoll = 250 * time.Millisecond
+
+// pausedWait waits while the stream is paused (StreamConfig.Paused): until the next status update
+// is due or pausePoll passed, whichever comes first; it returns ctx's error when ctx ends first.
+func (l *loop) pausedWait(ctx context.Context) error {
+	t := time.NewTimer(min(time.Until(l.nextStatus), pausePoll))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 

@@ -108,6 +108,10 @@ type StreamConfig struct {
 	// DEFAULT, a publication change) that the target does not reflect yet is then never
 	// confirmed. A limit below Start counts as Start. The target's progress is not bounded: a
 	// session start checks the catalog again before it streams from there.
+	// Paused, when set, is asked before each read from the slot: while it returns true the
+	// stream reads nothing more (the walsender waits, the slot holds WAL), applies and confirms
+	// what it received, and keeps sending status updates (pgconverge pause).
+	Paused func() bool
 	ConfirmLimit func() pglogrepl.LSN
 	// Stager, when set, turns on the streaming of in-progress transactions on a source of
 	// PostgreSQL 14 or later (streamed.go): pgoutput protocol version 2 (4 from PostgreSQL 16),

@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/pgconverge/pgconverge/internal/pacing"
+
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/spf13/cobra"
@@ -16,8 +18,10 @@ import (
 func newBackfillCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := operator.BackfillConfig{}
 	var logFormat, logLevel string
-	var join bool
+	var join, set bool
 	var runID int64
+	var limits rateLimitFlags
+	var slot string
 	cmd := &cobra.Command{
 		Use:   "backfill --source URL --target URL (--table s.t [--table ...] | --join [--run ID]) [--workers N] [--chunk-rows N]",
 		Short: "Copy tables from an exact snapshot of the source into the target, safely next to a running stream",
@@ -38,14 +42,24 @@ With --join, the command adds --workers workers to a run another process is runn
 backfill, or a daemon's initial load or scheduled backfill), typically from another host: they
 claim the run's chunks in the target's ledger and read each at the run's own snapshot. It takes
 no --table and exits 0 when the run ends; killing it costs no data (its chunks are claimable
-again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
+again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
+
+--max-rows-per-second and --max-bytes-per-second limit what the process reads from the source, all
+its workers together; a SIGHUP reloads them from --config. With --set, the command backfills nothing:
+it changes the rate limits of the running daemon of --slot (its backfills and verifies each), which
+follows within a second and keeps them until its next start (pgconverge status shows them).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if set {
+				return setDaemonLimits(cmd, stdout, cfg.Target, slot, limits)
+			}
 			logger, err := newLogger(stderr, logFormat, logLevel)
 			if err != nil {
 				return err
 			}
 			cfg.Logger = logger
+			cfg.Pacer = pacing.New(limits.limits(), nil)
+			reloadLimitsOnHangup(cmd.Context(), cmd, logger, setPacerLimits(cfg.Pacer))
 			if cfg.Progress == nil {
 				f, ok := stderr.(*os.File)
 				cfg.Progress = newProgress(stderr, ok && term.IsTerminal(int(f.Fd())), "backfill", logger, 10*time.Second)
@@ -84,6 +98,9 @@ again at once). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.`,
 	f.BoolVar(&join, "join", false, "add this process's --workers to a backfill run another process is running (from another host, say) instead of starting one")
 	f.Int64Var(&runID, "run", 0, "with --join: the id of the run to join (default: the newest running run)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
+	addRateLimitFlags(f, &limits, "this backfill")
+	f.BoolVar(&set, "set", false, "backfill nothing: change the rate limits of the running daemon of --slot to the --max-rows-per-second and --max-bytes-per-second given")
+	f.StringVar(&slot, "slot", "pgconverge", "with --set: the slot of the daemon whose rate limits to change")
 	addLogFlags(f, &logFormat, &logLevel)
 	return cmd
 }
@@ -94,7 +111,7 @@ func runJoin(cmd *cobra.Command, stdout io.Writer, cfg operator.BackfillConfig, 
 		return errors.New("--join takes the tables of the run it joins: drop --table")
 	}
 	jc := backfillrun.JoinConfig{Source: cfg.Source, Target: cfg.Target, Run: runID, Workers: cfg.Workers, Wait: cfg.Wait,
-		Logger: cfg.Logger, Progress: cfg.Progress}
+		Logger: cfg.Logger, Progress: cfg.Progress, Pacer: cfg.Pacer}
 	if err := jc.Validate(); err != nil {
 		return err
 	}

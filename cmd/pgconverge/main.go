@@ -86,7 +86,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newRunCmd(stderr, &budget), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout), newStatusCmd(stdout),
+	root.AddCommand(newRunCmd(stderr, &budget), newBackfillCmd(stdout, stderr), newCoverageCmd(stdout), newSequencesCmd(stdout, stderr), newVerifyCmd(stdout, stderr), newRetireCmd(stdout), newStatusCmd(stdout), newPauseCmd(stdout, false), newPauseCmd(stdout, true),
 		newCutoverCmd(stdout, stderr))
 	root.AddCommand(devCommands(root)...)
 	return root

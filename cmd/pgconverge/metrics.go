@@ -55,6 +55,8 @@ type metrics struct {
 	stream      func() engine.StreamStats // the current session's streamer, nil between sessions
 	txSeen      int64                     // transactions of the current streamer already counted
 	changesSeen int64                     // changes of the current streamer already counted
+	// pacing are the pacing metrics (pacingmetrics.go).
+	pacing *pacingMetrics
 }
 
 // Descriptions of the metrics streamCollector reports while a stream runs.
@@ -154,6 +156,7 @@ func newMetrics() *metrics {
 	for _, c := range []prometheus.Collector{m.discFound, m.discRepaired, m.discSuppressed, m.changes, m.slotSafe, m.slotHeld, m.slotStatus, streamCollector{m}} {
 		f(c)
 	}
+	m.pacing = newPacingMetrics(f)
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -164,6 +164,13 @@ func printSlotStatus(w io.Writer, s operator.SlotStatus) {
 		}
 		fmt.Fprintf(w, "  %s %s (epoch %d, since %s), %d standby(s) waiting\n", state, l.Holder, l.Epoch, l.Since, l.Standbys)
 	}
+	for _, p := range s.Controls.Paused {
+		fmt.Fprintf(w, "  PAUSED: %s since %s (by %s); pgconverge resume --slot %s --what %s\n", p.What, p.Since.UTC().Format(time.RFC3339), p.By, s.Name, p.What)
+	}
+	if l := s.Controls.Limits; l != nil && (l.RowsPerSecond > 0 || l.BytesPerSecond > 0) {
+		fmt.Fprintf(w, "  rate limits of backfills and verifies: %s, %s (set by %s at %s)\n", rateText(l.RowsPerSecond, "rows"), rateText(l.BytesPerSecond, "bytes"),
+			l.SetBy, l.SetAt.UTC().Format(time.RFC3339))
+	}
 	if s.Exists && !s.Invalidated() {
 		safe := "unlimited"
 		if s.SafeWALSizeBytes != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/pgconverge/pgconverge/internal/pacing"
+
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/verify"
 	"github.com/spf13/cobra"
@@ -20,6 +22,7 @@ func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := verify.Config{}
 	var logFormat, logLevel, format string
 	var schema bool
+	var limits rateLimitFlags
 	cmd := &cobra.Command{
 		Use:   "verify --source URL --target URL [--table s.t ...] [--repair] [--incremental] [--schema [--ownership]] [--format table|json] [--no-values]",
 		Short: "Compare the target with an exact snapshot of the source, record each discrepancy once, and repair it",
@@ -43,6 +46,10 @@ against the source's, object by object, and prints each difference with the stat
 it. For a table pgconverge still replicates into, what cutover --finalize carries over (all but
 the columns, types and non-unique indexes) is listed as pending, not as a difference.
 
+--max-rows-per-second and --max-bytes-per-second limit what the comparison reads from the source:
+each checksum query counts the table's rows as read, and waits afterwards until the limits allow
+them; a SIGHUP reloads them from --config.
+
 Exit status: 0 when no discrepancy is left open (with --schema: no difference), 4 when some are, 1
 on an error (also when a table named with --table could not be compared). URLs default to $PGCONVERGE_SOURCE and $PGCONVERGE_TARGET.
 The JSON format is documented in docs/verify.md and stays stable.`,
@@ -59,6 +66,8 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 			if schema {
 				return verifySchema(cmd, cfg, format, stdout)
 			}
+			cfg.Pacer = pacing.New(limits.limits(), nil)
+			reloadLimitsOnHangup(cmd.Context(), cmd, logger, setPacerLimits(cfg.Pacer))
 			rep, err := verify.Run(cmd.Context(), cfg)
 			err = writeVerifyReport(stdout, format, rep, err, printVerify)
 			switch {
@@ -80,6 +89,7 @@ The JSON format is documented in docs/verify.md and stays stable.`,
 	f.BoolVar(&cfg.NoValues, "no-values", false, "record hashes only, never the rows' values")
 	f.BoolVar(&cfg.Incremental, "incremental", false, "skip the key-hash groups unchanged since the last verify found them equal (pays on tables that mostly stand still; with any change since, slower than the default full verify)")
 	f.StringVar(&format, "format", "table", "output format: table or json")
+	addRateLimitFlags(f, &limits, "the comparison")
 	f.DurationVar(&cfg.Wait, "wait", 0, "how long to wait for the stream to apply the source up to the snapshot (default 2m)")
 	addAuditRetentionFlag(f, &cfg.AuditRetention)
 	addLogFlags(f, &logFormat, &logLevel)

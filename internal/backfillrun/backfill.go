@@ -19,6 +19,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/advisory"
 	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/sequences"
 	"golang.org/x/sync/errgroup"
@@ -79,6 +80,10 @@ type Job struct {
 	CopyOnly *apply.CopyOnlyTables
 	// SourceID identifies the source database (cdc.SourceID); Run reads it.
 	SourceID string
+	// Pacer paces the run's reads of the source (pacing.Pacer): every worker waits while it is
+	// held before it starts a chunk, and takes the rows and bytes it reads from its rate limits.
+	// nil reads as fast as the workers go.
+	Pacer *pacing.Pacer
 	// conflicts counts the conflicts the run's transactions lost and retried; Run sets it.
 	conflicts *atomic.Int64
 	// lease holds the process's target sessions of the run alive (lease.Worker); Run and

@@ -16,6 +16,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/migrations"
 	"golang.org/x/sync/errgroup"
@@ -36,6 +37,8 @@ type JoinConfig struct {
 	// Lease is the lease's timings of the process's sessions (lease.Timings); unset ones are the
 	// production ones. Tests set shorter ones, the same as the run's.
 	Lease lease.Timings
+	// Pacer paces this process's reads (Job.Pacer); nil reads as fast as the workers go.
+	Pacer *pacing.Pacer
 }
 
 // Validate reports every problem of the configuration at once.
@@ -187,7 +190,7 @@ type joiner struct {
 func (j *joiner) work(ctx context.Context) error {
 	run := j.run
 	job := Job{Source: j.cfg.Source, Target: j.cfg.Target, BatchRows: BatchRows, ChunkRows: int(run.ChunkRows), Logger: j.log,
-		CopyOnly: j.copyOnly}
+		CopyOnly: j.copyOnly, Pacer: j.cfg.Pacer}
 	job.LeaderSlot, job.Epoch, job.lease = run.LeaderSlot, run.Epoch, j.lease
 	w, err := newBackfillWorker(ctx, job, backfill.Snapshot{Name: run.Snapshot, LSN: run.LSN})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/backfill"
 	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
 
@@ -38,6 +39,8 @@ type backfillWorker struct {
 	// keepFrom is the smallest S of a chunk another worker completed that the run keeps: chunks
 	// of this run's own snapshot, and with Resume those a stream covers from (Job.KeepFrom).
 	keepFrom pglogrepl.LSN
+	// pacer is Job.Pacer.
+	pacer *pacing.Pacer
 	// runID is set (not 0) in a worker of a process that joined that run (Join): each of its chunk
 	// transactions checks the run still owns the chunk's table backfill (coverage.CheckRunOwnsTx).
 	runID int64
@@ -82,7 +85,7 @@ func newBackfillWorker(ctx context.Context, job Job, snap backfill.Snapshot) (*b
 	}
 	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt, job.CopyOnly), snap: snap, batchRows: job.BatchRows,
 		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch,
-		keepFrom: keepFrom, mon: job.Monitor, conflicts: job.conflicts}, nil
+		keepFrom: keepFrom, mon: job.Monitor, conflicts: job.conflicts, pacer: job.Pacer}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -116,6 +119,9 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 		defer close(ended)
 		defer close(batches)
 		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.rest(), batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+			if err := w.pacer.Take(ctx, rec.NumRows(), recordBytes(rec)); err != nil {
+				return err
+			}
 			rec.Retain()
 			select {
 			case batches <- rec:
@@ -133,6 +139,9 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 // another process holds is left in its table's held list (tableRun.held).
 func (w *backfillWorker) run(ctx context.Context, work <-chan chunkWork, onDone func(chunkWork, chunkDone) error) error {
 	for cw := range work {
+		if err := w.pacer.Wait(ctx); err != nil {
+			return err
+		}
 		done, err := w.chunk(ctx, cw)
 		if err != nil {
 			return err
@@ -280,7 +289,7 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t := cw.tr.t
 	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, pgsession.MajorVersion(w.src.PgConn()), func(out io.Writer, binary bool) (int64, error) {
-		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, out)
+		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, w.pacer.Writer(ctx, out))
 	})
 	switch {
 	case err != nil:
@@ -364,4 +373,27 @@ func (w *backfillWorker) mergeBatch(ctx context.Context, rec arrow.RecordBatch, 
 		w.afterMergedBatch()
 	}
 	return nil
+}
+
+// recordBytes returns the bytes of rec's buffers (its columns', their children's included): what
+// a batch counts against a bytes-per-second limit.
+func recordBytes(rec arrow.RecordBatch) int64 {
+	var n int64
+	for _, col := range rec.Columns() {
+		n += dataBytes(col.Data())
+	}
+	return n
+}
+
+func dataBytes(d arrow.ArrayData) int64 {
+	var n int64
+	for _, b := range d.Buffers() {
+		if b != nil {
+			n += int64(b.Len())
+		}
+	}
+	for _, c := range d.Children() {
+		n += dataBytes(c)
+	}
+	return n
 }

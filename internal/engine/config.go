@@ -10,6 +10,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/schedule"
 	"github.com/pgconverge/pgconverge/internal/verify"
@@ -91,6 +92,20 @@ type Config struct {
 	// and follows the source's new and dropped indexes (indexFollower, every minute); a unique
 	// index or constraint gets a twin without its uniqueness until cutover --finalize.
 	CopyIndexes bool
+	// Limits are the rate limits of the daemon's backfills and verifies (`run
+	// --max-rows-per-second`, `--max-bytes-per-second`), each counted apart; the daemon records
+	// them in the ledger when it starts, where `backfill --set` and a SIGHUP reload change them
+	// while it runs (package control).
+	Limits pacing.Limits
+	// WALBudget is how many bytes of WAL the slot may hold before the daemon acts (walBudget):
+	// from half of it backfills and verifies wait for the stream to catch up, from 80% it warns
+	// and resumes a stream the operator paused. 0 takes max_slot_wal_keep_size, or
+	// DefaultWALBudget when the source keeps WAL for slots without limit; a budget above
+	// max_slot_wal_keep_size is lowered to it.
+	WALBudget int64
+	// Pacing, when enabled, makes backfills and verifies wait while the source is under load
+	// (LoadLimits).
+	Pacing LoadLimits
 	// SyncSequences syncs the sequences of each table after each completed backfill run of it
 	// (initial load, gap and scheduled backfills; sequences.SyncAfterBackfill).
 	SyncSequences bool
@@ -99,6 +114,8 @@ type Config struct {
 	Logger  *slog.Logger
 	Monitor Monitor
 	Knobs   Knobs
+	// pace is the daemon's pacers and stream pause (daemonPace), which Run makes for its life.
+	pace *daemonPace
 	// copyOnly is the daemon's set of tables staged by COPY only (apply.CopyOnlyTables), which
 	// Run makes and every Applier of its sessions, their backfills and fills shares.
 	copyOnly *apply.CopyOnlyTables
@@ -129,6 +146,8 @@ type Knobs struct {
 	// Verified runs after each scheduled verify with its report and error
 	// (schedule.Verifies.Verified).
 	Verified func(verify.Report, error)
+	// ControlEvery, when set, replaces controlEvery; SourceLoadEvery replaces sourceLoadEvery.
+	ControlEvery, SourceLoadEvery time.Duration
 	// IndexFollowEvery, when set, replaces indexFollowEvery.
 	IndexFollowEvery time.Duration
 	// TombstonePruneEvery, when set, replaces tombstonePruneEvery.
@@ -203,6 +222,13 @@ func (c *Config) Validate() error {
 	if c.MemoryBudget < 0 {
 		errs = append(errs, fmt.Errorf("--memory-budget %d is negative", c.MemoryBudget))
 	}
+	if c.Limits.RowsPerSecond < 0 || c.Limits.BytesPerSecond < 0 {
+		errs = append(errs, errors.New("--max-rows-per-second and --max-bytes-per-second cannot be negative: use 0 for no limit"))
+	}
+	if c.WALBudget < 0 {
+		errs = append(errs, fmt.Errorf("--wal-budget %d is negative: use 0 for max_slot_wal_keep_size", c.WALBudget))
+	}
+	errs = append(errs, c.Pacing.validate())
 	if c.TombstoneRetention < 0 {
 		errs = append(errs, fmt.Errorf("--tombstone-retention %s is negative: use 0 to keep tombstones forever", c.TombstoneRetention))
 	}

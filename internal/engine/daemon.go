@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -32,6 +33,13 @@ func Run(ctx context.Context, cfg Config) error {
 	// retry together), a wait is at most 30 s.
 	b.MaxInterval = knobOr(cfg.Knobs.RetryBackoffMax, 20*time.Second)
 	cfg.copyOnly = new(apply.CopyOnlyTables) // one for the daemon's life: a later session stages such tables by COPY too
+	cfg.pace = newDaemonPace(cfg)
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	watching.Go(func() { followControls(watchCtx, cfg) })
+	watching.Go(func() { watchSourceLoad(watchCtx, cfg) })
+	defer watching.Wait()
+	defer stopWatching()
 	running := overlap.HoldPresence(ctx, cfg.Target, cfg.Slot, cfg.Logger, knobOr(cfg.Knobs.PresenceCheckEvery, overlap.PresenceCheckEvery),
 		cfg.Knobs.leaseTimings().CheckTimeout)
 	defer running.Release()

@@ -31,6 +31,9 @@ func (s *session) prepare(ctx context.Context, names []changebatch.TableName) er
 	if err := s.prepareTarget(ctx); err != nil {
 		return err
 	}
+	if err := s.readControls(ctx); err != nil {
+		return err
+	}
 	s.step("publication")
 	return s.preparePublication(ctx, names)
 }

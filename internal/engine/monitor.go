@@ -7,6 +7,7 @@ import (
 	"github.com/pgconverge/pgconverge/cdc"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/verify"
 )
@@ -46,6 +47,15 @@ type Monitor interface {
 	// BackfillProgress returns the Progress a backfill run of trigger ("initial", "gap",
 	// "schedule") reports to: p, which it may wrap to follow the run too.
 	BackfillProgress(trigger string, p backfillrun.Progress) backfillrun.Progress
+	// PacingWaited counts a wait of d of the daemon's reads of path ("load", "backfill",
+	// "verify") by cause (pacing.CausePaused, CauseWALBudget, CauseLoad, CauseRate).
+	PacingWaited(path, cause string, d time.Duration)
+	// PacingHeld reports whether cause (pacing.CauseWALBudget, CauseLoad) holds the reads of path.
+	PacingHeld(path, cause string, held bool)
+	// Paused reports whether the operator paused part (control.Stream, Backfill, Verify).
+	Paused(part string, paused bool)
+	// RateLimits reports the rate limits in force (0: none).
+	RateLimits(l pacing.Limits)
 	// Leading reports whether this daemon leads slot (streams and writes) or waits as a standby
 	// for the daemon that does (apply.LockLeader).
 	Leading(slot string, leading bool)
@@ -84,6 +94,10 @@ func (NopMonitor) SessionRetried(string)                                        
 func (NopMonitor) TargetIndex(string, string)                                             {}
 func (NopMonitor) SlotCreationWait(string, pgsession.SlotWait)                            {}
 func (NopMonitor) Leading(string, bool)                                                   {}
+func (NopMonitor) PacingWaited(string, string, time.Duration)                             {}
+func (NopMonitor) PacingHeld(string, string, bool)                                        {}
+func (NopMonitor) Paused(string, bool)                                                    {}
+func (NopMonitor) RateLimits(pacing.Limits)                                               {}
 func (NopMonitor) BackfillProgress(_ string, p backfillrun.Progress) backfillrun.Progress { return p }
 func (NopMonitor) DiscrepanciesFound(string, string, int64)                               {}
 func (NopMonitor) DiscrepanciesRepaired(string, int64)                                    {}

@@ -29,5 +29,6 @@ func verifySchedule(cfg Config, tables []changebatch.Table, mon Monitor) schedul
 	return schedule.Verifies{
 		Schedule: cfg.VerifySchedule, Source: cfg.Source, Primary: cfg.Primary, Target: cfg.Target, Tables: tables,
 		Repair: cfg.VerifyRepair, Logger: cfg.Logger, Monitor: mon, Verified: cfg.Knobs.Verified,
+		Pacer: cfg.pace.verifyPacer(),
 	}
 }

@@ -64,6 +64,7 @@ func (s *session) stream(ctx context.Context) error {
 		SourceWALEnd:    func() pglogrepl.LSN { return pglogrepl.LSN(walEnd.Load()) },
 		// The slot is confirmed only as far as the catalog checks vouch for (catalogWatcher).
 		ConfirmLimit: limit.get,
+		Paused:       cfg.pace.paused,
 		CheckStart:   func(ctx context.Context) error { return s.checkSlotStart(ctx, start) },
 		StartBound:   func(ctx context.Context) (context.Context, func()) { return pgsession.Call(s.bounded(ctx), "source") },
 	})

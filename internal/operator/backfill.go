@@ -13,6 +13,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/lease"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 	"github.com/pgconverge/pgconverge/internal/sequences"
 	"github.com/pgconverge/pgconverge/migrations"
@@ -44,6 +45,9 @@ type BackfillConfig struct {
 	// Lease is the run's lease timings (backfillrun.Job.Lease); unset ones are the production
 	// ones. Tests set shorter ones.
 	Lease lease.Timings
+	// Pacer paces the run's reads (backfillrun.Job.Pacer: --max-rows-per-second,
+	// --max-bytes-per-second); nil reads as fast as the workers go.
+	Pacer *pacing.Pacer
 }
 
 // Validate reports every problem of the configuration at once.
@@ -114,7 +118,7 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, erro
 		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
-		Lease: cfg.Lease,
+		Lease: cfg.Lease, Pacer: cfg.Pacer,
 	})
 	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
 		return rep, err

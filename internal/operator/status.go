@@ -8,6 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+
+	"github.com/pgconverge/pgconverge/internal/control"
+
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgconverge/pgconverge/apply"
@@ -154,6 +158,11 @@ type SlotStatus struct {
 	// (--stream-in-progress); nil when the source keeps no statistics of the slot (before
 	// PostgreSQL 14, or the slot is missing).
 	Streaming *StreamingStatus `json:"streaming,omitempty"`
+	// Controls are the operator's controls of the slot's daemon in the target's ledger: what is
+	// paused, since when and by whom (pgconverge pause), and the rate limits of its backfills and
+	// verifies (rate_limits omitted when none were recorded). The WAL the slot holds meanwhile is
+	// restart_lag_bytes above.
+	Controls control.State `json:"controls"`
 }
 
 // StreamingStatus is what the source counted of a slot's decoding (pg_stat_replication_slots,
@@ -249,6 +258,13 @@ func Status(ctx context.Context, cfg StatusConfig) (StatusReport, error) {
 		}
 		if err := readStreaming(ctx, src, tgt, &out.Slots[i]); err != nil {
 			return StatusReport{}, err
+		}
+		// A ledger made before pauses existed has none.
+		if out.Slots[i].Controls, err = control.Read(ctx, tgt, s.Name); err != nil && !pgsession.IsCode(err, pgerrcode.UndefinedTable) {
+			return StatusReport{}, err
+		}
+		if out.Slots[i].Controls.Paused == nil {
+			out.Slots[i].Controls.Paused = []control.Paused{}
 		}
 	}
 	bySlot := map[string]SlotStatus{}

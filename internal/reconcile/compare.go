@@ -43,6 +43,11 @@ type Config struct {
 	// found equal in Stats.Memo (incremental.go). A keyless table, a partitioned one or one
 	// published with a row filter is compared in full, as without it.
 	Incremental *Incremental
+	// Pace, when set, is called after each of the comparison's queries on the source with the
+	// rows it counts as read, the table's source rows (a checksum query scans the table), and the
+	// bytes fetched since the last call; its error ends the comparison (a rate limit's wait,
+	// pacing.Pacer.Take, ended by ctx).
+	Pace func(ctx context.Context, rows, bytes int64) error
 }
 
 // ErrTooManyDiffs is wrapped by Compare's error when a level of groups proved more differing
@@ -122,6 +127,8 @@ type comparison struct {
 	stats       Stats
 	// rows and bytes fetched, from both sides' goroutines at once
 	rows, bytes atomic.Int64
+	// paced is c.bytes when Pace was last called.
+	paced int64
 }
 
 // Compare compares cfg.Table between src (a transaction at the exact snapshot S) and tgt (a
@@ -170,6 +177,9 @@ func (c *comparison) run(ctx context.Context) error {
 	}
 	c.stats.Groups++
 	c.stats.SourceRows, c.stats.Moved = srcAll.rows, moved
+	if err := c.pace(ctx); err != nil { // the first scan, once its rows are known
+		return err
+	}
 	if moved > 0 {
 		if err := c.loadMoved(ctx); err != nil {
 			return err
@@ -329,7 +339,21 @@ func (c *comparison) both(ctx context.Context, src, tgt func(context.Context) er
 		}
 		return nil
 	})
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return c.pace(ctx)
+}
+
+// pace calls Config.Pace, when set, with the table's source rows known so far (0 before the
+// first scan) and the bytes fetched since the last call.
+func (c *comparison) pace(ctx context.Context) error {
+	if c.cfg.Pace == nil {
+		return nil
+	}
+	b := c.bytes.Load()
+	defer func() { c.paced = b }()
+	return c.cfg.Pace(ctx, c.stats.SourceRows, b-c.paced)
 }
 
 // scanOne reads the one-row result (count, sum as text[, moved]) of q into g (and moved).

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgconverge/pgconverge/internal/pacing"
+
 	"github.com/pgconverge/pgconverge/apply/changebatch"
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/verify"
@@ -36,6 +38,8 @@ type Verifies struct {
 	// Verified, a test hook, runs after each scheduled verify with its report and error; nil does
 	// nothing.
 	Verified func(verify.Report, error)
+	// Pacer paces the runs' reads (verify.Config.Pacer).
+	Pacer *pacing.Pacer
 }
 
 // Run verifies at each tick of Schedule until ctx ends (returning nil at once when Schedule is
@@ -62,7 +66,7 @@ func (v Verifies) Run(ctx context.Context) error {
 		defer running.Store(false)
 		rep, err := verify.Run(ctx, verify.Config{
 			Source: v.Source, Primary: v.Primary, Target: v.Target, Tables: tables, Repair: v.Repair, Trigger: coverage.VerifySchedule,
-			Wait: verifyWait, Logger: log, Monitor: v.Monitor,
+			Wait: verifyWait, Logger: log, Monitor: v.Monitor, Pacer: v.Pacer,
 		})
 		switch {
 		case ctx.Err() != nil:

@@ -30,7 +30,7 @@ func (v *verifyRun) compare(ctx context.Context, ttx pgx.Tx, t *verifyTable) err
 	}
 	var found []coverage.Discrepancy
 	st, err := reconcile.Compare(ctx, stx, ttx, reconcile.Config{
-		Table: t.Table, Snapshot: v.snap.LSN, Mode: v.mode, LeafRows: v.cfg.LeafRows, Incremental: inc,
+		Table: t.Table, Snapshot: v.snap.LSN, Mode: v.mode, LeafRows: v.cfg.LeafRows, Incremental: inc, Pace: v.cfg.Pacer.Take,
 		Emit: func(ctx context.Context, diffs []reconcile.Diff) error {
 			batch := make([]coverage.Discrepancy, len(diffs))
 			for i, d := range diffs {

@@ -17,6 +17,7 @@ import (
 	"github.com/pgconverge/pgconverge/coverage"
 	"github.com/pgconverge/pgconverge/internal/backfillrun"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
+	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/reconcile"
 	"github.com/pgconverge/pgconverge/migrations"
 )
@@ -59,6 +60,10 @@ type Config struct {
 	Monitor        Monitor
 	// BeforeRepairCommit, a test hook, runs before each repair transaction commits.
 	BeforeRepairCommit func(table string)
+	// Pacer paces the comparison's reads of the source (reconcile.Config.Pace): each table waits
+	// while it is held, and each checksum query counts the table's source rows and the bytes it
+	// fetched against its rate limits. nil reads as fast as the databases go.
+	Pacer *pacing.Pacer
 }
 
 // Validate reports every problem of the configuration at once.
@@ -340,6 +345,9 @@ func (v *verifyRun) compareAll(ctx context.Context) error {
 	for _, t := range v.tables {
 		if !t.ok() {
 			continue
+		}
+		if err := v.cfg.Pacer.Wait(ctx); err != nil {
+			return err
 		}
 		start := time.Now()
 		if err := v.compare(ctx, ttx, t); err != nil {

@@ -1,0 +1,191 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgconverge/pgconverge/coverage"
+	"github.com/pgconverge/pgconverge/internal/control"
+	"github.com/pgconverge/pgconverge/internal/pacing"
+	"github.com/pgconverge/pgconverge/internal/pgsession"
+)
+
+// controlEvery is how often the daemon reads its controls (pauses, rate limits) from the ledger.
+const controlEvery = time.Second
+
+// daemonPace paces the daemon's reads of the source for its whole life, across sessions: its
+// loads (initial and gap loads, which run before the stream: a WAL budget or a stream lag cannot
+// hold them, since only the stream they wait for would lower it), its backfills while streaming
+// (scheduled ones), its verifies, and whether its stream is paused.
+type daemonPace struct {
+	load, backfill, verify *pacing.Pacer
+	streamPaused           atomic.Bool
+	// mu guards the last controls applied, to log what changed.
+	mu   sync.Mutex
+	last control.State
+}
+
+// newDaemonPace returns the daemon's pacers, at cfg's rate limits, reporting their waits to mon.
+func newDaemonPace(cfg Config) *daemonPace {
+	mon := cfg.monitor()
+	pacer := func(path string) *pacing.Pacer {
+		return pacing.New(cfg.Limits, func(cause string, d time.Duration) { mon.PacingWaited(path, cause, d) })
+	}
+	return &daemonPace{load: pacer("load"), backfill: pacer("backfill"), verify: pacer("verify")}
+}
+
+// forTrigger returns the pacer of a backfill run of trigger: loads (initial, gap) or backfills.
+func (p *daemonPace) forTrigger(trigger string) *pacing.Pacer {
+	if p == nil {
+		return nil
+	}
+	if trigger == coverage.TriggerInitial || trigger == coverage.TriggerGap {
+		return p.load
+	}
+	return p.backfill
+}
+
+// verifyPacer returns the pacer of the daemon's verifies (nil: none).
+func (p *daemonPace) verifyPacer() *pacing.Pacer {
+	if p == nil {
+		return nil
+	}
+	return p.verify
+}
+
+// paused reports whether the operator paused the stream.
+func (p *daemonPace) paused() bool { return p != nil && p.streamPaused.Load() }
+
+// apply brings the pacers in line with the ledger's controls st, logging and reporting what
+// changed.
+func (p *daemonPace) apply(cfg Config, st control.State) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mon := cfg.monitor()
+	for _, part := range control.Parts {
+		on := st.IsPaused(part)
+		if on == p.last.IsPaused(part) && p.last.Paused != nil {
+			continue
+		}
+		mon.Paused(part, on)
+		why := "paused by `pgconverge pause` (pgconverge.pauses); `pgconverge resume --what " + part + "` resumes it"
+		switch part {
+		case control.Stream:
+			p.streamPaused.Store(on)
+		case control.Backfill:
+			hold(p.load, on, pacing.CausePaused, why)
+			hold(p.backfill, on, pacing.CausePaused, why)
+		case control.Verify:
+			hold(p.verify, on, pacing.CausePaused, why)
+		}
+		if on {
+			cfg.Logger.Warn("paused by the operator: nothing of it reads the source until resumed", "slot", cfg.Slot, "what", part, "fix", "pgconverge resume --what "+part)
+		} else if p.last.Paused != nil {
+			cfg.Logger.Info("resumed", "slot", cfg.Slot, "what", part)
+		}
+	}
+	if st.Limits != nil && (p.last.Limits == nil || p.last.Limits.Limits != st.Limits.Limits) {
+		for _, pc := range []*pacing.Pacer{p.load, p.backfill, p.verify} {
+			pc.SetLimits(st.Limits.Limits)
+		}
+		mon.RateLimits(st.Limits.Limits)
+		cfg.Logger.Info("rate limits of backfills and verifies set", "slot", cfg.Slot,
+			"max_rows_per_second", st.Limits.RowsPerSecond, "max_bytes_per_second", st.Limits.BytesPerSecond, "set_by", st.Limits.SetBy)
+	}
+	if st.Paused == nil {
+		st.Paused = []control.Paused{} // read once: later changes are logged
+	}
+	p.last = st
+}
+
+// hold holds (on) or releases cause on p.
+func hold(p *pacing.Pacer, on bool, cause, why string) {
+	if on {
+		p.Hold(cause, why)
+	} else {
+		p.Release(cause)
+	}
+}
+
+// readControls applies the ledger's controls over tgt at once: a session does so before it
+// loads or streams, so that a pause recorded before a restart holds from the start.
+func (s *session) readControls(ctx context.Context) error {
+	st, err := control.Read(ctx, s.tgt, s.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	s.cfg.pace.apply(s.cfg, st)
+	return nil
+}
+
+// followControls records the daemon's rate limits (Config.Limits, set_by "run") once, then reads
+// its controls from the ledger every controlEvery and applies them (daemonPace.apply) until ctx
+// ends, over a target connection of its own that it opens again after a failure. A ledger not
+// made yet (a first start) is waited for silently; other failures are logged at WARN, once per
+// kind, and the last controls read stay in force.
+func followControls(ctx context.Context, cfg Config) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	recorded := false
+	lastErr := ""
+	tick := time.NewTicker(knobOr(cfg.Knobs.ControlEvery, controlEvery))
+	defer tick.Stop()
+	for {
+		err := func() error {
+			bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if conn == nil {
+				c, err := pgsession.Connect(bounded, cfg.Target, "target")
+				if err != nil {
+					return err
+				}
+				conn = c
+			}
+			if !recorded {
+				if err := control.SetLimits(bounded, conn, cfg.Slot, cfg.Limits, "run"); err != nil {
+					return err
+				}
+				recorded = true
+			}
+			st, err := control.Read(bounded, conn, cfg.Slot)
+			if err != nil {
+				return err
+			}
+			cfg.pace.apply(cfg, st)
+			return nil
+		}()
+		switch {
+		case err == nil:
+			lastErr = ""
+		case ctx.Err() != nil:
+			return
+		case pgsession.IsCode(err, pgerrcode.UndefinedTable):
+			// The ledger is made by the first session (migrations).
+		default:
+			if conn != nil { // its state after a failure is unknown: the next read connects again
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+			}
+			if err.Error() != lastErr {
+				lastErr = err.Error()
+				cfg.Logger.Warn("controls (pauses, rate limits) not read from the target: the last ones read stay in force", "slot", cfg.Slot, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
