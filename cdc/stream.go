@@ -111,7 +111,7 @@ type StreamConfig struct {
 	// Paused, when set, is asked before each read from the slot: while it returns true the
 	// stream reads nothing more (the walsender waits, the slot holds WAL), applies and confirms
 	// what it received, and keeps sending status updates (pgconverge pause).
-	Paused func() bool
+	Paused       func() bool
 	ConfirmLimit func() pglogrepl.LSN
 	// Stager, when set, turns on the streaming of in-progress transactions on a source of
 	// PostgreSQL 14 or later (streamed.go): pgoutput protocol version 2 (4 from PostgreSQL 16),

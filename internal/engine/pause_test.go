@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/control"
+	. "github.com/pgconverge/pgconverge/internal/engine"
 	"github.com/pgconverge/pgconverge/internal/operator"
 	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgtest"

@@ -248,4 +248,3 @@ func (pw *pacedWriter) Write(b []byte) (int, error) {
 	}
 	return pw.w.Write(b)
 }
-
