@@ -17,9 +17,14 @@ import (
 // A chunk of a block plan (ByBlock, NewBlockPlanner) is instead the rows stored in blocks
 // [Lower, Upper) of the table's file: one block number each, in decimal; Upper nil is unbounded.
 // Its chunks cover every row of one snapshot, read in no particular order.
+//
+// Limit, when above 0, reads only the first Limit rows of a key range, in key order: a long chunk
+// read in parts, each part continuing after the last key the one before read (not for block
+// chunks).
 type Chunk struct {
 	Lower, Upper []string
 	ByBlock      bool
+	Limit        int
 }
 
 // String renders the range for logs, for example (100, 200], ((x, 1), (x, 3)], (-inf, +inf) or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,7 @@ func CopyChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// COPY takes no parameters: the bounds are written as literals.
 	cond := boundsCondition(t, c, changebatch.QuoteLiteral)
-	sql := "copy (" + chunkQuery(t, cond, c.ByBlock) + ") to stdout"
+	sql := "copy (" + chunkQuery(t, cond, c) + ") to stdout"
 	if binary {
 		sql += " with (format binary)"
 	}
@@ -45,17 +46,22 @@ func CopyChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	return tag.RowsAffected(), nil
 }
 
-// chunkQuery returns the read of keyed table t's rows that satisfy cond (over the key columns),
-// in key order; for a block chunk (byBlock) in the order stored.
-func chunkQuery(t changebatch.Table, cond string, byBlock bool) string {
+// chunkQuery returns the read of keyed table t's rows of chunk c that satisfy cond (over the key
+// columns), in key order, at most c.Limit of them when it is set; for a block chunk in the order
+// stored.
+func chunkQuery(t changebatch.Table, cond string, c Chunk) string {
 	cols := make([]string, len(t.Columns))
-	for i, c := range t.Columns {
-		cols[i] = pgx.Identifier{c.Name}.Sanitize()
+	for i, col := range t.Columns {
+		cols[i] = pgx.Identifier{col.Name}.Sanitize()
 	}
 	q := "select " + strings.Join(cols, ", ") + " from " + t.SourceRelation("s") + " where " + cond
-	if byBlock {
+	if c.ByBlock {
 		return q
 	}
 	names, _ := keyColumns(t)
-	return q + " order by " + strings.Join(names, ", ")
+	q += " order by " + strings.Join(names, ", ")
+	if c.Limit > 0 {
+		q += " limit " + strconv.Itoa(c.Limit)
+	}
+	return q
 }

@@ -108,7 +108,7 @@ func ReadChunk(ctx context.Context, conn *pgx.Conn, snap Snapshot, t changebatch
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	cond, args := rangeCondition(t, c)
-	query := chunkQuery(t, cond, c.ByBlock)
+	query := chunkQuery(t, cond, c)
 	if t.Keyless {
 		cols := make([]string, len(t.Columns))
 		for i, c := range t.Columns {

@@ -99,6 +99,7 @@ follows within a second and keeps them until its next start (pgconverge status s
 	f.Int64Var(&runID, "run", 0, "with --join: the id of the run to join (default: the newest running run)")
 	addSyncSequencesFlag(f, &cfg.SyncSequences)
 	addRateLimitFlags(f, &limits, "this backfill")
+	addChunkTimeCapFlag(f, &cfg.ChunkTimeCap)
 	f.BoolVar(&set, "set", false, "backfill nothing: change the rate limits of the running daemon of --slot to the --max-rows-per-second and --max-bytes-per-second given")
 	f.StringVar(&slot, "slot", "pgconverge", "with --set: the slot of the daemon whose rate limits to change")
 	addLogFlags(f, &logFormat, &logLevel)

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/pgconverge/pgconverge/internal/engine"
@@ -77,6 +78,11 @@ func addRateLimitFlags(f *pflag.FlagSet, r *rateLimitFlags, what string) {
 	f.Var((*rowRate)(&r.rows), "max-rows-per-second", "read at most this many rows a second from the source in "+what+", all workers together (0: no limit); changed while running by a SIGHUP that reloads --config"+
 		" (and for run by backfill --set)")
 	f.Var(&r.bytes, "max-bytes-per-second", "read at most this many bytes a second from the source in "+what+", as 8MiB (0: no limit); changed as --max-rows-per-second")
+}
+
+// addChunkTimeCapFlag adds --chunk-time-cap, shared by run and backfill.
+func addChunkTimeCapFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "chunk-time-cap", 0, "how long one read of the source may take: a chunk read that takes longer has the table's further reads split, each a statement of half as many rows (continuing after the last key read); 0 reads each chunk in one statement")
 }
 
 // addPacingFlags adds run's flags of the WAL budget and the load-aware pacing to f.

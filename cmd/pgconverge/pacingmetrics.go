@@ -15,6 +15,7 @@ type pacingMetrics struct {
 	waited       *prometheus.CounterVec
 	held, paused *prometheus.GaugeVec
 	limits       *prometheus.GaugeVec
+	splits       *prometheus.CounterVec
 }
 
 // newPacingMetrics makes the pacing metrics and registers them with register.
@@ -28,8 +29,10 @@ func newPacingMetrics(register func(prometheus.Collector)) *pacingMetrics {
 			Help: "1 while the operator has paused a part of the daemon (stream, backfill, verify: pgconverge pause), else 0."}, []string{"what"}),
 		limits: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgconverge_rate_limit",
 			Help: "The rate limit in force for each of the daemon's backfills and verifies, by unit (rows_per_second, bytes_per_second); 0 for no limit."}, []string{"unit"}),
+		splits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgconverge_backfill_reads_split_total",
+			Help: "Times a backfill read of a table took longer than --chunk-time-cap and the table's further reads were split into half as many rows, by table."}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{p.waited, p.held, p.paused, p.limits} {
+	for _, c := range []prometheus.Collector{p.waited, p.held, p.paused, p.limits, p.splits} {
 		register(c)
 	}
 	for _, part := range control.Parts {
@@ -58,6 +61,9 @@ func (m *metrics) RateLimits(l pacing.Limits) {
 	m.pacing.limits.WithLabelValues("rows_per_second").Set(l.RowsPerSecond)
 	m.pacing.limits.WithLabelValues("bytes_per_second").Set(l.BytesPerSecond)
 }
+
+// BackfillReadSplit counts a split of table's backfill reads.
+func (m *metrics) BackfillReadSplit(table string) { m.pacing.splits.WithLabelValues(table).Inc() }
 
 // boolGauge is 1 for true, 0 for false.
 func boolGauge(b bool) float64 {

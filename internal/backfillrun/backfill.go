@@ -80,6 +80,11 @@ type Job struct {
 	CopyOnly *apply.CopyOnlyTables
 	// SourceID identifies the source database (cdc.SourceID); Run reads it.
 	SourceID string
+	// ChunkTimeCap, when above 0, bounds how long one read of the source should take: a chunk
+	// read that took longer has the table's further reads split (timecap.go), each a statement
+	// of at most half the rows of the one that passed the cap. 0 reads each chunk in one
+	// statement.
+	ChunkTimeCap time.Duration
 	// Pacer paces the run's reads of the source (pacing.Pacer): every worker waits while it is
 	// held before it starts a chunk, and takes the rows and bytes it reads from its rate limits.
 	// nil reads as fast as the workers go.
@@ -154,6 +159,9 @@ type tableRun struct {
 	// held lists the chunks a worker of another process (Join) held when this run's worker came to
 	// them: awaitHeld waits for them.
 	held []chunkWork
+	// readLimit is the most rows one read of the table's chunks takes once a read passed the
+	// time cap (Job.ChunkTimeCap), 0 while none did.
+	readLimit int
 }
 
 // chunkWork is one chunk for a worker.

@@ -12,6 +12,9 @@ type Monitor interface {
 	// BackfillConflict counts one backfill transaction of table that lost a deadlock or a
 	// serialization conflict and is retried.
 	BackfillConflict(table string)
+	// BackfillReadSplit counts a split of table's reads: a read passed the time cap
+	// (Job.ChunkTimeCap), and the next ones take half as many rows.
+	BackfillReadSplit(table string)
 }
 
 // nopMonitor counts nothing: the Monitor of a Job without one.
@@ -19,3 +22,4 @@ type nopMonitor struct{}
 
 func (nopMonitor) BackfillChunk(string, int64, apply.RowCounts) {}
 func (nopMonitor) BackfillConflict(string)                      {}
+func (nopMonitor) BackfillReadSplit(string)                     {}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/jackc/pglogrepl"
@@ -39,8 +40,9 @@ type backfillWorker struct {
 	// keepFrom is the smallest S of a chunk another worker completed that the run keeps: chunks
 	// of this run's own snapshot, and with Resume those a stream covers from (Job.KeepFrom).
 	keepFrom pglogrepl.LSN
-	// pacer is Job.Pacer.
-	pacer *pacing.Pacer
+	// pacer is Job.Pacer; timeCap Job.ChunkTimeCap.
+	pacer   *pacing.Pacer
+	timeCap time.Duration
 	// runID is set (not 0) in a worker of a process that joined that run (Join): each of its chunk
 	// transactions checks the run still owns the chunk's table backfill (coverage.CheckRunOwnsTx).
 	runID int64
@@ -85,7 +87,7 @@ func newBackfillWorker(ctx context.Context, job Job, snap backfill.Snapshot) (*b
 	}
 	return &backfillWorker{src: src, tgt: tgt, ap: apply.New(tgt, job.CopyOnly), snap: snap, batchRows: job.BatchRows,
 		chunkRows: job.ChunkRows, log: job.Logger, afterMergedBatch: job.AfterMergedBatch, slot: job.LeaderSlot, epoch: job.Epoch,
-		keepFrom: keepFrom, mon: job.Monitor, conflicts: job.conflicts, pacer: job.Pacer}, nil
+		keepFrom: keepFrom, mon: job.Monitor, conflicts: job.conflicts, pacer: job.Pacer, timeCap: job.ChunkTimeCap}, nil
 }
 
 func (w *backfillWorker) close() {
@@ -100,6 +102,8 @@ type chunkRead struct {
 	cw      chunkWork
 	batches <-chan arrow.RecordBatch
 	wait    func() (int64, error)
+	// limit is the most rows it reads (the table's readLimit), 0 for the whole rest.
+	limit int
 }
 
 // read starts reading chunk cw over conn in a goroutine, at most two batches ahead of the
@@ -115,10 +119,12 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 		// most a chunk's rows keep each transaction as short as a keyed table's chunk.
 		batchRows = min(batchRows, w.chunkRows)
 	}
+	rest := cw.rest()
+	rest.Limit = cw.readLimit()
 	go func() {
 		defer close(ended)
 		defer close(batches)
-		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, cw.rest(), batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, rest, batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
 			if err := w.pacer.Take(ctx, rec.NumRows(), recordBytes(rec)); err != nil {
 				return err
 			}
@@ -132,7 +138,7 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 			}
 		})
 	}()
-	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }}
+	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }, limit: rest.Limit}
 }
 
 // run applies the chunks of work until it closes, calling onDone after each; a chunk a worker of
@@ -198,7 +204,7 @@ func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, before in
 	cw.tr.mu.Lock()
 	// A keyless table's rows are always merged: each snapshot row is matched with the deletes
 	// the stream already applied (apply's keyless base).
-	direct := cw.tr.directConflicts < maxDirectConflicts && !cw.tr.t.Keyless
+	direct := cw.tr.directConflicts < maxDirectConflicts && !cw.tr.t.Keyless && cw.tr.readLimit == 0
 	cw.tr.mu.Unlock()
 	var total chunkDone
 	for attempt := 1; ; {
@@ -206,7 +212,7 @@ func (w *backfillWorker) applyChunk(ctx context.Context, cw chunkWork, before in
 		if direct {
 			done, err = w.copyChunk(ctx, cw)
 		} else {
-			done, err = w.mergeChunk(ctx, w.read(ctx, w.src, cw), &cw)
+			done, err = w.mergeChunk(ctx, &cw)
 		}
 		total.rows += done.rows
 		total.result.Add(done.result)
@@ -288,6 +294,7 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t := cw.tr.t
+	began := time.Now()
 	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, pgsession.MajorVersion(w.src.PgConn()), func(out io.Writer, binary bool) (int64, error) {
 		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, w.pacer.Writer(ctx, out))
 	})
@@ -297,6 +304,7 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	case conflict:
 		return done, errKeysPresent
 	}
+	w.checkTimeCap(cw, time.Since(began), rows)
 	if err := coverage.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, nil, rows, true); err != nil {
 		return done, err
 	}
@@ -306,23 +314,25 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	return chunkDone{rows: rows, result: res}, nil
 }
 
-// mergeChunk applies the batches r reads through the merge of the apply step, each batch in its
-// own short target transaction with the chunk's progress (its last key), so that rows the stream
-// is also writing are locked only briefly; *cw follows the progress, and the chunk is recorded
-// completed after its last batch. It consumes every batch of r.
-func (w *backfillWorker) mergeChunk(ctx context.Context, r chunkRead, cw *chunkWork) (chunkDone, error) {
+// mergeChunk reads the rest of chunk *cw and applies its batches through the merge of the apply
+// step, each batch in its own short target transaction with the chunk's progress (its last key),
+// so that rows the stream is also writing are locked only briefly; *cw follows the progress, and
+// the chunk is recorded completed after its last batch. Once the table's reads are split
+// (readLimit), the rest is read in parts of at most that many rows, each continuing after the
+// last key applied.
+func (w *backfillWorker) mergeChunk(ctx context.Context, cw *chunkWork) (chunkDone, error) {
 	var done chunkDone
-	defer drain(r)
-	keys := cw.tr.t.KeyOrder()
-	for rec := range r.batches {
-		err := w.mergeBatch(ctx, rec, cw, keys, &done)
-		rec.Release()
+	for {
+		began := time.Now()
+		r := w.read(ctx, w.src, *cw)
+		n, err := w.mergeRead(ctx, r, cw, &done)
 		if err != nil {
 			return done, err
 		}
-	}
-	if _, err := r.wait(); err != nil {
-		return done, err
+		w.checkTimeCap(*cw, time.Since(began), n)
+		if r.limit == 0 || n < int64(r.limit) {
+			break
+		}
 	}
 	tx, err := w.beginChunkTx(ctx, cw.tr.id)
 	if err != nil {
@@ -333,6 +343,20 @@ func (w *backfillWorker) mergeChunk(ctx context.Context, r chunkRead, cw *chunkW
 		return done, err
 	}
 	return done, tx.Commit(ctx)
+}
+
+// mergeRead applies every batch of r (mergeBatch) and returns the rows r read.
+func (w *backfillWorker) mergeRead(ctx context.Context, r chunkRead, cw *chunkWork, done *chunkDone) (int64, error) {
+	defer drain(r)
+	keys := cw.tr.t.KeyOrder()
+	for rec := range r.batches {
+		err := w.mergeBatch(ctx, rec, cw, keys, done)
+		rec.Release()
+		if err != nil {
+			return 0, err
+		}
+	}
+	return r.wait()
 }
 
 // mergeBatch applies one batch of chunk *cw in its own transaction and moves the chunk's progress

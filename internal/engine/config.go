@@ -49,6 +49,9 @@ type Config struct {
 	// BackfillWorkers chunks are read and applied at once during a backfill; ChunkRows rows make a
 	// chunk (one target transaction).
 	BackfillWorkers, ChunkRows int
+	// ChunkTimeCap bounds one read of the source by a backfill (backfillrun.Job.ChunkTimeCap);
+	// 0 reads each chunk in one statement.
+	ChunkTimeCap time.Duration
 	// SnapshotWarn is how long a backfill may hold its snapshot before it warns; 0 never warns.
 	SnapshotWarn time.Duration
 	// BackfillSchedule, when set, backfills every selected table again at its ticks while
@@ -224,6 +227,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.RowsPerSecond < 0 || c.Limits.BytesPerSecond < 0 {
 		errs = append(errs, errors.New("--max-rows-per-second and --max-bytes-per-second cannot be negative: use 0 for no limit"))
+	}
+	if c.ChunkTimeCap < 0 {
+		errs = append(errs, fmt.Errorf("--chunk-time-cap %s is negative: use 0 for no cap", c.ChunkTimeCap))
 	}
 	if c.WALBudget < 0 {
 		errs = append(errs, fmt.Errorf("--wal-budget %d is negative: use 0 for max_slot_wal_keep_size", c.WALBudget))

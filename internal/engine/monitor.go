@@ -87,6 +87,7 @@ func (NopMonitor) FollowStream(func() StreamStats)                              
 func (NopMonitor) StreamApplied(map[string]apply.RowCounts, time.Duration)                {}
 func (NopMonitor) BackfillChunk(string, int64, apply.RowCounts)                           {}
 func (NopMonitor) BackfillConflict(string)                                                {}
+func (NopMonitor) BackfillReadSplit(string)                                               {}
 func (NopMonitor) SlotHealth(SlotHealth)                                                  {}
 func (NopMonitor) CoverageGap(string, uint64)                                             {}
 func (NopMonitor) GapRepaired(string, int64, int64)                                       {}

@@ -127,60 +127,65 @@ func (s *session) readControls(ctx context.Context) error {
 
 // followControls records the daemon's rate limits (Config.Limits, set_by "run") once, then reads
 // its controls from the ledger every controlEvery and applies them (daemonPace.apply) until ctx
-// ends, over a target connection of its own that it opens again after a failure. A ledger not
-// made yet (a first start) is waited for silently; other failures are logged at WARN, once per
-// kind, and the last controls read stay in force.
+// ends (pollEvery). A ledger not made yet (a first start) is waited for silently; other failures
+// are logged at WARN when their error changes, and the last controls read stay in force.
 func followControls(ctx context.Context, cfg Config) {
+	recorded := false
+	lastErr := ""
+	pollEvery(ctx, knobOr(cfg.Knobs.ControlEvery, controlEvery), cfg.Target, "target", func(ctx context.Context, conn *pgx.Conn) error {
+		if !recorded {
+			if err := control.SetLimits(ctx, conn, cfg.Slot, cfg.Limits, "run"); err != nil {
+				return err
+			}
+			recorded = true
+		}
+		st, err := control.Read(ctx, conn, cfg.Slot)
+		if err != nil {
+			return err
+		}
+		cfg.pace.apply(cfg, st)
+		lastErr = ""
+		return nil
+	}, func(err error) {
+		// The ledger is made by the first session (migrations).
+		if !pgsession.IsCode(err, pgerrcode.UndefinedTable) && err.Error() != lastErr {
+			lastErr = err.Error()
+			cfg.Logger.Warn("controls (pauses, rate limits) not read from the target: the last ones read stay in force", "slot", cfg.Slot, "err", err)
+		}
+	})
+}
+
+// pollEvery runs step every `every` until ctx ends, over a connection to url (role "source" or
+// "target") that it opens before the first step and again after a failed one; each step, the
+// connection's opening included, has 10 s. A failed step is told to failed, unless ctx ended.
+func pollEvery(ctx context.Context, every time.Duration, url, role string, step func(context.Context, *pgx.Conn) error, failed func(error)) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	recorded := false
-	lastErr := ""
-	tick := time.NewTicker(knobOr(cfg.Knobs.ControlEvery, controlEvery))
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		err := func() error {
 			bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			if conn == nil {
-				c, err := pgsession.Connect(bounded, cfg.Target, "target")
+				c, err := pgsession.Connect(bounded, url, role)
 				if err != nil {
 					return err
 				}
 				conn = c
 			}
-			if !recorded {
-				if err := control.SetLimits(bounded, conn, cfg.Slot, cfg.Limits, "run"); err != nil {
-					return err
-				}
-				recorded = true
-			}
-			st, err := control.Read(bounded, conn, cfg.Slot)
-			if err != nil {
-				return err
-			}
-			cfg.pace.apply(cfg, st)
-			return nil
+			return step(bounded, conn)
 		}()
-		switch {
-		case err == nil:
-			lastErr = ""
-		case ctx.Err() != nil:
-			return
-		case pgsession.IsCode(err, pgerrcode.UndefinedTable):
-			// The ledger is made by the first session (migrations).
-		default:
-			if conn != nil { // its state after a failure is unknown: the next read connects again
-				conn.Close(context.WithoutCancel(ctx))
-				conn = nil
-			}
-			if err.Error() != lastErr {
-				lastErr = err.Error()
-				cfg.Logger.Warn("controls (pauses, rate limits) not read from the target: the last ones read stay in force", "slot", cfg.Slot, "err", err)
-			}
+		if err != nil && conn != nil {
+			conn.Close(context.WithoutCancel(ctx)) // its state after a failure is unknown
+			conn = nil
+		}
+		if err != nil && ctx.Err() == nil {
+			failed(err)
 		}
 		select {
 		case <-ctx.Done():

@@ -257,3 +257,36 @@ func TestPacingWaitsWhileTheSourceIsBusy(t *testing.T) {
 		return !held["load/load"] && !held["backfill/load"] && !held["verify/load"], fmt.Sprint(held)
 	})
 }
+
+// splitCounter counts the splits of backfill reads (Monitor.BackfillReadSplit).
+type splitCounter struct {
+	NopMonitor
+	mu     sync.Mutex
+	splits int
+}
+
+func (m *splitCounter) BackfillReadSplit(string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.splits++
+}
+
+// A chunk read past the time cap splits the table's further reads, each half as many rows down to
+// 100, continuing after the last key read: every row arrives once.
+func TestChunkTimeCapSplitsReads(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, md5(g::text) from generate_series(1, 6000) g`)
+	mon := &splitCounter{}
+	cfg := testBackfillConfig(t, env, "public.t")
+	cfg.ChunkTimeCap, cfg.Monitor = time.Nanosecond, mon // every read passes it
+	rep, err := operator.Backfill(context.Background(), cfg)
+	if err != nil || rep.Rows != 6000 || rep.Result.Applied != 6000 {
+		t.Fatalf("backfill: %+v, %v; want 6000 rows read and applied once", rep, err)
+	}
+	// From about 1,000 rows a chunk: 500, 250, 125, then 100 (or 400, 200, 100).
+	if mon.splits < 3 {
+		t.Errorf("%d splits, want at least 3", mon.splits)
+	}
+	pgtest.WaitConverged(t, env, "t", "id")
+}

@@ -222,7 +222,7 @@ func (s sessionStart) backfillJob(mon Monitor, tables []changebatch.Table, trigg
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: mon, CopyOnly: cfg.copyOnly,
 		Progress: mon.BackfillProgress(trigger, backfillrun.NewLogProgress(cfg.Logger, what, 10*time.Second)),
-		Lease:    cfg.Knobs.Lease, Pacer: cfg.pace.forTrigger(trigger),
+		Lease:    cfg.Knobs.Lease, Pacer: cfg.pace.forTrigger(trigger), ChunkTimeCap: cfg.ChunkTimeCap,
 	}
 }
 

@@ -122,56 +122,26 @@ type loadWatch struct {
 	hintedPriv bool
 }
 
-// watchSourceLoad samples the source every sourceLoadEvery until ctx ends, over a connection of
-// its own (opened again after a failure), and acts on the samples (loadWatch.act): the WAL
-// budget and, with Config.Pacing, the load limits. A failed sample is logged at WARN when its
-// error changes; the holds stay as they were.
+// watchSourceLoad samples the source every sourceLoadEvery until ctx ends (pollEvery) and acts on
+// the samples (loadWatch.act): the WAL budget and, with Config.Pacing, the load limits. A failed
+// sample is logged at WARN when its error changes; the holds stay as they were.
 func watchSourceLoad(ctx context.Context, cfg Config) {
 	w := &loadWatch{cfg: cfg, loadReason: map[string]string{}}
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
 	lastErr := ""
-	tick := time.NewTicker(knobOr(cfg.Knobs.SourceLoadEvery, sourceLoadEvery))
-	defer tick.Stop()
-	for {
-		err := func() error {
-			bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if conn == nil {
-				c, err := pgsession.Connect(bounded, cfg.Source, "source")
-				if err != nil {
-					return err
-				}
-				conn = c
-			}
-			l, err := readSourceLoad(bounded, conn, cfg.Slot)
-			if err != nil {
-				conn.Close(context.WithoutCancel(ctx))
-				conn = nil
-				return err
-			}
-			w.act(bounded, l)
-			return nil
-		}()
-		switch {
-		case err == nil:
-			lastErr = ""
-		case ctx.Err() != nil:
-			return
-		case err.Error() != lastErr:
+	pollEvery(ctx, knobOr(cfg.Knobs.SourceLoadEvery, sourceLoadEvery), cfg.Source, "source", func(ctx context.Context, conn *pgx.Conn) error {
+		l, err := readSourceLoad(ctx, conn, cfg.Slot)
+		if err != nil {
+			return err
+		}
+		w.act(ctx, l)
+		lastErr = ""
+		return nil
+	}, func(err error) {
+		if err.Error() != lastErr {
 			lastErr = err.Error()
 			cfg.Logger.Warn("source load and slot WAL not sampled: pacing keeps its last state", "slot", cfg.Slot, "err", err)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+	})
 }
 
 // act applies one sample: the WAL budget (holds the backfills' and verifies' reads from half of

@@ -45,6 +45,11 @@ type BackfillConfig struct {
 	// Lease is the run's lease timings (backfillrun.Job.Lease); unset ones are the production
 	// ones. Tests set shorter ones.
 	Lease lease.Timings
+	// Monitor counts the run's chunks, conflicts and split reads (backfillrun.Monitor); nil counts
+	// nothing.
+	Monitor backfillrun.Monitor
+	// ChunkTimeCap is backfillrun.Job.ChunkTimeCap (--chunk-time-cap).
+	ChunkTimeCap time.Duration
 	// Pacer paces the run's reads (backfillrun.Job.Pacer: --max-rows-per-second,
 	// --max-bytes-per-second); nil reads as fast as the workers go.
 	Pacer *pacing.Pacer
@@ -57,6 +62,9 @@ func (c *BackfillConfig) Validate() error {
 		errs = append(errs, errors.New("no table: name each table to backfill with --table schema.table"))
 	}
 	errs = append(errs, backfillrun.ValidateSizes(c.Workers, c.ChunkRows, c.SnapshotWarn))
+	if c.ChunkTimeCap < 0 {
+		errs = append(errs, fmt.Errorf("--chunk-time-cap %s is negative: use 0 for no cap", c.ChunkTimeCap))
+	}
 	return errors.Join(errs...)
 }
 
@@ -118,7 +126,7 @@ func Backfill(ctx context.Context, cfg BackfillConfig) (backfillrun.Report, erro
 		Workers: cfg.Workers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		Resume: cfg.Resume, Busy: busy, SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger,
 		Progress: cfg.Progress, AfterChunk: cfg.AfterChunk, AfterMergedBatch: cfg.AfterMergedBatch,
-		Lease: cfg.Lease, Pacer: cfg.Pacer,
+		Lease: cfg.Lease, Pacer: cfg.Pacer, ChunkTimeCap: cfg.ChunkTimeCap, Monitor: cfg.Monitor,
 	})
 	if err != nil || !cfg.SyncSequences || rep.RunID == 0 {
 		return rep, err
