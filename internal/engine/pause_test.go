@@ -277,6 +277,9 @@ func TestChunkTimeCapSplitsReads(t *testing.T) {
 	t.Parallel()
 	env := pgtest.New(t)
 	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, md5(g::text) from generate_series(1, 6000) g`)
+	// A first backfill into the empty target reads block ranges, which are never split; the
+	// second reads key ranges and merges them, the target holding their keys.
+	backfillNow(t, testBackfillConfig(t, env, "public.t"))
 	mon := &splitCounter{}
 	cfg := testBackfillConfig(t, env, "public.t")
 	cfg.ChunkTimeCap, cfg.Monitor = time.Nanosecond, mon // every read passes it

@@ -326,15 +326,15 @@ func (g group) equal(o group) bool {
 
 // both runs the source's and the target's query at once.
 func (c *comparison) both(ctx context.Context, src, tgt func(context.Context) error) error {
-	g, ctx := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := src(ctx); err != nil {
+		if err := src(gctx); err != nil {
 			return fmt.Errorf("checksum %s on the source: %w", c.cfg.Table, err)
 		}
 		return nil
 	})
 	g.Go(func() error {
-		if err := tgt(ctx); err != nil {
+		if err := tgt(gctx); err != nil {
 			return fmt.Errorf("checksum %s on the target: %w", c.cfg.Table, err)
 		}
 		return nil
