@@ -14,7 +14,8 @@
 # 3. pauses the daemon's stream (`pgconverge pause --what stream`) for BENCH_PAUSE seconds
 #    (default 60) with pgbench still writing, resumes it, and prints how long the stream took to
 #    catch up (the target's progress reaching the source's position at the resume) and verify's
-#    exit status afterwards (0: nothing lost).
+#    exit status afterwards over the streamed tables (0: nothing lost; pgbench_history has no key
+#    and is kept by snapshots only).
 #
 # Environment: BENCH_ROWS, BENCH_RATE, BENCH_LIMIT, BENCH_PAUSE, BENCH_PORT (source port, default
 # 54441; the target uses the next one), BENCH_ROOT (default /tmp/pgconverge-bench-pacing),
@@ -109,7 +110,7 @@ catchup_s=$(since "$start")
 wait "$PGBENCH_PID" || true
 PGBENCH_PID=
 set +e
-"$BIN" verify --source "$SRC" --target "$TGT" --table public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history >"$ROOT/verify.log" 2>&1
+"$BIN" verify --source "$SRC" --target "$TGT" --table public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers >"$ROOT/verify.log" 2>&1
 verify_rc=$?
 set -e
 

@@ -53,7 +53,7 @@ func TestMetrics(t *testing.T) {
 	pgtest.Exec(t, env.Source, `create table a (id int primary key, v text)`,
 		`insert into a select g, 'v' from generate_series(1, 50) g`)
 	addr := freeAddr(t)
-	startRun(t, env, "--metrics-addr", addr)
+	startRun(t, env, "--metrics-addr", addr, "--max-rows-per-second", "5000")
 	pgtest.WaitStreaming(t, env)
 	pgtest.Exec(t, env.Source, `insert into a select g, 'w' from generate_series(51, 150) g`,
 		`update a set v = 'u' where id <= 10`)
@@ -75,6 +75,9 @@ func TestMetrics(t *testing.T) {
 		`pgconverge_streamed_transactions_open`:                                     "0",
 		`pgconverge_streamed_staged_bytes`:                                          "0",
 		`pgconverge_streamed_transactions_committed`:                                "0",
+		`pgconverge_paused{what="stream"}`:                                          "0",
+		`pgconverge_rate_limit{unit="rows_per_second"}`:                             "5000",
+		`pgconverge_pacing_held{cause="wal-budget",path="backfill"}`:                "0",
 		// Series a first increment must be seen against: they exist at 0 from the start.
 		`pgconverge_session_retries_total{reason="constraint"}`:                 "0",
 		`pgconverge_discrepancies_found_total{kind="missing",table="public.a"}`: "0",

@@ -409,6 +409,7 @@ func recordBytes(rec arrow.RecordBatch) int64 {
 	return n
 }
 
+// dataBytes returns the bytes of d's buffers and its children's.
 func dataBytes(d arrow.ArrayData) int64 {
 	var n int64
 	for _, b := range d.Buffers() {

@@ -49,6 +49,7 @@ type LoadLimits struct {
 // 32 active sessions.
 var DefaultLoadLimits = LoadLimits{StandbyLagBytes: 256 << 20, StreamLagBytes: 1 << 30, ActiveSessions: 32}
 
+// validate returns an error naming the flags when a limit is negative.
 func (l LoadLimits) validate() error {
 	if l.StandbyLagBytes < 0 || l.StreamLagBytes < 0 || l.ActiveSessions < 0 {
 		return errors.New("--pace-standby-lag, --pace-stream-lag and --pace-active-sessions cannot be negative: use 0 to leave one unchecked")

@@ -62,7 +62,7 @@ func New(l Limits, waited func(cause string, d time.Duration)) *Pacer {
 }
 
 // SetLimits replaces the limits (a wait under way finishes at the rate it began with, at most a
-// second's worth).
+// tenth of a second's worth).
 func (p *Pacer) SetLimits(l Limits) {
 	if p == nil {
 		return
@@ -74,15 +74,19 @@ func (p *Pacer) SetLimits(l Limits) {
 	setLimit(p.bytes, l.BytesPerSecond)
 }
 
-// setLimit sets lim to perSecond tokens a second with a burst of one second's worth, or to no
-// limit when perSecond is 0 or less.
+// burstShare is the share of a second's worth of tokens a limiter may hand out at once: reads
+// come at most a tenth of a second's rows or bytes together, so the source sees a steady load.
+const burstShare = 0.1
+
+// setLimit sets lim to perSecond tokens a second with a burst of a tenth of a second's worth (at
+// least 1), or to no limit when perSecond is 0 or less.
 func setLimit(lim *rate.Limiter, perSecond float64) {
 	if perSecond <= 0 {
 		lim.SetLimit(rate.Inf)
 		return
 	}
 	lim.SetLimit(rate.Limit(perSecond))
-	lim.SetBurst(int(min(math.Ceil(perSecond), math.MaxInt32)))
+	lim.SetBurst(int(min(max(math.Ceil(perSecond*burstShare), 1), math.MaxInt32)))
 }
 
 // Limits returns the limits in force.
@@ -173,7 +177,7 @@ func (p *Pacer) Wait(ctx context.Context) error {
 }
 
 // Take waits while the reads are held (Wait), then for the rate limits to allow rows rows and
-// bytes bytes more, taken a second's worth at a time. It returns ctx's error when ctx ends first.
+// bytes bytes more, taken a burst (a tenth of a second's worth) at a time. It returns ctx's error when ctx ends first.
 func (p *Pacer) Take(ctx context.Context, rows, bytes int64) error {
 	if p == nil {
 		return nil
