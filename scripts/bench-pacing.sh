@@ -9,8 +9,10 @@
 # 2. runs pgbench on the source at a fixed rate (BENCH_RATE, default 200 transactions/s, 4
 #    clients) three times, logging every transaction's latency: alone for 30 s (the baseline);
 #    during `pgconverge backfill --table public.big --max-rows-per-second BENCH_LIMIT` (default
-#    20,000); during the same backfill without a limit. It prints each backfill's rate, its ratio
-#    to the limit, and pgbench's p99 latency in each phase as a ratio to the baseline's;
+#    20,000); during a raw `COPY big TO STDOUT` piped to /dev/null at the same rate (pv -L: what
+#    reading those rows costs the source, with no target and no pgconverge); during the same
+#    backfill without a limit. It prints each backfill's rate, its ratio to the limit, and
+#    pgbench's p99 latency in each phase as a ratio to the baseline's and to the raw COPY's;
 # 3. pauses the daemon's stream (`pgconverge pause --what stream`) for BENCH_PAUSE seconds
 #    (default 60) with pgbench still writing, resumes it, and prints how long the stream took to
 #    catch up (the target's progress reaching the source's position at the resume) and verify's
@@ -35,12 +37,15 @@ TGT_PORT=$((SRC_PORT + 1))
 DAEMON_PID=
 PGBENCH_PID=
 cleanup() {
-	[ -n "$PGBENCH_PID" ] && kill "$PGBENCH_PID" 2>/dev/null
+	local rc=$?
+	if [ -n "$PGBENCH_PID" ]; then kill "$PGBENCH_PID" 2>/dev/null; fi
+	(exit "$rc")
 	stop_on_exit
 }
 trap cleanup EXIT
 
 command -v bc >/dev/null || apt-get install -y bc >/dev/null
+command -v pv >/dev/null || apt-get install -y pv >/dev/null
 mkdir -p "$ROOT/bin" "$ROOT/logs"
 go build -o "$BIN" ./cmd/pgconverge
 "$PGCLUSTER" start source "$SRC_PORT" "$ROOT" logical
@@ -91,6 +96,18 @@ echo "== backfill of $ROWS rows at --max-rows-per-second $LIMIT, pgbench alongsi
 backfill_with limited --max-rows-per-second "$LIMIT"
 limited_s=$(cat "$ROOT/backfill-limited.seconds")
 limited_p99=$(p99 limited)
+echo "== the baseline: the table's rows read by a raw COPY to /dev/null at the same rate (pv -L), pgbench alongside"
+copy_bytes=$(q "$SRC" "select sum(octet_length(b::text) - 1) from big b")
+pipe_rate=$(echo "$copy_bytes * $LIMIT / $ROWS" | bc)
+pgbench_for 600 rawcopy &
+PGBENCH_PID=$!
+start=$(now)
+"$PGBIN/psql" -X -q -d "$SRC" -c "copy big to stdout" | pv -q -L "$pipe_rate" >/dev/null
+rawcopy_s=$(since "$start")
+kill -TERM "$PGBENCH_PID" 2>/dev/null || true
+wait "$PGBENCH_PID" 2>/dev/null || true
+PGBENCH_PID=
+rawcopy_p99=$(p99 rawcopy)
 echo "== the same backfill without a limit, pgbench alongside"
 backfill_with unlimited
 unlimited_s=$(cat "$ROOT/backfill-unlimited.seconds")
@@ -118,6 +135,8 @@ echo "== summary"
 printf 'pgbench %s/s, 4 clients; p99 latency alone: %s ms\n' "$RATE" "$base"
 printf 'backfill of %s rows at --max-rows-per-second %s: %.1f s, %.0f rows/s = %.3fx the limit; pgbench p99 %s ms = %.2fx alone\n' \
 	"$ROWS" "$LIMIT" "$limited_s" "$(echo "$ROWS / $limited_s" | bc -l)" "$(echo "$ROWS / $limited_s / $LIMIT" | bc -l)" "$limited_p99" "$(echo "$limited_p99 / $base" | bc -l)"
+printf 'raw COPY of the same rows at the same rate: %.1f s; pgbench p99 %s ms = %.2fx alone; the backfill'"'"'s p99 = %.2fx the raw COPY'"'"'s\n' \
+	"$rawcopy_s" "$rawcopy_p99" "$(echo "$rawcopy_p99 / $base" | bc -l)" "$(echo "$limited_p99 / $rawcopy_p99" | bc -l)"
 printf 'backfill without a limit: %.1f s, %.0f rows/s; pgbench p99 %s ms = %.2fx alone\n' \
 	"$unlimited_s" "$(echo "$ROWS / $unlimited_s" | bc -l)" "$unlimited_p99" "$(echo "$unlimited_p99 / $base" | bc -l)"
 printf 'stream paused %s s (the slot held %s at the resume): caught up %.1f s after the resume; verify exit %s\n' \

@@ -33,7 +33,9 @@ TGT_PORT=$((SRC_PORT + 1))
 DAEMON_PID=
 PGBENCH_PID=
 cleanup() {
-	[ -n "$PGBENCH_PID" ] && kill "$PGBENCH_PID" 2>/dev/null
+	local rc=$?
+	if [ -n "$PGBENCH_PID" ]; then kill "$PGBENCH_PID" 2>/dev/null; fi
+	(exit "$rc")
 	stop_on_exit
 }
 trap cleanup EXIT
