@@ -21,7 +21,8 @@ func (cw chunkWork) readLimit() int {
 }
 
 // checkTimeCap splits the further reads of cw's table when a read of rows rows took longer than
-// the time cap (Job.ChunkTimeCap): each then takes at most half as many rows (no fewer than
+// the time cap (Job.ChunkTimeCap), took counting the time spent on the source and the target, not
+// the waits for the pacer or, in a merge, for the batches' apply: each then takes at most half as many rows (no fewer than
 // minReadLimit), and the table's chunks are merged in parts instead of copied whole. It logs each
 // split at INFO and counts it (Monitor.BackfillReadSplit).
 func (w *backfillWorker) checkTimeCap(cw chunkWork, took time.Duration, rows int64) {

@@ -102,6 +102,9 @@ type chunkRead struct {
 	cw      chunkWork
 	batches <-chan arrow.RecordBatch
 	wait    func() (int64, error)
+	// idle, once reading ended, returns how long the reader waited for the pacer and for the
+	// consumer rather than for the source.
+	idle func() time.Duration
 	// limit is the most rows it reads (the table's readLimit), 0 for the whole rest.
 	limit int
 }
@@ -121,10 +124,13 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 	}
 	rest := cw.rest()
 	rest.Limit = cw.readLimit()
+	var idle time.Duration
 	go func() {
 		defer close(ended)
 		defer close(batches)
 		rows, err = backfill.ReadChunk(ctx, conn, w.snap, cw.tr.t, rest, batchRows, func(ctx context.Context, rec arrow.RecordBatch) error {
+			began := time.Now()
+			defer func() { idle += time.Since(began) }()
 			if err := w.pacer.Take(ctx, rec.NumRows(), recordBytes(rec)); err != nil {
 				return err
 			}
@@ -138,7 +144,8 @@ func (w *backfillWorker) read(ctx context.Context, conn *pgx.Conn, cw chunkWork)
 			}
 		})
 	}()
-	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }, limit: rest.Limit}
+	return chunkRead{cw: cw, batches: batches, wait: func() (int64, error) { <-ended; return rows, err }, limit: rest.Limit,
+		idle: func() time.Duration { <-ended; return idle }}
 }
 
 // run applies the chunks of work until it closes, calling onDone after each; a chunk a worker of
@@ -295,8 +302,16 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t := cw.tr.t
 	began := time.Now()
+	var paced *pacing.Writer
 	res, rows, conflict, err := tx.CopySnapshotRows(ctx, t, changebatch.Version{LSN: w.snap.LSN}, pgsession.MajorVersion(w.src.PgConn()), func(out io.Writer, binary bool) (int64, error) {
-		return backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, w.pacer.Writer(ctx, out))
+		// Inside the target transaction only the rate limits apply: the worker waited for the
+		// holds before the chunk (run).
+		paced = w.pacer.Writer(ctx, out)
+		n, err := backfill.CopyChunk(ctx, w.src, w.snap, t, cw.rest(), binary, paced)
+		if err == nil {
+			err = paced.Flush()
+		}
+		return n, err
 	})
 	switch {
 	case err != nil:
@@ -304,7 +319,7 @@ func (w *backfillWorker) copyChunk(ctx context.Context, cw chunkWork) (chunkDone
 	case conflict:
 		return done, errKeysPresent
 	}
-	w.checkTimeCap(cw, time.Since(began), rows)
+	w.checkTimeCap(cw, time.Since(began)-paced.Waited(), rows)
 	if err := coverage.ChunkProgress(ctx, tx.Conn(), cw.tr.id, cw.ordinal, w.snap.LSN, nil, rows, true); err != nil {
 		return done, err
 	}
@@ -329,7 +344,7 @@ func (w *backfillWorker) mergeChunk(ctx context.Context, cw *chunkWork) (chunkDo
 		if err != nil {
 			return done, err
 		}
-		w.checkTimeCap(*cw, time.Since(began), n)
+		w.checkTimeCap(*cw, time.Since(began)-r.idle(), n)
 		if r.limit == 0 || n < int64(r.limit) {
 			break
 		}

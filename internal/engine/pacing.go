@@ -2,14 +2,14 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/pgconverge/pgconverge/coverage"
-	"github.com/pgconverge/pgconverge/internal/control"
+		"github.com/pgconverge/pgconverge/internal/control"
 	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
@@ -18,12 +18,13 @@ import (
 const controlEvery = time.Second
 
 // daemonPace paces the daemon's reads of the source for its whole life, across sessions: its
-// loads (initial and gap loads, which run before the stream: a WAL budget or a stream lag cannot
-// hold them, since only the stream they wait for would lower it), its backfills while streaming
-// (scheduled ones), its verifies, and whether its stream is paused.
+// loads (what a session loads before it streams: initial, gap, schema-change and snapshot-only
+// loads; a WAL budget or a stream lag cannot hold them, since only the stream they hold up would
+// lower it), its backfills while streaming (scheduled ones), its verifies, and whether its stream
+// is paused. streaming is true while a session streams.
 type daemonPace struct {
 	load, backfill, verify *pacing.Pacer
-	streamPaused           atomic.Bool
+	streamPaused, streaming atomic.Bool
 	// mu guards the last controls applied, to log what changed.
 	mu   sync.Mutex
 	last control.State
@@ -38,13 +39,18 @@ func newDaemonPace(cfg Config) *daemonPace {
 	return &daemonPace{load: pacer("load"), backfill: pacer("backfill"), verify: pacer("verify")}
 }
 
-// forTrigger returns the pacer of a backfill run of trigger: loads (initial, gap) or backfills.
-func (p *daemonPace) forTrigger(trigger string) *pacing.Pacer {
+// loadPacer returns the pacer of the loads a session runs before it streams (nil: none).
+func (p *daemonPace) loadPacer() *pacing.Pacer {
 	if p == nil {
 		return nil
 	}
-	if trigger == coverage.TriggerInitial || trigger == coverage.TriggerGap {
-		return p.load
+	return p.load
+}
+
+// backfillPacer returns the pacer of the backfills that run while the stream does (nil: none).
+func (p *daemonPace) backfillPacer() *pacing.Pacer {
+	if p == nil {
+		return nil
 	}
 	return p.backfill
 }
@@ -55,6 +61,13 @@ func (p *daemonPace) verifyPacer() *pacing.Pacer {
 		return nil
 	}
 	return p.verify
+}
+
+// setStreaming records whether a session streams now.
+func (p *daemonPace) setStreaming(on bool) {
+	if p != nil {
+		p.streaming.Store(on)
+	}
 }
 
 // paused reports whether the operator paused the stream.
@@ -103,6 +116,20 @@ func (p *daemonPace) apply(cfg Config, st control.State) {
 		st.Paused = []control.Paused{} // read once: later changes are logged
 	}
 	p.last = st
+}
+
+// lift applies the controls last read without the pauses of parts, which were just deleted from
+// the ledger (the next read agrees).
+func (p *daemonPace) lift(cfg Config, parts []string) {
+	p.mu.Lock()
+	st := control.State{Paused: []control.Paused{}, Limits: p.last.Limits}
+	for _, paused := range p.last.Paused {
+		if !slices.Contains(parts, paused.What) {
+			st.Paused = append(st.Paused, paused)
+		}
+	}
+	p.mu.Unlock()
+	p.apply(cfg, st)
 }
 
 // hold holds (on) or releases cause on p.

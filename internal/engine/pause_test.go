@@ -62,6 +62,15 @@ func clone(m map[string]bool) map[string]bool {
 	return out
 }
 
+// waitPaused waits until the daemon reports part paused to mon.
+func waitPaused(t *testing.T, mon *pacingEvents, part string) {
+	t.Helper()
+	pgtest.Eventually(t, 30*time.Second, "the daemon reports "+part+" paused", func() (bool, string) {
+		p, _, _, _ := mon.state()
+		return p[part], fmt.Sprint(p)
+	})
+}
+
 // waitStatusUpdates waits until the daemon's walsender has sent everything up to lsn and then
 // received n more status updates from the daemon (pg_stat_replication.reply_time): what a running
 // stream would have applied and confirmed by then.
@@ -101,10 +110,7 @@ func TestPauseSurvivesADaemonRestart(t *testing.T) {
 	if err != nil || !slices.Equal(res.Changed, control.Parts) {
 		t.Fatalf("pause: %+v, %v; want every part paused now", res, err)
 	}
-	pgtest.Eventually(t, 30*time.Second, "the daemon reports its stream paused", func() (bool, string) {
-		p, _, _, _ := mon.state()
-		return p[control.Stream], fmt.Sprint(p)
-	})
+	waitPaused(t, mon, control.Stream)
 	pgtest.Exec(t, env.Source, `update t set v = 'b' where id <= 50`, `insert into t values (1000, 'new')`)
 	lsn := pgtest.Scalar[string](t, env.Source, `select pg_current_wal_insert_lsn()::text`)
 	requireNotApplied := func(when string) {
@@ -178,10 +184,7 @@ func TestWALBudgetResumesAPausedStreamAndHoldsBackfills(t *testing.T) {
 	if _, err := operator.Pause(ctx, operator.PauseConfig{Target: env.TargetURL, Slot: cfg.Slot, Parts: []string{control.Stream}}); err != nil {
 		t.Fatal(err)
 	}
-	pgtest.Eventually(t, 30*time.Second, "the daemon reports its stream paused", func() (bool, string) {
-		p, _, _, _ := mon.state()
-		return p[control.Stream], fmt.Sprint(p)
-	})
+	waitPaused(t, mon, control.Stream)
 	// About 60 MiB of WAL: past 80% of the 32 MiB budget while the stream is paused.
 	pgtest.Exec(t, env.Source, `insert into t select g, repeat('x', 200) from generate_series(1001, 200000) g`)
 	pgtest.Eventually(t, 60*time.Second, "the stream resumed by itself and the backfills were held on the WAL budget", func() (bool, string) {
@@ -292,4 +295,35 @@ func TestChunkTimeCapSplitsReads(t *testing.T) {
 		t.Errorf("%d splits, want at least 3", mon.splits)
 	}
 	pgtest.WaitConverged(t, env, "t", "id")
+}
+
+// An operator's backfill pause that holds up the initial load, before any stream runs, is lifted
+// once the slot reaches 80% of the WAL budget: only the load's end lets the stream move the slot.
+func TestWALBudgetLiftsABackfillPauseThatHoldsTheLoad(t *testing.T) {
+	t.Parallel()
+	env := pgtest.New(t)
+	pgtest.Exec(t, env.Source, `create table t (id int primary key, v text)`, `insert into t select g, 'a' from generate_series(1, 100) g`,
+		`create table noise (v text)`)
+	ctx := context.Background()
+	if _, err := operator.Pause(ctx, operator.PauseConfig{Target: env.TargetURL, Slot: env.Name, Parts: []string{control.Backfill}}); err != nil {
+		t.Fatal(err)
+	}
+	mon := newPacingEvents()
+	cfg := testConfig(t, env)
+	cfg.Monitor, cfg.WALBudget = mon, 32<<20
+	cfg.Knobs.ControlEvery, cfg.Knobs.SourceLoadEvery = 200*time.Millisecond, 200*time.Millisecond
+	startDaemon(t, cfg)
+	pgtest.Eventually(t, 30*time.Second, "the slot created and the load paused", func() (bool, string) {
+		p, _, _, _ := mon.state()
+		n := pgtest.Scalar[int](t, env.Source, `select count(*) from pg_replication_slots where slot_name = $1`, env.Name)
+		return p[control.Backfill] && n == 1, fmt.Sprint(p, n)
+	})
+	if n := pgtest.Scalar[int](t, env.Target, `select count(*) from pgconverge.tables where loaded_lsn is not null`); n != 0 {
+		t.Fatalf("%d tables loaded while the backfills are paused", n)
+	}
+	pgtest.Exec(t, env.Source, `insert into noise select repeat('x', 200) from generate_series(1, 200000)`)
+	pgtest.WaitConverged(t, env, "t", "id")
+	if n := pgtest.Scalar[int](t, env.Target, `select count(*) from pgconverge.pauses where slot = $1`, env.Name); n != 0 {
+		t.Errorf("%d pauses left, want the backfill pause lifted", n)
+	}
 }

@@ -202,6 +202,7 @@ func (s *session) loadTables(ctx context.Context, tables []changebatch.Table, tr
 		what = "gap backfill"
 	}
 	job := s.backfillJob(s.mon, tables, trigger, what)
+	job.Pacer = cfg.pace.loadPacer() // before the stream: neither the WAL budget nor the stream lag holds it
 	job.Slot, job.Snapshot, job.Resume, job.KeepFrom, job.Busy, job.AfterChunk, job.BeforeFenced = cfg.Slot, snap, true, keepFrom, backfillrun.BusyWait, cfg.Knobs.AfterLoadChunk, cfg.Knobs.BeforeFenced
 	rep, err := backfillrun.Run(ctx, job)
 	if err == nil && cfg.SyncSequences {
@@ -222,7 +223,7 @@ func (s sessionStart) backfillJob(mon Monitor, tables []changebatch.Table, trigg
 		Workers: cfg.BackfillWorkers, ChunkRows: cfg.ChunkRows, BatchRows: backfillrun.BatchRows,
 		SnapshotWarn: cfg.SnapshotWarn, Logger: cfg.Logger, Monitor: mon, CopyOnly: cfg.copyOnly,
 		Progress: mon.BackfillProgress(trigger, backfillrun.NewLogProgress(cfg.Logger, what, 10*time.Second)),
-		Lease:    cfg.Knobs.Lease, Pacer: cfg.pace.forTrigger(trigger), ChunkTimeCap: cfg.ChunkTimeCap,
+		Lease:    cfg.Knobs.Lease, Pacer: cfg.pace.backfillPacer(), ChunkTimeCap: cfg.ChunkTimeCap,
 	}
 }
 

@@ -42,7 +42,7 @@ func (s *session) loadSnapshotOnly(ctx context.Context) error {
 		return nil
 	}
 	job := s.backfillJob(s.mon, need, coverage.TriggerInitial, "snapshot-only load")
-	job.Busy, job.AfterChunk = backfillrun.BusyWait, s.cfg.Knobs.AfterLoadChunk
+	job.Busy, job.AfterChunk, job.Pacer = backfillrun.BusyWait, s.cfg.Knobs.AfterLoadChunk, s.cfg.pace.loadPacer()
 	_, err = backfillrun.Run(ctx, job)
 	return err
 }

@@ -75,15 +75,20 @@ type sourceLoad struct {
 func readSourceLoad(ctx context.Context, conn *pgx.Conn, slot string) (sourceLoad, error) {
 	var l sourceLoad
 	var held, lag *int64
+	// pg_stat_replication lists logical walsenders too (the daemon's own stream among them): the
+	// physical standbys are the others. Without pg_read_all_stats, another role's walsender shows
+	// its pid only (state null).
 	err := conn.QueryRow(ctx, `with n as (select pg_is_in_recovery() as standby,
-			case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end as lsn)
+			case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end as lsn),
+		physical as (select * from pg_stat_replication r where not exists (
+			select from pg_replication_slots s where s.slot_type = 'logical' and s.active_pid = r.pid))
 		select n.standby,
 			(select pg_wal_lsn_diff(n.lsn, restart_lsn)::bigint from pg_replication_slots where slot_name = $1 and database = current_database()),
 			(select pg_wal_lsn_diff(n.lsn, confirmed_flush_lsn)::bigint from pg_replication_slots where slot_name = $1 and database = current_database()),
 			exists (select from pg_replication_slots where slot_name = $1 and database = current_database()),
 			pg_size_bytes(current_setting('max_slot_wal_keep_size')),
-			coalesce((select max(pg_wal_lsn_diff(n.lsn, replay_lsn))::bigint from pg_stat_replication where replay_lsn is not null), 0),
-			(select count(*) from pg_stat_replication where replay_lsn is null and state = 'streaming'),
+			coalesce((select max(pg_wal_lsn_diff(n.lsn, replay_lsn))::bigint from physical where replay_lsn is not null), 0),
+			(select count(*) from physical where state is null),
 			(select count(*) from pg_stat_activity where state = 'active' and backend_type = 'client backend'
 				and pid <> pg_backend_pid() and application_name not like 'pgconverge%'),
 			exists (select from pg_stat_activity where backend_type = 'client backend' and state is null and pid <> pg_backend_pid())
@@ -146,12 +151,14 @@ func watchSourceLoad(ctx context.Context, cfg Config) {
 }
 
 // act applies one sample: the WAL budget (holds the backfills' and verifies' reads from half of
-// it until a quarter, warns from 80% and resumes a stream the operator paused), then the load
-// limits.
+// it until a quarter; from 80% warns and lifts what keeps the slot from moving: a stream pause,
+// and while no stream runs an operator's backfill pause and the load pacing of the loads), then
+// the load limits.
 func (w *loadWatch) act(ctx context.Context, l sourceLoad) {
 	cfg, pace, mon := w.cfg, w.cfg.pace, w.cfg.monitor()
 	if !l.slotExists {
 		w.setWALHold(false, "")
+		w.pace(l, false)
 		return
 	}
 	budget := l.budget(cfg)
@@ -166,9 +173,17 @@ func (w *loadWatch) act(ctx context.Context, l sourceLoad) {
 		w.setWALHold(false, "")
 		cfg.Logger.Info("backfills and verifies go on: the slot holds less than a quarter of its WAL budget", attrs...)
 	}
-	if share >= walWarnShare {
+	over := share >= walWarnShare
+	if over {
+		var lift []string
 		if pace.paused() {
-			w.resumeStream(ctx, attrs)
+			lift = append(lift, control.Stream)
+		}
+		if _, held := pace.load.Holds()[pacing.CausePaused]; held && !pace.streaming.Load() {
+			lift = append(lift, control.Backfill) // a load before the stream holds the slot back
+		}
+		if len(lift) > 0 {
+			w.resume(ctx, lift, attrs)
 		}
 		if time.Since(w.warnedAt) >= walWarnEvery {
 			w.warnedAt = time.Now()
@@ -177,30 +192,32 @@ func (w *loadWatch) act(ctx context.Context, l sourceLoad) {
 		}
 	}
 	mon.PacingHeld("backfill", pacing.CauseWALBudget, w.walHeld)
-	w.pace(l)
+	mon.PacingHeld("verify", pacing.CauseWALBudget, w.walHeld)
+	w.pace(l, over && !pace.streaming.Load())
 }
 
-// resumeStream resumes the stream the operator paused, since its slot reached 80% of the WAL
-// budget: it deletes the pause from the ledger (the pause must not cost the slot) and says so at
-// WARN; a failure is logged at ERROR and tried again at the next sample.
-func (w *loadWatch) resumeStream(ctx context.Context, attrs []any) {
+// resume lifts the operator's pauses of parts, since the slot reached 80% of the WAL budget and
+// a pause must not cost it: it deletes them from the ledger and says so at WARN; a failure is
+// logged at ERROR and tried again at the next sample.
+func (w *loadWatch) resume(ctx context.Context, parts []string, attrs []any) {
 	cfg := w.cfg
+	attrs = append(attrs, "what", parts)
 	err := func() error {
 		conn, err := pgsession.Connect(ctx, cfg.Target, "target")
 		if err != nil {
 			return err
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
-		_, err = control.Resume(ctx, conn, cfg.Slot, []string{control.Stream})
+		_, err = control.Resume(ctx, conn, cfg.Slot, parts)
 		return err
 	}()
 	if err != nil {
-		cfg.Logger.Error("the paused stream must resume, its slot nears the WAL budget, but the pause could not be lifted: the next sample tries again",
-			append(attrs, "err", err, "fix", "pgconverge resume --what stream")...)
+		cfg.Logger.Error("a pause must end, the slot nears its WAL budget, but it could not be lifted: the next sample tries again",
+			append(attrs, "err", err, "fix", "pgconverge resume")...)
 		return
 	}
-	cfg.pace.streamPaused.Store(false)
-	cfg.Logger.Warn("the paused stream resumed by itself: its slot holds 80% of the WAL budget or more, and a pause must not cost the slot", attrs...)
+	cfg.pace.lift(cfg, parts)
+	cfg.Logger.Warn("resumed by itself: the slot holds 80% of its WAL budget or more, and a pause must not cost the slot", attrs...)
 }
 
 // setWALHold holds or releases the WAL budget's hold of the backfills and verifies.
@@ -211,8 +228,9 @@ func (w *loadWatch) setWALHold(on bool, why string) {
 }
 
 // pace applies the load limits (Config.Pacing) to each path's reads, logging each change of a
-// path's hold with its reasons.
-func (w *loadWatch) pace(l sourceLoad) {
+// path's hold with its reasons; with spareLoads the loads are not held (the slot nears its WAL
+// budget while no stream runs: only the loads' end lets the stream start).
+func (w *loadWatch) pace(l sourceLoad, spareLoads bool) {
 	cfg, lim := w.cfg, w.cfg.Pacing
 	if !lim.Enabled {
 		return
@@ -233,11 +251,15 @@ func (w *loadWatch) pace(l sourceLoad) {
 		streaming = append(streaming, fmt.Sprintf("the stream is %s behind (limit %s)", humanize.IBytes(uint64(l.streamLag)), humanize.IBytes(uint64(lim.StreamLagBytes))))
 	}
 	p := cfg.pace
+	loads := common
+	if spareLoads {
+		loads = nil
+	}
 	for _, path := range []struct {
 		name    string
 		pacer   *pacing.Pacer
 		reasons []string
-	}{{"load", p.load, common}, {"backfill", p.backfill, append(common[:len(common):len(common)], streaming...)}, {"verify", p.verify, append(common[:len(common):len(common)], streaming...)}} {
+	}{{"load", p.load, loads}, {"backfill", p.backfill, append(common[:len(common):len(common)], streaming...)}, {"verify", p.verify, append(common[:len(common):len(common)], streaming...)}} {
 		why := strings.Join(path.reasons, "; ")
 		if why == w.loadReason[path.name] {
 			continue

@@ -78,6 +78,8 @@ func (s *session) stream(ctx context.Context) error {
 		return err
 	}
 	defer stopWatch()
+	cfg.pace.setStreaming(true)
+	defer cfg.pace.setStreaming(false)
 	s.mon.FollowStream(func() StreamStats { return streamStats(streamer.Stats()) })
 	defer s.mon.FollowStream(nil)
 	g, gctx := errgroup.WithContext(ctx)

@@ -176,14 +176,25 @@ func (p *Pacer) Wait(ctx context.Context) error {
 	return nil
 }
 
-// Take waits while the reads are held (Wait), then for the rate limits to allow rows rows and
-// bytes bytes more, taken a burst (a tenth of a second's worth) at a time. It returns ctx's error when ctx ends first.
+// Take waits while the reads are held (Wait), then for the rate limits (TakeRate). It returns
+// ctx's error when ctx ends first.
 func (p *Pacer) Take(ctx context.Context, rows, bytes int64) error {
 	if p == nil {
 		return nil
 	}
 	if err := p.Wait(ctx); err != nil {
 		return err
+	}
+	return p.TakeRate(ctx, rows, bytes)
+}
+
+// TakeRate waits for the rate limits to allow rows rows and bytes bytes more, taken a burst (a
+// tenth of a second's worth) at a time, whatever holds the reads: for a read that cannot stop
+// where it is (one inside a target transaction, which must not wait for a hold that only the
+// stream's progress ends). It returns ctx's error when ctx ends first.
+func (p *Pacer) TakeRate(ctx context.Context, rows, bytes int64) error {
+	if p == nil {
+		return nil
 	}
 	began := time.Now()
 	defer func() { p.tell(CauseRate, time.Since(began)) }()
@@ -193,7 +204,8 @@ func (p *Pacer) Take(ctx context.Context, rows, bytes int64) error {
 	return take(ctx, p.bytes, bytes)
 }
 
-// take waits for n tokens of lim, at most its burst at a time.
+// take waits for n tokens of lim, at most its burst at a time. A step refused because SetLimits
+// lowered the burst meanwhile is taken again at the new burst.
 func take(ctx context.Context, lim *rate.Limiter, n int64) error {
 	for n > 0 {
 		if lim.Limit() == rate.Inf {
@@ -201,6 +213,9 @@ func take(ctx context.Context, lim *rate.Limiter, n int64) error {
 		}
 		step := min(n, int64(max(lim.Burst(), 1)))
 		if err := lim.WaitN(ctx, int(step)); err != nil {
+			if ctx.Err() == nil && step > int64(lim.Burst()) {
+				continue
+			}
 			return err
 		}
 		n -= step
@@ -221,34 +236,53 @@ const (
 	takeEveryRows  = 256
 )
 
-// Writer returns w paced by p: each Write is counted as one row and its bytes, which fits the
-// source's COPY output, one CopyData message per row (PostgreSQL docs, "COPY Operations" in the
-// frontend/backend protocol), taken from p every 64 KiB or 256 rows; a Write that waits returns
-// ctx's error when ctx ends first. A nil p returns w.
-func (p *Pacer) Writer(ctx context.Context, w io.Writer) io.Writer {
-	if p == nil {
-		return w
-	}
-	return &pacedWriter{ctx: ctx, w: w, p: p}
+// Writer returns w paced by p's rate limits (TakeRate, not the holds: the caller waits for those
+// before it starts, and a COPY is written inside a target transaction): each Write is counted as
+// one row and its bytes, which fits the source's COPY output, one CopyData message per row
+// (PostgreSQL docs, "COPY Operations" in the frontend/backend protocol), taken every 64 KiB or
+// 256 rows, and the rest by Flush. A Write that waits returns ctx's error when ctx ends first. A
+// nil p paces nothing.
+func (p *Pacer) Writer(ctx context.Context, w io.Writer) *Writer {
+	return &Writer{ctx: ctx, w: w, p: p}
 }
 
-// pacedWriter is Pacer.Writer's writer.
-type pacedWriter struct {
+// Writer is a writer paced by a Pacer (Pacer.Writer).
+type Writer struct {
 	ctx         context.Context
 	w           io.Writer
 	p           *Pacer
 	rows, bytes int64
+	waited      time.Duration
 }
 
 // Write takes what was written since the last take when it reaches a step, then writes b.
-func (pw *pacedWriter) Write(b []byte) (int, error) {
+func (pw *Writer) Write(b []byte) (int, error) {
 	pw.rows++
 	pw.bytes += int64(len(b))
 	if pw.rows >= takeEveryRows || pw.bytes >= takeEveryBytes {
-		if err := pw.p.Take(pw.ctx, pw.rows, pw.bytes); err != nil {
+		if err := pw.Flush(); err != nil {
 			return 0, err
 		}
-		pw.rows, pw.bytes = 0, 0
 	}
 	return pw.w.Write(b)
+}
+
+// Flush takes what was written since the last take.
+func (pw *Writer) Flush() error {
+	if pw.p == nil || pw.rows == 0 && pw.bytes == 0 {
+		return nil
+	}
+	began := time.Now()
+	err := pw.p.TakeRate(pw.ctx, pw.rows, pw.bytes)
+	pw.waited += time.Since(began)
+	pw.rows, pw.bytes = 0, 0
+	return err
+}
+
+// Waited returns how long its writes waited for the rate limits (0 for a nil Writer).
+func (pw *Writer) Waited() time.Duration {
+	if pw == nil {
+		return 0
+	}
+	return pw.waited
 }

@@ -31,7 +31,10 @@ func TestTakeHoldsReadsToTheLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if d := time.Since(began); d < 1850*time.Millisecond || out.Len() != 128<<10 {
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d < 1850*time.Millisecond || out.Len() != 128<<10 || w.Waited() < time.Second {
 		t.Errorf("128 KiB at 64 KiB/s took %s and wrote %d bytes, want at least 1.9 s and every byte", d, out.Len())
 	}
 	p.SetLimits(Limits{})
@@ -69,7 +72,7 @@ func TestHoldStopsReadsUntilReleased(t *testing.T) {
 		t.Errorf("waits told: %v, want one of %s first", waited, CauseWALBudget)
 	}
 	var nilPacer *Pacer
-	if err := nilPacer.Take(context.Background(), 1, 1); err != nil || nilPacer.Writer(context.Background(), &bytes.Buffer{}) == nil {
+	if _, err := nilPacer.Writer(context.Background(), &bytes.Buffer{}).Write([]byte("x")); err != nil || nilPacer.Take(context.Background(), 1, 1) != nil {
 		t.Errorf("a nil Pacer paces nothing: %v", err)
 	}
 }
