@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-		"github.com/pgconverge/pgconverge/internal/control"
+	"github.com/pgconverge/pgconverge/internal/control"
 	"github.com/pgconverge/pgconverge/internal/pacing"
 	"github.com/pgconverge/pgconverge/internal/pgsession"
 )
@@ -23,7 +23,7 @@ const controlEvery = time.Second
 // lower it), its backfills while streaming (scheduled ones), its verifies, and whether its stream
 // is paused. streaming is true while a session streams.
 type daemonPace struct {
-	load, backfill, verify *pacing.Pacer
+	load, backfill, verify  *pacing.Pacer
 	streamPaused, streaming atomic.Bool
 	// mu guards the last controls applied, to log what changed.
 	mu   sync.Mutex
