@@ -32,13 +32,7 @@ TGT_PORT=$((SRC_PORT + 1))
 
 DAEMON_PID=
 PGBENCH_PID=
-cleanup() {
-	local rc=$?
-	if [ -n "$PGBENCH_PID" ]; then kill "$PGBENCH_PID" 2>/dev/null; fi
-	(exit "$rc")
-	stop_on_exit
-}
-trap cleanup EXIT
+trap stop_on_exit EXIT
 
 command -v bc >/dev/null || apt-get install -y bc >/dev/null
 mkdir -p "$ROOT/bin"

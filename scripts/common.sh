@@ -6,8 +6,8 @@
 # and the helpers q URL SQL (one psql statement, unaligned tuples only, notices off, stops on an
 # error), now (seconds since the epoch, with nanoseconds), since T (seconds from T to now),
 # median X... (of numbers), wait_for URL SQL WANT (polls every 0.02 s until SQL returns WANT, at
-# most 600 s; an error, such as a table not created yet, counts as not yet) and stop_on_exit (a benchmark's EXIT trap: stops the daemon whose pid
-# is in DAEMON_PID, if any, and the clusters `source` and `target` under ROOT, and removes ROOT
+# most 600 s; an error, such as a table not created yet, counts as not yet) and stop_on_exit (a benchmark's EXIT trap: stops the pgbench whose pid
+# is in PGBENCH_PID and the daemon whose pid is in DAEMON_PID, if any, and the clusters `source` and `target` under ROOT, and removes ROOT
 # unless PGCONVERGE_KEEP=1).
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
@@ -34,6 +34,7 @@ wait_for() {
 stop_on_exit() {
 	local rc=$?
 	set +e
+	[ -n "${PGBENCH_PID:-}" ] && kill "$PGBENCH_PID" 2>/dev/null
 	[ -n "${DAEMON_PID:-}" ] && kill -TERM "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null
 	"$PGCLUSTER" stop source "$ROOT"
 	"$PGCLUSTER" stop target "$ROOT"

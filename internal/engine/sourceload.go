@@ -61,14 +61,13 @@ func (l LoadLimits) validate() error {
 type sourceLoad struct {
 	// slotExists says the daemon's slot exists; held is the WAL it holds (the WAL position minus
 	// restart_lsn) and streamLag the WAL past its confirmed_flush_lsn, in bytes.
-	slotExists        bool
-	held, streamLag   int64
-	keepSize          int64 // max_slot_wal_keep_size in bytes, -1 for no limit
-	standbyLag        int64 // the largest replay lag of a physical standby, bytes
-	hiddenStandbys    int64 // standbys whose replay_lsn this role may not see (pg_monitor)
-	activeSessions    int64
-	hiddenActivity    bool // other roles' sessions show no state to this role (pg_read_all_stats)
-	sourceIsInReplica bool
+	slotExists      bool
+	held, streamLag int64
+	keepSize        int64 // max_slot_wal_keep_size in bytes, -1 for no limit
+	standbyLag      int64 // the largest replay lag of a physical standby, bytes
+	hiddenStandbys  int64 // standbys whose replay_lsn this role may not see (pg_monitor)
+	activeSessions  int64
+	hiddenActivity  bool // other roles' sessions show no state to this role (pg_read_all_stats)
 }
 
 // readSourceLoad samples the source over conn for the daemon's slot.
@@ -78,22 +77,19 @@ func readSourceLoad(ctx context.Context, conn *pgx.Conn, slot string) (sourceLoa
 	// pg_stat_replication lists logical walsenders too (the daemon's own stream among them): the
 	// physical standbys are the others. Without pg_read_all_stats, another role's walsender shows
 	// its pid only (state null).
-	err := conn.QueryRow(ctx, `with n as (select pg_is_in_recovery() as standby,
-			case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end as lsn),
+	err := conn.QueryRow(ctx, `with n as (select case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end as lsn),
 		physical as (select * from pg_stat_replication r where not exists (
 			select from pg_replication_slots s where s.slot_type = 'logical' and s.active_pid = r.pid))
-		select n.standby,
-			(select pg_wal_lsn_diff(n.lsn, restart_lsn)::bigint from pg_replication_slots where slot_name = $1 and database = current_database()),
-			(select pg_wal_lsn_diff(n.lsn, confirmed_flush_lsn)::bigint from pg_replication_slots where slot_name = $1 and database = current_database()),
-			exists (select from pg_replication_slots where slot_name = $1 and database = current_database()),
+		select pg_wal_lsn_diff(n.lsn, s.restart_lsn)::bigint, pg_wal_lsn_diff(n.lsn, s.confirmed_flush_lsn)::bigint,
+			s.slot_name is not null,
 			pg_size_bytes(current_setting('max_slot_wal_keep_size')),
 			coalesce((select max(pg_wal_lsn_diff(n.lsn, replay_lsn))::bigint from physical where replay_lsn is not null), 0),
 			(select count(*) from physical where state is null),
 			(select count(*) from pg_stat_activity where state = 'active' and backend_type = 'client backend'
 				and pid <> pg_backend_pid() and application_name not like 'pgconverge%'),
 			exists (select from pg_stat_activity where backend_type = 'client backend' and state is null and pid <> pg_backend_pid())
-		from n`, slot).Scan(&l.sourceIsInReplica, &held, &lag, &l.slotExists, &l.keepSize, &l.standbyLag, &l.hiddenStandbys,
-		&l.activeSessions, &l.hiddenActivity)
+		from n left join pg_replication_slots s on s.slot_name = $1 and s.database = current_database()`, slot).Scan(
+		&held, &lag, &l.slotExists, &l.keepSize, &l.standbyLag, &l.hiddenStandbys, &l.activeSessions, &l.hiddenActivity)
 	if err != nil {
 		return l, fmt.Errorf("sample the source's load and slot %q: %w", slot, err)
 	}
